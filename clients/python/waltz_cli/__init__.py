@@ -1,0 +1,1 @@
+"""The `waltz` admin command-line tool."""

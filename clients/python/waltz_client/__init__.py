@@ -1,0 +1,1 @@
+"""Waltz Python client: WaltzClient, transaction contexts and callbacks."""

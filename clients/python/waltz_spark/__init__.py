@@ -1,0 +1,1 @@
+"""A PySpark data source named `waltz` and the feed ingestion job."""

@@ -1,0 +1,1 @@
+"""Code shared by the Waltz storage node, server and clients (stubs, metadata, config, metrics)."""

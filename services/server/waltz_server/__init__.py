@@ -1,0 +1,1 @@
+"""Waltz server: partition ownership, store sessions, recovery, locks and feeds."""

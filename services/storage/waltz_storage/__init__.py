@@ -1,0 +1,1 @@
+"""Waltz storage node: segment files, control file and the storage gRPC services."""
