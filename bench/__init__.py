@@ -1,0 +1,1 @@
+"""Benchmarks: one command each, printing a table with a baseline ratio."""

@@ -1,0 +1,116 @@
+"""YAML configuration files: typed keys with documented defaults, dotted or nested names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_REQUIRED = object()
+
+
+class ConfigError(ValueError):
+    """A configuration file is missing, malformed, or has a bad or missing value."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configuration key: its dotted name, type, default and what it means."""
+
+    name: str
+    kind: Callable[[Any], Any]
+    default: Any = _REQUIRED
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, key + "."))
+        else:
+            flat[key] = value
+    return flat
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+        return value.lower() in ("true", "yes", "on", "1")
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+def boolean(value: Any) -> bool:
+    """Key kind for booleans (true/false, yes/no, on/off, 1/0)."""
+    return _to_bool(value)
+
+
+class Config:
+    """Validated configuration values, looked up by dotted key name."""
+
+    def __init__(self, keys: Iterable[Key], values: Mapping[str, Any], source: str = "<dict>") -> None:
+        self._keys = {k.name: k for k in keys}
+        self.source = source
+        flat = _flatten(values)
+        unknown = sorted(set(flat) - set(self._keys))
+        if unknown:
+            raise ConfigError(f"{source}: unknown configuration key(s): {', '.join(unknown)}")
+        self._values: dict[str, Any] = {}
+        for name, key in self._keys.items():
+            if name in flat and flat[name] is not None:
+                try:
+                    self._values[name] = key.kind(flat[name])
+                except (TypeError, ValueError) as exc:
+                    raise ConfigError(f"{source}: {name}: {exc}") from None
+            elif key.required:
+                raise ConfigError(f"{source}: required key {name} is missing ({key.doc})")
+            else:
+                self._values[name] = key.default
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def load(path: str | Path, keys: Iterable[Key], overrides: Mapping[str, Any] | None = None) -> Config:
+    """Read a YAML file and validate it against keys; overrides (dotted names) win."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
+    flat = _flatten(data)
+    flat.update(overrides or {})
+    return Config(keys, flat, str(path))
+
+
+def describe(keys: Iterable[Key]) -> str:
+    """A table of keys, defaults and meanings, for --help and the README."""
+    lines = []
+    for key in keys:
+        default = "(required)" if key.required else repr(key.default)
+        lines.append(f"  {key.name:<40} {default:<14} {key.doc}")
+    return "\n".join(lines)
+
+
+ZOOKEEPER_KEYS = (
+    Key("zookeeper.connectString", str, doc="ZooKeeper connect string, host:port[,host:port...]"),
+    Key("zookeeper.sessionTimeout", int, 30000, "ZooKeeper session timeout in milliseconds"),
+    Key("zookeeper.connectTimeout", int, 10000, "how long to wait for ZooKeeper at start, milliseconds"),
+    Key("cluster.root", str, doc="the cluster's root znode, e.g. /waltz/my_cluster"),
+)

@@ -1,0 +1,1 @@
+"""Helpers for tests, the quick start and benchmarks: real processes on loopback."""

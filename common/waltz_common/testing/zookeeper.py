@@ -1,0 +1,59 @@
+"""Start and stop a standalone ZooKeeper on loopback through scripts/zookeeper-start and -stop."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SCRIPTS = REPO_ROOT / "scripts"
+
+
+class ZooKeeperProcess:
+    """A ZooKeeper server whose data and logs live in directory; usable as a context manager."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.connect_string = ""
+
+    def start(self) -> str:
+        result = subprocess.run(
+            [str(SCRIPTS / "zookeeper-start"), str(self.directory)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"ZooKeeper did not start: {result.stderr.strip()}")
+        self.connect_string = result.stdout.strip().splitlines()[-1]
+        return self.connect_string
+
+    @property
+    def pid(self) -> int | None:
+        pidfile = self.directory / "zookeeper.pid"
+        return int(pidfile.read_text()) if pidfile.exists() else None
+
+    def stop(self) -> None:
+        subprocess.run([str(SCRIPTS / "zookeeper-stop"), str(self.directory)], check=True, timeout=60)
+
+    def __enter__(self) -> ZooKeeperProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill 0; it is gone for our purposes once it is not running.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
