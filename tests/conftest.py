@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from kazoo.client import KazooClient
+
 from waltz_common import zk as zkmeta
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 

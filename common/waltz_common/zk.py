@@ -10,6 +10,7 @@ from google.protobuf.message import DecodeError, Message
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import ZnodeStat
+
 from waltz.v1 import metadata_pb2
 
 M = TypeVar("M", bound=Message)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from kazoo.exceptions import BadVersionError, NoNodeError
+
 from waltz.v1 import metadata_pb2
 from waltz_common import zk as zkmeta
 from waltz_common.testing.zookeeper import ZooKeeperProcess, pid_alive

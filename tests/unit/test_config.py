@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from waltz_common.config import ZOOKEEPER_KEYS, ConfigError, Key, boolean, load
 
 KEYS = (*ZOOKEEPER_KEYS, Key("server.port", int, doc="port"), Key("server.flag", boolean, False, "a flag"))

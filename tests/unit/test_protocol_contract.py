@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
 from waltz.v1 import common_pb2, metadata_pb2, server_pb2, storage_admin_pb2, storage_pb2
 
 SEEDS = Path(__file__).resolve().parents[2].parent / "shared" / "seeds"
