@@ -3,6 +3,7 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from waltz_client.locks import PartitionLocalLock, lock_hashes
 
 INT64 = st.integers(-(2**63), 2**63 - 1)

@@ -1,6 +1,7 @@
 """ClientPartitionState: ReqIds, mount transitions, generation moves and the apply gate."""
 
 import pytest
+
 from waltz_client.partition_state import ClientPartitionState, FeedDecision, MountResult, MountState
 from waltz_common.types import INT32_MAX, INT32_MIN, ReqId
 

@@ -1,0 +1,196 @@
+"""Per-partition registry of pending appends that infers each one's success or failure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Generic, TypeVar
+
+from waltz_common.types import ReqId
+
+T = TypeVar("T")
+
+SUPERSEDED = "a later append from this client committed first"
+REMOUNTED = "still pending when the partition was mounted"
+FLUSHED = "not in the feed up to the flush high-water mark"
+CLEARED = "monitor cleared"
+
+
+class OutcomeKind(Enum):
+    COMMITTED = "committed"  # final; transaction_id is the commit's id
+    FAILED = "failed"  # final; reason says why; the shell may retry the transaction
+    LOCK_FAILED = "lock_failed"  # notice only; transaction_id caused it; FAILED follows later
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    kind: OutcomeKind
+    transaction_id: int | None = None
+    reason: str = ""
+
+    @property
+    def is_final(self) -> bool:
+        return self.kind is not OutcomeKind.LOCK_FAILED
+
+    @staticmethod
+    def committed(transaction_id: int) -> Outcome:
+        return Outcome(OutcomeKind.COMMITTED, transaction_id)
+
+    @staticmethod
+    def failed(reason: str) -> Outcome:
+        return Outcome(OutcomeKind.FAILED, reason=reason)
+
+    @staticmethod
+    def lock_failed(transaction_id: int) -> Outcome:
+        return Outcome(OutcomeKind.LOCK_FAILED, transaction_id, "lock failure")
+
+
+class CapacityError(RuntimeError):
+    """register() was called while the monitor was full; wait for has_capacity()."""
+
+
+@dataclass(slots=True)
+class _Entry(Generic[T]):
+    token: T
+    registered_at: float
+    lock_failure_txn: int | None = None  # set by a LockFailure: waits for the client hwm
+
+
+def _seq_not_after(a: ReqId, b: ReqId) -> bool:
+    """a was created no later than b by the same client for the same partition (int32 wrap)."""
+    same_origin = a.client_id == b.client_id and a.partition_id == b.partition_id
+    return same_origin and (b.seq_num - a.seq_num) & 0xFFFFFFFF < 2**31
+
+
+class TransactionMonitor(Generic[T]):
+    """Pending appends of one partition, in registration order; no I/O.
+
+    Every registered entry gets exactly one final outcome (COMMITTED or FAILED) and, before
+    it, at most one LOCK_FAILED notice. Each event returns the (token, outcome) pairs it
+    produced, for the shell to fire callbacks with in list order. Shell usage:
+
+      - start: `TransactionMonitor(max_concurrent, client_high_water_mark=<application's>)`.
+      - submit: wait until `has_capacity()`, then `register(req_id, token, now)` (ReqIds from
+        ClientPartitionState.next_req_id, whose sequence numbers order them), then send.
+      - FeedData that ClientPartitionState.accept_feed answers APPLY: `on_feed(req_id, txn_id)`,
+        fire its outcomes (a commit's onCompletion before applyTransaction), apply the
+        transaction, then `on_client_high_water_mark(txn_id)`. For SKIP_DUPLICATE call only
+        `on_feed` (the record proves the commit); for GAP call nothing (it is fed again).
+      - MountResponse READY (after the catch-up feed was applied): `on_mount_complete()`.
+      - LockFailure: `on_lock_failure(req_id, txn_id)`.
+      - FlushResponse: `on_flush_response(req_id, hwm, client_hwm)`; the monitor remembers it
+        and resolves it when a later `on_client_high_water_mark` reaches hwm (calling again
+        with the same response is harmless).
+      - append refused by the server before enqueueing: `on_rejected(req_id, reason)`.
+      - timer: if `oldest_pending_age(now)` exceeds the long-wait threshold, send a
+        FlushRequest with the ReqId `flush_target()`.
+      - close: `clear()`.
+
+    A lock-failed entry stays registered (and counts against capacity) until the client
+    hwm reaches the conflicting transaction (feed, mount and flush events leave it alone),
+    so a retry runs against state at least that fresh.
+    """
+
+    def __init__(self, max_concurrent: int = 5, client_high_water_mark: int = -1) -> None:
+        if max_concurrent < 1:
+            raise ValueError("max_concurrent must be at least 1")
+        self.max_concurrent = max_concurrent
+        self._client_hwm = client_high_water_mark
+        self._entries: dict[ReqId, _Entry[T]] = {}
+        self._flushes: list[tuple[ReqId, int]] = []  # (up to ReqId, hwm) not yet reached
+
+    @property
+    def client_high_water_mark(self) -> int:
+        return self._client_hwm
+
+    def has_capacity(self) -> bool:
+        return len(self._entries) < self.max_concurrent
+
+    def pending_count(self) -> int:
+        return len(self._entries)
+
+    def register(self, req_id: ReqId, token: T, now: float) -> None:
+        if req_id in self._entries:
+            raise ValueError(f"{req_id} is already registered")
+        if not self.has_capacity():
+            raise CapacityError(f"{self.max_concurrent} transactions already pending")
+        self._entries[req_id] = _Entry(token, now)
+
+    def on_feed(self, req_id: ReqId, transaction_id: int) -> list[tuple[T, Outcome]]:
+        """A transaction in the feed: if ours, it committed and older waiting entries failed."""
+        if req_id not in self._entries:
+            return []
+        older = []
+        for rid, entry in self._entries.items():
+            if rid == req_id:
+                break
+            if entry.lock_failure_txn is None:
+                older.append(rid)
+        resolved = [self._resolve(rid, Outcome.failed(SUPERSEDED)) for rid in older]
+        resolved.append(self._resolve(req_id, Outcome.committed(transaction_id)))
+        return resolved
+
+    def on_mount_complete(self) -> list[tuple[T, Outcome]]:
+        """The server holds no request of ours any more: every waiting entry failed."""
+        self._flushes.clear()
+        waiting = [rid for rid, e in self._entries.items() if e.lock_failure_txn is None]
+        return [self._resolve(rid, Outcome.failed(REMOUNTED)) for rid in waiting] + self._release()
+
+    def on_flush_response(
+        self, up_to_req_id: ReqId, high_water_mark: int, client_high_water_mark: int
+    ) -> list[tuple[T, Outcome]]:
+        """Appends up to up_to_req_id are done at the server; those not fed by hwm failed."""
+        if (up_to_req_id, high_water_mark) not in self._flushes:
+            self._flushes.append((up_to_req_id, high_water_mark))
+        return self.on_client_high_water_mark(client_high_water_mark)
+
+    def on_lock_failure(self, req_id: ReqId, transaction_id: int) -> list[tuple[T, Outcome]]:
+        """Notify at once; the FAILED outcome waits until the client hwm >= transaction_id."""
+        entry = self._entries.get(req_id)
+        if entry is None or entry.lock_failure_txn is not None:
+            return []
+        entry.lock_failure_txn = transaction_id
+        return [(entry.token, Outcome.lock_failed(transaction_id)), *self._release()]
+
+    def on_client_high_water_mark(self, high_water_mark: int) -> list[tuple[T, Outcome]]:
+        """The application has applied everything up to high_water_mark."""
+        self._client_hwm = max(self._client_hwm, high_water_mark)
+        return self._release()
+
+    def on_rejected(self, req_id: ReqId, reason: str) -> list[tuple[T, Outcome]]:
+        """The server refused the append without enqueueing it."""
+        if req_id not in self._entries:
+            return []
+        return [self._resolve(req_id, Outcome.failed(f"rejected: {reason}"))]
+
+    def oldest_pending_age(self, now: float) -> float | None:
+        """Age of the oldest entry still waiting for the server (not lock-failed), if any."""
+        times = [e.registered_at for e in self._entries.values() if e.lock_failure_txn is None]
+        return now - min(times) if times else None
+
+    def flush_target(self) -> ReqId | None:
+        """The newest entry waiting for the server: a flush up to it covers all of them."""
+        waiting = [rid for rid, e in self._entries.items() if e.lock_failure_txn is None]
+        return waiting[-1] if waiting else None
+
+    def clear(self) -> list[tuple[T, Outcome]]:
+        """Fail every entry (the client is closing) and forget pending flushes."""
+        self._flushes.clear()
+        return [self._resolve(rid, Outcome.failed(CLEARED)) for rid in list(self._entries)]
+
+    def _resolve(self, req_id: ReqId, outcome: Outcome) -> tuple[T, Outcome]:
+        return self._entries.pop(req_id).token, outcome
+
+    def _release(self) -> list[tuple[T, Outcome]]:
+        """Fail what the client hwm now allows: reached flushes, and caught-up lock failures."""
+        reached = [up_to for up_to, hwm in self._flushes if hwm <= self._client_hwm]
+        self._flushes = [(up_to, hwm) for up_to, hwm in self._flushes if hwm > self._client_hwm]
+        due: dict[ReqId, Outcome] = {}
+        for rid, entry in self._entries.items():
+            conflict = entry.lock_failure_txn
+            if conflict is not None:
+                if conflict <= self._client_hwm:
+                    due[rid] = Outcome.failed(f"lock failure: conflict with transaction {conflict}")
+            elif any(_seq_not_after(rid, up_to) for up_to in reached):
+                due[rid] = Outcome.failed(FLUSHED)
+        return [self._resolve(rid, outcome) for rid, outcome in due.items()]
