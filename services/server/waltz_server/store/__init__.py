@@ -1,0 +1,1 @@
+"""The store layer: a partition replicated over storage nodes through store and replica sessions."""

@@ -1,0 +1,100 @@
+"""The contract between a server partition and its replicated store (StorePartition)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from waltz_common.types import Record, RecordHeader, ReqId
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRecord:
+    """A transaction to append: everything of a Record except the id the store assigns."""
+
+    req_id: ReqId
+    header: int
+    data: bytes
+    checksum: int
+
+
+class AppendFailed(Exception):
+    """The batch was not committed by this store session.
+
+    ``committed_up_to`` is the partition high-water mark that the next session recovered when that
+    is already known: records of the batch with an id at or below it did commit (their ids are
+    ``first_transaction_id + i``); the rest did not and never will. When it is None the outcome
+    is not known yet and the caller must wait for ``StorePartition.wait_ready`` and then compare
+    ``first_transaction_id`` with ``high_water_mark``.
+    """
+
+    def __init__(self, message: str, first_transaction_id: int, committed_up_to: int | None = None) -> None:
+        super().__init__(message)
+        self.first_transaction_id = first_transaction_id
+        self.committed_up_to = committed_up_to
+
+
+class StoreUnavailable(Exception):
+    """No store session is open (recovering, no quorum, closed): retry later or elsewhere."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatus:
+    session_id: int
+    high_water_mark: int
+    healthy: bool
+    detail: str
+    replicas_connected: int
+    replicas_total: int
+
+
+class StorePartition(Protocol):
+    """One partition's durable, quorum-replicated log as seen by its owning server.
+
+    Lifecycle: ``await start(generation)`` opens a store session in the background (new session id
+    by compare-and-set in ZooKeeper, replica sessions, recovery); ``wait_ready()`` returns once a
+    session is open and recovered. Any replica failure closes the session and a new one opens
+    (with recovery) by itself; appends fail or succeed as that recovery decides. ``close()`` stops
+    everything. At most one ``append`` runs at a time: the caller batches.
+    """
+
+    partition_id: int
+
+    @property
+    def high_water_mark(self) -> int:
+        """The highest committed transaction id (-1: empty). Only ever grows while open."""
+        ...
+
+    async def start(self, generation: int) -> None: ...
+
+    async def set_generation(self, generation: int) -> None:
+        """The partition's generation went up (ownership changed hands and came back)."""
+        ...
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Return once a recovered session accepts appends; StoreUnavailable on timeout or close."""
+        ...
+
+    async def append(self, records: list[PendingRecord]) -> int:
+        """Append a batch at quorum; returns the first assigned transaction id (ids are dense).
+
+        Raises AppendFailed when the session broke during the append, StoreUnavailable when no
+        session is open. Never returns before a majority of the replicas fsynced the batch.
+        """
+        ...
+
+    async def get_record(self, transaction_id: int) -> Record | None:
+        """A committed record (None above the high-water mark)."""
+        ...
+
+    async def get_records(self, transaction_id: int, max_records: int) -> list[Record]:
+        """Consecutive committed records from transaction_id (fewer at the high-water mark)."""
+        ...
+
+    async def get_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
+        """Consecutive committed record headers from transaction_id."""
+        ...
+
+    def status(self) -> StoreStatus: ...
+
+    async def close(self) -> None: ...
