@@ -1,0 +1,341 @@
+"""Pure big-endian codecs of the seed's on-disk structures: control file, segment headers, records."""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from waltz_common.types import INT32_MAX, INT32_MIN, Record, RecordHeader, ReqId, crc32
+from waltz_storage.errors import (
+    ChecksumError,
+    ClusterKeyMismatch,
+    CorruptionError,
+    DataChecksumMismatch,
+    InvalidRequest,
+    PartitionCountMismatch,
+    PartitionInfoCorrupted,
+    RecordTooLarge,
+    TornRecordError,
+    TransactionIdMismatch,
+)
+
+FORMAT_VERSION = 0
+FILE_HEADER_SIZE = 128
+INDEX_ENTRY_SIZE = 8
+PARTITION_INFO_SIZE = 60
+PARTITION_INFO_STRUCT_SIZE = 28
+RECORD_PREFIX_SIZE = 36
+RECORD_OVERHEAD = RECORD_PREFIX_SIZE + 4
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+_CONTROL_HEADER = struct.Struct(">iq16si")
+_SEGMENT_HEADER = struct.Struct(">iq16siq")
+_INT32 = struct.Struct(">i")
+_INFO_BODY = struct.Struct(">qqq")
+_RECORD_PREFIX = struct.Struct(">q4iiii")
+
+assert _RECORD_PREFIX.size == RECORD_PREFIX_SIZE
+assert 4 + 2 * PARTITION_INFO_STRUCT_SIZE == PARTITION_INFO_SIZE
+
+
+def _pad(body: bytes) -> bytes:
+    return body + bytes(FILE_HEADER_SIZE - len(body))
+
+
+def _need(buf: bytes, size: int, what: str) -> None:
+    if len(buf) < size:
+        raise CorruptionError(f"{what}: {len(buf)} bytes, needs {size}")
+
+
+# ----------------------------------------------------------------------------- control file
+
+
+@dataclass(frozen=True, slots=True)
+class ControlFileHeader:
+    """The control file's first 128 bytes."""
+
+    version: int
+    creation_time_ms: int
+    cluster_key: uuid.UUID
+    num_partitions: int
+
+    def encode(self) -> bytes:
+        return _pad(
+            _CONTROL_HEADER.pack(self.version, self.creation_time_ms, self.cluster_key.bytes, self.num_partitions)
+        )
+
+    @classmethod
+    def decode(cls, buf: bytes) -> ControlFileHeader:
+        _need(buf, FILE_HEADER_SIZE, "control file header")
+        version, created, key, num_partitions = _CONTROL_HEADER.unpack_from(buf)
+        return cls(version, created, uuid.UUID(bytes=key), num_partitions)
+
+    def check(self, cluster_key: uuid.UUID, num_partitions: int, where: str) -> None:
+        """Raise unless this header has our format version, cluster key and partition count."""
+        if self.version != FORMAT_VERSION:
+            raise CorruptionError(f"{where}: unsupported format version {self.version}")
+        if self.cluster_key != cluster_key:
+            raise ClusterKeyMismatch(f"{where}: cluster key is {self.cluster_key}, expected {cluster_key}")
+        if self.num_partitions != num_partitions:
+            raise PartitionCountMismatch(
+                f"{where}: number of partitions is {self.num_partitions}, expected {num_partitions}"
+            )
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PartitionInfoStruct:
+    """One slot of a partition info; ordering is the (session, lwm, local lwm) tuple."""
+
+    session_id: int
+    low_water_mark: int
+    local_low_water_mark: int
+
+    def encode(self) -> bytes:
+        body = _INFO_BODY.pack(self.session_id, self.low_water_mark, self.local_low_water_mark)
+        return body + _INT32.pack(crc32(body))
+
+    @classmethod
+    def decode(cls, buf: bytes) -> PartitionInfoStruct | None:
+        """The struct, or None when its checksum does not match."""
+        _need(buf, PARTITION_INFO_STRUCT_SIZE, "partition info struct")
+        body = bytes(buf[:24])
+        (stored,) = _INT32.unpack_from(buf, 24)
+        if stored != crc32(body):
+            return None
+        return cls(*_INFO_BODY.unpack(body))
+
+
+FRESH_PARTITION_INFO = PartitionInfoStruct(-1, -1, -1)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """A partition's two alternately written structs; None marks a slot whose checksum failed."""
+
+    partition_id: int
+    slots: tuple[PartitionInfoStruct | None, PartitionInfoStruct | None]
+
+    @classmethod
+    def fresh(cls, partition_id: int) -> PartitionInfo:
+        return cls(partition_id, (FRESH_PARTITION_INFO, FRESH_PARTITION_INFO))
+
+    def current_slot(self) -> int:
+        """Index of the valid slot with the larger tuple (slot 0 on a tie)."""
+        first, second = self.slots
+        if first is None and second is None:
+            raise PartitionInfoCorrupted(
+                f"partition info corrupted for partition {self.partition_id}: both structs fail their checksum"
+            )
+        if first is None or (second is not None and second > first):
+            return 1
+        return 0
+
+    @property
+    def current(self) -> PartitionInfoStruct:
+        info = self.slots[self.current_slot()]
+        assert info is not None
+        return info
+
+    def updated(self, info: PartitionInfoStruct) -> tuple[int, PartitionInfo]:
+        """The slot an update writes (the non-current one) and the resulting PartitionInfo."""
+        slot = 1 - self.current_slot()
+        slots = (info, self.slots[1]) if slot == 0 else (self.slots[0], info)
+        return slot, PartitionInfo(self.partition_id, slots)
+
+    def encode(self) -> bytes:
+        encoded = [(s or FRESH_PARTITION_INFO).encode() for s in self.slots]
+        return _INT32.pack(self.partition_id) + encoded[0] + encoded[1]
+
+    @classmethod
+    def decode(cls, buf: bytes, expected_partition_id: int) -> PartitionInfo:
+        _need(buf, PARTITION_INFO_SIZE, f"partition info of partition {expected_partition_id}")
+        (partition_id,) = _INT32.unpack_from(buf)
+        if partition_id != expected_partition_id:
+            raise PartitionInfoCorrupted(
+                f"partition info corrupted for partition {expected_partition_id}: it names partition {partition_id}"
+            )
+        first = PartitionInfoStruct.decode(buf[4 : 4 + PARTITION_INFO_STRUCT_SIZE])
+        second = PartitionInfoStruct.decode(buf[4 + PARTITION_INFO_STRUCT_SIZE : PARTITION_INFO_SIZE])
+        return cls(partition_id, (first, second))
+
+
+def partition_info_offset(partition_id: int) -> int:
+    """Byte offset of a partition's 60-byte info in the control file."""
+    return FILE_HEADER_SIZE + PARTITION_INFO_SIZE * partition_id
+
+
+def partition_info_struct_offset(partition_id: int, slot: int) -> int:
+    """Byte offset of one of a partition's two structs in the control file."""
+    return partition_info_offset(partition_id) + 4 + PARTITION_INFO_STRUCT_SIZE * slot
+
+
+def control_file_size(num_partitions: int) -> int:
+    return FILE_HEADER_SIZE + PARTITION_INFO_SIZE * num_partitions
+
+
+# ----------------------------------------------------------------------------- segment files
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFileHeader:
+    """The first 128 bytes of a .seg and of its .idx (identical)."""
+
+    version: int
+    creation_time_ms: int
+    cluster_key: uuid.UUID
+    partition_id: int
+    first_transaction_id: int
+
+    def encode(self) -> bytes:
+        return _pad(
+            _SEGMENT_HEADER.pack(
+                self.version,
+                self.creation_time_ms,
+                self.cluster_key.bytes,
+                self.partition_id,
+                self.first_transaction_id,
+            )
+        )
+
+    @classmethod
+    def decode(cls, buf: bytes) -> SegmentFileHeader:
+        _need(buf, FILE_HEADER_SIZE, "segment file header")
+        version, created, key, partition_id, first = _SEGMENT_HEADER.unpack_from(buf)
+        return cls(version, created, uuid.UUID(bytes=key), partition_id, first)
+
+    def check(self, cluster_key: uuid.UUID, partition_id: int, first_transaction_id: int, where: str) -> None:
+        """Raise unless the header belongs to this cluster, partition and segment name."""
+        if self.version != FORMAT_VERSION:
+            raise CorruptionError(f"{where}: unsupported format version {self.version}")
+        if self.cluster_key != cluster_key:
+            raise ClusterKeyMismatch(f"{where}: cluster key is {self.cluster_key}, expected {cluster_key}")
+        if self.partition_id != partition_id:
+            raise CorruptionError(f"{where}: header names partition {self.partition_id}, expected {partition_id}")
+        if self.first_transaction_id != first_transaction_id:
+            raise CorruptionError(
+                f"{where}: header says first transaction {self.first_transaction_id}, "
+                f"file name says {first_transaction_id}"
+            )
+
+
+def index_entry_offset(first_transaction_id: int, transaction_id: int) -> int:
+    """Byte offset in the .idx of the entry for transaction_id."""
+    return FILE_HEADER_SIZE + INDEX_ENTRY_SIZE * (transaction_id - first_transaction_id)
+
+
+def encode_index_entries(offsets: list[int]) -> bytes:
+    return struct.pack(f">{len(offsets)}q", *offsets)
+
+
+def decode_index_entries(buf: bytes) -> list[int]:
+    return list(struct.unpack_from(f">{len(buf) // INDEX_ENTRY_SIZE}q", buf))
+
+
+# ----------------------------------------------------------------------------- records
+
+
+class RecordPrefix(NamedTuple):
+    """The fixed 36 bytes before a record's data."""
+
+    transaction_id: int
+    req_id: ReqId
+    header: int
+    data_length: int
+    data_checksum: int
+
+    @property
+    def record_size(self) -> int:
+        return RECORD_OVERHEAD + self.data_length
+
+    @property
+    def record_header(self) -> RecordHeader:
+        return RecordHeader(self.transaction_id, self.req_id, self.header)
+
+
+def encoded_record_size(data_length: int) -> int:
+    return RECORD_OVERHEAD + data_length
+
+
+def encode_record(record: Record) -> bytes:
+    """txn id, ReqId (4 x int32), header, data length, data CRC, data, CRC32 of everything before it."""
+    r = record.req_id
+    prefix = _RECORD_PREFIX.pack(
+        record.transaction_id,
+        r.client_id,
+        r.generation,
+        r.partition_id,
+        r.seq_num,
+        record.header,
+        len(record.data),
+        record.checksum,
+    )
+    body = prefix + record.data
+    return body + _INT32.pack(crc32(body))
+
+
+def decode_record_prefix(buf: bytes, offset: int = 0, origin: int = 0) -> RecordPrefix:
+    """Parse the 36-byte prefix at buf[offset:]; origin is buf's position in its file, for messages."""
+    available = len(buf) - offset
+    if available < RECORD_PREFIX_SIZE:
+        raise TornRecordError(
+            f"record at offset {origin + offset}: only {available} of its {RECORD_PREFIX_SIZE} header bytes"
+        )
+    txn, client_id, generation, partition_id, seq_num, header, length, checksum = _RECORD_PREFIX.unpack_from(
+        buf, offset
+    )
+    if length < 0:
+        raise CorruptionError(f"record at offset {origin + offset}: negative data length {length}")
+    return RecordPrefix(txn, ReqId(client_id, generation, partition_id, seq_num), header, length, checksum)
+
+
+def decode_record(buf: bytes, offset: int, expected_transaction_id: int | None, origin: int = 0) -> tuple[Record, int]:
+    """Decode and fully validate the record at buf[offset:]; returns it and the offset just past it."""
+    where = f"record at offset {origin + offset}"
+    prefix = decode_record_prefix(buf, offset, origin)
+    end = offset + prefix.record_size
+    if len(buf) < end:
+        raise TornRecordError(
+            f"{where}: needs {prefix.record_size} bytes (data length {prefix.data_length}), "
+            f"only {len(buf) - offset} present"
+        )
+    data_start = offset + RECORD_PREFIX_SIZE
+    (stored,) = _INT32.unpack_from(buf, end - 4)
+    computed = crc32(bytes(buf[offset : end - 4]))
+    if stored != computed:
+        raise ChecksumError(f"{where}: record checksum {stored} does not match computed {computed}")
+    if expected_transaction_id is not None and prefix.transaction_id != expected_transaction_id:
+        raise TransactionIdMismatch(
+            f"{where}: transaction id {prefix.transaction_id}, expected {expected_transaction_id}"
+        )
+    data = bytes(buf[data_start : end - 4])
+    if crc32(data) != prefix.data_checksum:
+        raise ChecksumError(f"{where}: data checksum {prefix.data_checksum} does not match computed {crc32(data)}")
+    record = Record(prefix.transaction_id, prefix.req_id, prefix.header, data, prefix.data_checksum)
+    return record, end
+
+
+def check_record(record: Record, max_data_size: int) -> None:
+    """Raise InvalidRequest unless an incoming record is storable as is."""
+    txn = record.transaction_id
+    if not 0 <= txn <= INT64_MAX:
+        raise InvalidRequest(f"transaction id {txn} is out of range")
+    r = record.req_id
+    for name, value in (
+        ("client id", r.client_id),
+        ("generation", r.generation),
+        ("partition id", r.partition_id),
+        ("sequence number", r.seq_num),
+        ("header", record.header),
+        ("checksum", record.checksum),
+    ):
+        if not INT32_MIN <= value <= INT32_MAX:
+            raise InvalidRequest(f"record {txn}: {name} {value} does not fit a 32-bit int")
+    if len(record.data) > max_data_size:
+        raise RecordTooLarge(f"record {txn}: {len(record.data)} data bytes exceed the maximum {max_data_size}")
+    if crc32(record.data) != record.checksum:
+        raise DataChecksumMismatch(
+            f"record {txn}: checksum {record.checksum} is not the CRC32 of its data ({crc32(record.data)})"
+        )

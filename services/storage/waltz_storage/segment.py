@@ -1,0 +1,316 @@
+"""One segment of a partition: the .seg data file and its .idx offset index, with crash recovery on open."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from waltz_common.types import Record, RecordHeader
+from waltz_storage.codec import (
+    FILE_HEADER_SIZE,
+    FORMAT_VERSION,
+    INDEX_ENTRY_SIZE,
+    RECORD_PREFIX_SIZE,
+    SegmentFileHeader,
+    decode_index_entries,
+    decode_record,
+    decode_record_prefix,
+    encode_index_entries,
+    encode_record,
+    index_entry_offset,
+)
+from waltz_storage.errors import (
+    CorruptionError,
+    NonConsecutiveTransactionId,
+    StorageError,
+    TornRecordError,
+    TransactionIdMismatch,
+)
+from waltz_storage.fileutil import pread_upto, pwrite_all, write_file_atomic
+
+CHECKPOINT_INTERVAL = 1000
+DATA_SUFFIX = ".seg"
+INDEX_SUFFIX = ".idx"
+_SCAN_CHUNK = 1 << 20
+
+log = logging.getLogger(__name__)
+
+
+def segment_paths(directory: Path, first_transaction_id: int) -> tuple[Path, Path]:
+    """The (.seg, .idx) paths of the segment starting at first_transaction_id."""
+    stem = f"{first_transaction_id:019d}"
+    return directory / (stem + DATA_SUFFIX), directory / (stem + INDEX_SUFFIX)
+
+
+class _ChunkReader:
+    """Serves byte ranges of the data file from large preads, never past data_size."""
+
+    def __init__(self, fd: int, data_size: int):
+        self._fd = fd
+        self.size = data_size
+        self._start = 0
+        self._buf = b""
+
+    def get(self, offset: int, size: int) -> bytes:
+        size = max(0, min(size, self.size - offset))
+        rel = offset - self._start
+        if rel < 0 or rel + size > len(self._buf):
+            self._start = offset
+            self._buf = pread_upto(self._fd, max(size, _SCAN_CHUNK), offset)
+            rel = 0
+        return self._buf[rel : rel + size]
+
+
+def _check_record_at(reader: _ChunkReader, offset: int, txn: int) -> int:
+    """Validate the record that should hold txn at offset; return the offset just past it."""
+    if offset < FILE_HEADER_SIZE:
+        raise CorruptionError(f"record {txn}: offset {offset} lies inside the file header")
+    prefix = decode_record_prefix(reader.get(offset, RECORD_PREFIX_SIZE), 0, offset)
+    if offset + prefix.record_size > reader.size:
+        raise TornRecordError(
+            f"record at offset {offset}: needs {prefix.record_size} bytes (data length {prefix.data_length}), "
+            f"only {reader.size - offset} present"
+        )
+    _, end = decode_record(reader.get(offset, prefix.record_size), 0, txn, offset)
+    return offset + end
+
+
+class Segment:
+    """A segment's open files; not thread-safe. Files are reopened on demand after close()."""
+
+    def __init__(self, directory: Path, header: SegmentFileHeader, max_transaction_id: int, data_size: int):
+        self.header = header
+        self.first_transaction_id = header.first_transaction_id
+        self.data_path, self.index_path = segment_paths(directory, header.first_transaction_id)
+        self._max = max_transaction_id
+        self._data_size = data_size
+        self._data_fd: int | None = None
+        self._index_fd: int | None = None
+
+    @classmethod
+    def create(cls, directory: Path, cluster_key: uuid.UUID, partition_id: int, first_transaction_id: int) -> Segment:
+        """Create an empty segment; each file appears complete with its header or not at all."""
+        header = SegmentFileHeader(
+            FORMAT_VERSION, time.time_ns() // 1_000_000, cluster_key, partition_id, first_transaction_id
+        )
+        data_path, index_path = segment_paths(directory, first_transaction_id)
+        write_file_atomic(index_path, header.encode(), sync_dir=False)
+        write_file_atomic(data_path, header.encode())
+        return cls(directory, header, first_transaction_id - 1, FILE_HEADER_SIZE)
+
+    @classmethod
+    def open(cls, directory: Path, first_transaction_id: int, cluster_key: uuid.UUID, partition_id: int) -> Segment:
+        """Open an existing segment, check its header and recover it to its last intact record."""
+        data_path, _ = segment_paths(directory, first_transaction_id)
+        fd = os.open(data_path, os.O_RDWR)
+        try:
+            header = SegmentFileHeader.decode(pread_upto(fd, FILE_HEADER_SIZE, 0))
+        except CorruptionError as e:
+            raise CorruptionError(f"{data_path}: {e}") from None
+        finally:
+            os.close(fd)
+        header.check(cluster_key, partition_id, first_transaction_id, str(data_path))
+        segment = cls(directory, header, first_transaction_id - 1, FILE_HEADER_SIZE)
+        segment._recover()
+        return segment
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def max_transaction_id(self) -> int:
+        """The last transaction id stored here; first_transaction_id - 1 when empty."""
+        return self._max
+
+    @property
+    def data_size(self) -> int:
+        return self._data_size
+
+    def _fds(self) -> tuple[int, int]:
+        if self._data_fd is None or self._index_fd is None:
+            self.close()
+            self._data_fd = os.open(self.data_path, os.O_RDWR)
+            self._index_fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT, 0o644)
+        return self._data_fd, self._index_fd
+
+    def close(self) -> None:
+        """Close the files; later calls reopen them."""
+        for fd in (self._data_fd, self._index_fd):
+            if fd is not None:
+                os.close(fd)
+        self._data_fd = self._index_fd = None
+
+    def delete(self) -> None:
+        """Close and remove both files, the index first so a leftover .seg is still a valid segment."""
+        self.close()
+        self.index_path.unlink(missing_ok=True)
+        self.data_path.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ recovery
+
+    def _recover(self) -> None:
+        data_fd, index_fd = self._fds()
+        first = self.first_transaction_id
+        data_size = os.fstat(data_fd).st_size
+        index_header = pread_upto(index_fd, FILE_HEADER_SIZE, 0)
+        changed = len(index_header) < FILE_HEADER_SIZE or SegmentFileHeader.decode(index_header) != self.header
+        if changed:
+            log.warning("%s: index header missing or damaged; rebuilding the index", self.index_path)
+            os.ftruncate(index_fd, 0)
+            pwrite_all(index_fd, self.header.encode(), 0)
+        entries = (os.fstat(index_fd).st_size - FILE_HEADER_SIZE) // INDEX_ENTRY_SIZE
+        reader = _ChunkReader(data_fd, data_size)
+        start_txn, start_offset = self._scan_start(reader, entries)
+        offsets, end = self._scan(reader, start_txn, start_offset)
+        last = start_txn + len(offsets) - 1
+        position = index_entry_offset(first, start_txn)
+        encoded = encode_index_entries(offsets)
+        changed = changed or end != data_size or entries != last - first + 1
+        if pread_upto(index_fd, len(encoded), position) != encoded:
+            pwrite_all(index_fd, encoded, position)
+            changed = True
+        if changed:
+            log.warning("%s: recovered to transaction %d (data %d -> %d bytes)", self.data_path, last, data_size, end)
+            os.ftruncate(data_fd, end)
+            os.ftruncate(index_fd, index_entry_offset(first, last + 1))
+            os.fsync(data_fd)
+            os.fsync(index_fd)
+        self._max = last
+        self._data_size = end
+
+    def _scan_start(self, reader: _ChunkReader, entries: int) -> tuple[int, int]:
+        """The latest index checkpoint whose entry points at its intact record, else the segment start."""
+        first = self.first_transaction_id
+        if entries <= 0:
+            return first, FILE_HEADER_SIZE
+        checkpoint = (first + entries - 1) // CHECKPOINT_INTERVAL * CHECKPOINT_INTERVAL
+        while checkpoint > first:
+            (offset,) = self._index_entries(checkpoint, 1)
+            try:
+                _check_record_at(reader, offset, checkpoint)
+                return checkpoint, offset
+            except CorruptionError as e:
+                log.warning("%s: index checkpoint %d unusable (%s)", self.index_path, checkpoint, e)
+            checkpoint -= CHECKPOINT_INTERVAL
+        return first, FILE_HEADER_SIZE
+
+    def _scan(self, reader: _ChunkReader, txn: int, offset: int) -> tuple[list[int], int]:
+        """Offsets of the intact consecutive records from (txn, offset), and the offset after them."""
+        offsets: list[int] = []
+        while True:
+            try:
+                end = _check_record_at(reader, offset, txn)
+            except CorruptionError as e:
+                if offset < reader.size:
+                    log.warning("%s: stopping at transaction %d: %s", self.data_path, txn, e)
+                return offsets, offset
+            offsets.append(offset)
+            offset = end
+            txn += 1
+
+    # ------------------------------------------------------------------ write
+
+    def append(self, records: Sequence[Record]) -> None:
+        """Durably append consecutive records: one data write and one fdatasync per batch."""
+        if not records:
+            return
+        start = self._max + 1
+        for i, record in enumerate(records):
+            if record.transaction_id != start + i:
+                raise NonConsecutiveTransactionId(
+                    f"{self.data_path}: expected transaction {start + i}, got {record.transaction_id}"
+                )
+        data_fd, index_fd = self._fds()
+        encoded = [encode_record(r) for r in records]
+        offsets: list[int] = []
+        offset = self._data_size
+        for blob in encoded:
+            offsets.append(offset)
+            offset += len(blob)
+        last = start + len(records) - 1
+        try:
+            pwrite_all(data_fd, b"".join(encoded), self._data_size)
+            pwrite_all(index_fd, encode_index_entries(offsets), index_entry_offset(self.first_transaction_id, start))
+            os.fdatasync(data_fd)
+            if last // CHECKPOINT_INTERVAL * CHECKPOINT_INTERVAL >= start:
+                os.fsync(index_fd)
+        except OSError as e:
+            self._undo(start)
+            raise StorageError(f"{self.data_path}: append of {start}..{last} failed: {e}") from e
+        self._max = last
+        self._data_size = offset
+
+    def _undo(self, start: int) -> None:
+        """Best effort: cut both files back to before a failed append."""
+        try:
+            data_fd, index_fd = self._fds()
+            os.ftruncate(data_fd, self._data_size)
+            os.ftruncate(index_fd, index_entry_offset(self.first_transaction_id, start))
+        except OSError:
+            log.exception("%s: could not undo a failed append", self.data_path)
+
+    def truncate(self, transaction_id: int) -> None:
+        """Durably drop every record after transaction_id."""
+        keep = max(transaction_id, self.first_transaction_id - 1)
+        if keep >= self._max:
+            return
+        data_fd, index_fd = self._fds()
+        (new_size,) = self._index_entries(keep + 1, 1)
+        os.ftruncate(data_fd, new_size)
+        os.ftruncate(index_fd, index_entry_offset(self.first_transaction_id, keep + 1))
+        os.fsync(data_fd)
+        os.fsync(index_fd)
+        self._max = keep
+        self._data_size = new_size
+
+    # ------------------------------------------------------------------ read
+
+    def _index_entries(self, txn: int, count: int) -> list[int]:
+        _, index_fd = self._fds()
+        raw = pread_upto(index_fd, INDEX_ENTRY_SIZE * count, index_entry_offset(self.first_transaction_id, txn))
+        if len(raw) < INDEX_ENTRY_SIZE * count:
+            raise CorruptionError(f"{self.index_path}: index ends before transaction {txn + count - 1}")
+        return decode_index_entries(raw)
+
+    def _count(self, txn: int, max_n: int) -> int:
+        if max_n <= 0 or txn < self.first_transaction_id or txn > self._max:
+            return 0
+        return min(max_n, self._max - txn + 1)
+
+    def records(self, txn: int, max_n: int) -> list[Record]:
+        """Up to max_n records from txn (fewer at the end of the segment), checksums verified."""
+        n = self._count(txn, max_n)
+        if n == 0:
+            return []
+        offsets = self._index_entries(txn, n)
+        end = self._index_entries(txn + n, 1)[0] if txn + n <= self._max else self._data_size
+        data_fd, _ = self._fds()
+        base = offsets[0]
+        buf = pread_upto(data_fd, end - base, base)
+        try:
+            return [decode_record(buf, off - base, txn + i, base)[0] for i, off in enumerate(offsets)]
+        except CorruptionError as e:
+            raise type(e)(f"{self.data_path}: {e}") from e
+
+    def record_headers(self, txn: int, max_n: int) -> list[RecordHeader]:
+        """Up to max_n record headers from txn, read without the data."""
+        n = self._count(txn, max_n)
+        if n == 0:
+            return []
+        data_fd, _ = self._fds()
+        headers = []
+        for i, offset in enumerate(self._index_entries(txn, n)):
+            try:
+                prefix = decode_record_prefix(pread_upto(data_fd, RECORD_PREFIX_SIZE, offset), 0, offset)
+            except CorruptionError as e:
+                raise type(e)(f"{self.data_path}: {e}") from e
+            if prefix.transaction_id != txn + i:
+                raise TransactionIdMismatch(
+                    f"{self.data_path}: record at offset {offset} has transaction id "
+                    f"{prefix.transaction_id}, expected {txn + i}"
+                )
+            headers.append(prefix.record_header)
+        return headers

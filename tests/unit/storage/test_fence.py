@@ -1,0 +1,26 @@
+"""SessionFence: lower sessions are refused once a higher one was seen."""
+
+import pytest
+
+from waltz_storage.errors import StaleSession
+from waltz_storage.fence import SessionFence
+
+
+def test_fence_admits_same_and_higher_and_refuses_lower():
+    fence = SessionFence(partition_id=3, highest_session_id=5)
+    fence.check(5)
+    with pytest.raises(StaleSession, match="stale session 4, partition 3 is at session 5"):
+        fence.check(4)
+    fence.check(9)
+    assert fence.highest_session_id == 9
+    with pytest.raises(StaleSession, match="stale session 5, partition 3 is at session 9"):
+        fence.check(5)
+    fence.check(9)
+
+
+def test_fresh_fence_admits_anything_then_fences():
+    fence = SessionFence(0)
+    assert fence.highest_session_id == -1
+    fence.check(0)
+    with pytest.raises(StaleSession):
+        fence.check(-1)
