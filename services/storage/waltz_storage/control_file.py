@@ -62,7 +62,10 @@ class ControlFile:
     def open(cls, directory: Path, cluster_key: uuid.UUID, num_partitions: int) -> ControlFile:
         """Lock and read an existing control file, refusing another cluster key or partition count."""
         path = Path(directory) / CONTROL_FILE_NAME
-        fd = os.open(path, os.O_RDWR)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise StorageError(f"control file {path} does not exist") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

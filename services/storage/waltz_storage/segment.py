@@ -106,13 +106,13 @@ class Segment:
     def open(cls, directory: Path, first_transaction_id: int, cluster_key: uuid.UUID, partition_id: int) -> Segment:
         """Open an existing segment, check its header and recover it to its last intact record."""
         data_path, _ = segment_paths(directory, first_transaction_id)
-        fd = os.open(data_path, os.O_RDWR)
-        try:
-            header = SegmentFileHeader.decode(pread_upto(fd, FILE_HEADER_SIZE, 0))
-        except CorruptionError as e:
-            raise CorruptionError(f"{data_path}: {e}") from None
-        finally:
-            os.close(fd)
+        with data_path.open("rb") as f:
+            raw = f.read(FILE_HEADER_SIZE)
+        if len(raw) < FILE_HEADER_SIZE:
+            # A cut inside the header leaves no intact record: recover to an empty segment.
+            log.warning("%s: header torn at %d bytes; recreating the segment empty", data_path, len(raw))
+            return cls.create(directory, cluster_key, partition_id, first_transaction_id)
+        header = SegmentFileHeader.decode(raw)
         header.check(cluster_key, partition_id, first_transaction_id, str(data_path))
         segment = cls(directory, header, first_transaction_id - 1, FILE_HEADER_SIZE)
         segment._recover()
@@ -235,6 +235,7 @@ class Segment:
             pwrite_all(data_fd, b"".join(encoded), self._data_size)
             pwrite_all(index_fd, encode_index_entries(offsets), index_entry_offset(self.first_transaction_id, start))
             os.fdatasync(data_fd)
+            # The index is synced after the data, so a durable checkpoint entry never points at lost data.
             if last // CHECKPOINT_INTERVAL * CHECKPOINT_INTERVAL >= start:
                 os.fsync(index_fd)
         except OSError as e:

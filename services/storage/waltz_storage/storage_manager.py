@@ -69,9 +69,10 @@ class StorageManager:
             self._partitions[partition_id] = StoragePartition.open(
                 self._partition_dir(partition_id), partition_id, self.cluster_key, self.control_file, self.settings
             )
-        except StorageError as e:
+        except (StorageError, OSError) as e:
             log.error("partition %d cannot be opened: %s", partition_id, e)
-            self._failed[partition_id] = e
+            failure = e if isinstance(e, StorageError) else StorageError(f"partition {partition_id}: {e}")
+            self._failed[partition_id] = failure
 
     def assigned_partitions(self) -> list[int]:
         """Ids of the partitions assigned here, including any that failed to open."""

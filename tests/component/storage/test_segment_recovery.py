@@ -48,6 +48,27 @@ def test_cut_data_file_at_every_byte_of_the_last_record(tmp_path):
     assert_intact(tmp_path, N - 1)
 
 
+def test_cut_inside_the_last_segment_file_header(tmp_path):
+    with open_manager(tmp_path, segment_size_threshold=128 + 2 * (RECORD_OVERHEAD + SIZE)) as manager:
+        partition = manager.assign(0)
+        for txn in range(N):
+            partition.append([make_record(txn, SIZE)])
+    last = tmp_path / "0" / f"{3:019d}.seg"  # segments hold 0-2 and 3-4
+    original = snapshot(tmp_path)
+    for cut in range(129):
+        restore(original)
+        last.write_bytes(original[last][:cut])
+        assert_intact(tmp_path, 2)
+    restore(original)
+    assert_intact(tmp_path, N - 1)
+
+
+def test_cut_inside_the_only_segment_file_header(tmp_path):
+    seg, _ = build(tmp_path)
+    seg.write_bytes(seg.read_bytes()[:50])
+    assert_intact(tmp_path, -1)
+
+
 def test_cut_index_file_at_every_byte(tmp_path):
     _, idx = build(tmp_path)
     original = snapshot(tmp_path)
