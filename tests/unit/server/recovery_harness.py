@@ -1,0 +1,93 @@
+"""In-memory replicas and a driver that carries out a RecoveryManager's actions, as a shell would."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from waltz_server.recovery import (
+    CatchUp,
+    RecoveryDecision,
+    RecoveryManager,
+    ReplicaAction,
+    ReplicaFacts,
+    SetLowWaterMark,
+    Truncate,
+)
+
+CATCH_UP_BATCH = 20  # as the original's recovery
+
+
+@dataclass
+class FakeStorage:
+    """One replica of the partition: its log (a content tag per transaction id) and its session info."""
+
+    log: list[str]
+    session_id: int = -1
+    low_water_mark: int = -1
+
+    @classmethod
+    def with_records(cls, session_id: int, low_water_mark: int, max_transaction_id: int, tag: str = "t"):
+        return cls([f"{tag}{i}" for i in range(max_transaction_id + 1)], session_id, low_water_mark)
+
+    @property
+    def max_transaction_id(self) -> int:
+        return len(self.log) - 1
+
+    def facts(self) -> ReplicaFacts:
+        return ReplicaFacts(self.session_id, self.low_water_mark, -1, self.max_transaction_id)
+
+
+@dataclass
+class Driver:
+    """Runs one action at a time (first replica in name order that has one) and reports the result."""
+
+    manager: RecoveryManager
+    storages: dict[str, FakeStorage]
+    online: set[str] = field(default_factory=set)
+    performed: list[tuple[str, ReplicaAction]] = field(default_factory=list)
+
+    def connect(self, *replicas: str) -> None:
+        for replica in sorted(replicas):
+            self.online.add(replica)
+            self.manager.replica_online(replica, self.storages[replica].facts())
+
+    def disconnect(self, *replicas: str) -> None:
+        for replica in sorted(replicas):
+            self.online.discard(replica)
+            self.manager.replica_offline(replica)
+
+    def step(self) -> bool:
+        """Carry out one action; False when every online replica waits or is recovered."""
+        decision = self.manager.decide()
+        for replica in sorted(self.online):
+            action = decision.actions[replica]
+            if isinstance(action, Truncate | SetLowWaterMark | CatchUp):
+                self._perform(replica, action)
+                self.performed.append((replica, action))
+                return True
+        return False
+
+    def run(self, max_steps: int = 10_000) -> RecoveryDecision:
+        for _ in range(max_steps):
+            if not self.step():
+                break
+        return self.manager.decide()
+
+    def _perform(self, replica: str, action: ReplicaAction) -> None:
+        storage = self.storages[replica]
+        match action:
+            case Truncate(transaction_id):
+                del storage.log[transaction_id + 1 :]
+                self.manager.replica_progress(replica, storage.max_transaction_id)
+            case SetLowWaterMark(low_water_mark):
+                storage.session_id = self.manager.session_id
+                storage.low_water_mark = low_water_mark
+                self.manager.low_water_mark_set(replica)
+            case CatchUp(source, first, last):
+                assert source in self.online and source != replica
+                assert first == len(storage.log), (replica, action, storage.max_transaction_id)
+                end = min(last, first + CATCH_UP_BATCH - 1)
+                records = self.storages[source].log[first : end + 1]
+                assert len(records) == end - first + 1, (replica, action)
+                storage.log.extend(records)
+                self.manager.replica_progress(replica, storage.max_transaction_id)
