@@ -1,0 +1,216 @@
+"""The append decision core of one partition: lock checks, in-flight waits, batching, resolution.
+
+No I/O. The partition shell offers validated appends in arrival order, takes batches for the
+store (one in flight at a time) and reports each batch's outcome; every call answers what
+happened to which appends, for the shell to tell clients and feeds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from waltz_server.locks import LockRequest, LockTable
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True, eq=False)
+class QueuedAppend(Generic[T]):
+    """One validated append with what the core needs; `origin` is opaque to the core."""
+
+    client_id: int
+    client_high_water_mark: int
+    locks: LockRequest
+    size: int
+    origin: T
+
+    @property
+    def all_locks(self) -> tuple[int, ...]:
+        return self.locks.write + self.locks.read + self.locks.append
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved(Generic[T]):
+    """The outcome of a batch: committed appends with their ids, and appends that failed."""
+
+    committed: list[tuple[QueuedAppend[T], int]]
+    failed: list[QueuedAppend[T]]
+
+
+class ClientPending(Generic[T]):
+    """Per client, its unresolved queued appends and the flushes waiting for them.
+
+    A client's queued appends resolve in the order they were offered (the core never lets one
+    pass an earlier one of the same client), so a flush only needs the count offered before it.
+    """
+
+    def __init__(self) -> None:
+        self._offered: dict[int, int] = {}
+        self._resolved: dict[int, int] = {}
+        self._waiters: dict[int, list[tuple[int, T]]] = {}
+
+    def offered(self, client_id: int) -> None:
+        self._offered[client_id] = self._offered.get(client_id, 0) + 1
+
+    def pending(self, client_id: int) -> int:
+        return self._offered.get(client_id, 0) - self._resolved.get(client_id, 0)
+
+    def add_waiter(self, client_id: int, waiter: T) -> bool:
+        """Wait for the client's appends offered so far; True when there are none (done already)."""
+        if self.pending(client_id) == 0:
+            return True
+        self._waiters.setdefault(client_id, []).append((self._offered[client_id], waiter))
+        return False
+
+    def resolved(self, client_id: int) -> list[T]:
+        """One more append of the client resolved; returns the waiters that are now done."""
+        done = self._resolved.get(client_id, 0) + 1
+        self._resolved[client_id] = done
+        waiters = self._waiters.get(client_id)
+        reached: list[T] = []
+        if waiters:
+            reached = [w for target, w in waiters if target <= done]
+            if reached:
+                kept = [(t, w) for t, w in waiters if t > done]
+                if kept:
+                    self._waiters[client_id] = kept
+                else:
+                    del self._waiters[client_id]
+        if done == self._offered.get(client_id):
+            del self._offered[client_id]
+            del self._resolved[client_id]
+        return reached
+
+    def drop_waiters(self) -> list[T]:
+        """Every waiter (the partition is closing)."""
+        waiters = [w for ws in self._waiters.values() for _, w in ws]
+        self._waiters.clear()
+        return waiters
+
+
+class AppendPipeline(Generic[T]):
+    """Queued appends -> lock check -> the next batch -> one batch at the store -> resolution.
+
+    An append whose locks meet an in-flight (accepted, unresolved) transaction's locks waits
+    until that one resolves, because only its outcome decides the lock check. Appends that do
+    not touch a waiting append's client or locks pass it; those that do stay behind it, so a
+    client's appends resolve in order and conflicting appends are served first come, first served.
+    """
+
+    def __init__(self, locks: LockTable, max_batch_size: int, max_batch_bytes: int) -> None:
+        self._locks = locks
+        self._max_count = max_batch_size
+        self._max_bytes = max_batch_bytes
+        self._waiting: deque[QueuedAppend[T]] = deque()
+        self._scanned = 0  # waiting[:scanned] were examined since the last change that could free them
+        self._blocked_clients: set[int] = set()
+        self._blocked_locks: set[int] = set()
+        self._building: list[QueuedAppend[T]] = []
+        self._building_bytes = 0
+        self._in_flight: list[QueuedAppend[T]] | None = None
+
+    def __len__(self) -> int:
+        """Appends queued and not yet resolved (waiting, batched or at the store)."""
+        return len(self._waiting) + len(self._building) + len(self._in_flight or ())
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight is not None
+
+    def offer(self, append: QueuedAppend[T]) -> None:
+        self._waiting.append(append)
+
+    def poll(self) -> list[tuple[QueuedAppend[T], int]]:
+        """Lock-check the waiting appends that may go now; returns the lock failures."""
+        failures: list[tuple[QueuedAppend[T], int]] = []
+        kept: deque[QueuedAppend[T]] = deque()
+        for _ in range(self._scanned):
+            kept.append(self._waiting.popleft())
+        while self._waiting:
+            item = self._waiting.popleft()
+            if self._queued_behind(item):
+                self._block(item)
+                kept.append(item)
+                continue
+            conflict = self._locks.check(item.locks, item.client_high_water_mark)
+            if conflict is not None:
+                failures.append((item, conflict))
+                continue
+            if self._batch_full(item) or not self._locks.begin(item.locks):
+                self._block(item)
+                kept.append(item)
+                continue
+            self._building.append(item)
+            self._building_bytes += item.size
+        self._waiting = kept
+        self._scanned = len(kept)
+        return failures
+
+    def take_batch(self) -> list[QueuedAppend[T]] | None:
+        """The next batch for the store, when none is in flight and one is ready."""
+        if self._in_flight is not None or not self._building:
+            return None
+        batch, self._building, self._building_bytes = self._building, [], 0
+        self._in_flight = batch
+        self._rescan()
+        return batch
+
+    def committed(self, first_transaction_id: int) -> Resolved[T]:
+        """The in-flight batch committed with dense ids from first_transaction_id."""
+        return self.failed(first_transaction_id, first_transaction_id + len(self._in_flight or ()) - 1)
+
+    def failed(self, first_transaction_id: int, committed_up_to: int) -> Resolved[T]:
+        """The in-flight batch broke; its appends with an id at or below committed_up_to committed."""
+        batch = self._in_flight or []
+        self._in_flight = None
+        committed: list[tuple[QueuedAppend[T], int]] = []
+        failed: list[QueuedAppend[T]] = []
+        for offset, item in enumerate(batch):
+            transaction_id = first_transaction_id + offset
+            if transaction_id <= committed_up_to:
+                self._locks.commit(item.locks, transaction_id)
+                committed.append((item, transaction_id))
+            else:
+                failed.append(item)
+            self._locks.end(item.locks)
+        self._rescan()
+        return Resolved(committed, failed)
+
+    def drop(self, which: Callable[[QueuedAppend[T]], bool]) -> list[QueuedAppend[T]]:
+        """Remove the waiting and batched (not in-flight) appends `which` selects; returns them."""
+        dropped = [item for item in self._waiting if which(item)]
+        self._waiting = deque(item for item in self._waiting if not which(item))
+        batched = [item for item in self._building if which(item)]
+        for item in batched:
+            self._locks.end(item.locks)
+        self._building = [item for item in self._building if not which(item)]
+        self._building_bytes = sum(item.size for item in self._building)
+        self._rescan()
+        return dropped + batched
+
+    def _queued_behind(self, item: QueuedAppend[T]) -> bool:
+        return item.client_id in self._blocked_clients or self._touches_blocked(item.all_locks)
+
+    def _batch_full(self, item: QueuedAppend[T]) -> bool:
+        if len(self._building) >= self._max_count:
+            return True
+        return bool(self._building) and self._building_bytes + item.size > self._max_bytes
+
+    def _touches_blocked(self, locks: Iterable[int]) -> bool:
+        return bool(self._blocked_locks) and any(lock in self._blocked_locks for lock in locks)
+
+    def _block(self, item: QueuedAppend[T]) -> None:
+        self._blocked_clients.add(item.client_id)
+        self._blocked_locks.update(item.all_locks)
+
+    def _rescan(self) -> None:
+        self._scanned = 0
+        self._blocked_clients.clear()
+        self._blocked_locks.clear()

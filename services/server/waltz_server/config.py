@@ -1,0 +1,85 @@
+"""The server's configuration keys with their defaults, and the settings a partition needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key
+from waltz_server.store.settings import STORE_KEYS
+
+SERVER_KEYS = (
+    Key("server.host", str, "127.0.0.1", "address to listen on and to advertise to clients"),
+    Key("server.port", int, doc="gRPC port for clients"),
+    Key("server.metrics.port", int, 0, "Prometheus /metrics HTTP port (0: off)"),
+    Key("server.optimisticLockTableSize", int, 30000, "slots of each partition's hashed lock table"),
+    Key("server.appendQueueSize", int, 2000, "appends queued per partition before clients are held back"),
+    Key("server.maxTransactionBytes", int, 1048576, "largest transaction data accepted, bytes"),
+    Key("server.feedCacheSize", int, 100000, "recent committed transaction headers kept per partition"),
+    Key("server.transactionDataCacheSize", int, 67108864, "recent transaction data cached per partition, bytes"),
+    Key("server.feedBatchSize", int, 1000, "feed entries per FeedDataBatch message"),
+    Key("server.feedFetchSize", int, 5000, "headers read from the store at a time for far-behind feeds"),
+    Key("server.streamQueueSize", int, 64, "messages queued for one client stream before feeds wait"),
+    Key("server.readBatchSize", int, 500, "records per ReadTransactions message (upper bound)"),
+    Key("server.shutdownGraceSeconds", float, 10.0, "how long in-flight calls may finish on SIGTERM"),
+    Key("storage.maxBatchSize", int, 500, "appends per store batch (one request per replica)"),
+    Key("storage.maxBatchBytes", int, 4194304, "transaction bytes per store batch"),
+)
+
+
+def all_keys() -> tuple[Key, ...]:
+    """Every key `waltz-server` accepts: ZooKeeper, server, then the store's own."""
+    mine = ZOOKEEPER_KEYS + SERVER_KEYS
+    names = {k.name for k in mine}
+    return mine + tuple(k for k in STORE_KEYS if k.name not in names)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSettings:
+    """What a Partition and its feeds need from the configuration."""
+
+    lock_table_size: int = 30000
+    append_queue_size: int = 2000
+    max_transaction_bytes: int = 1048576
+    feed_cache_size: int = 100000
+    data_cache_bytes: int = 67108864
+    feed_batch_size: int = 1000
+    feed_fetch_size: int = 5000
+    max_batch_size: int = 500
+    max_batch_bytes: int = 4194304
+    read_batch_size: int = 500
+
+    def __post_init__(self) -> None:
+        small = [name for name, value in self._sizes() if value < 1]
+        if small:
+            raise ConfigError(f"these settings must be at least 1: {', '.join(small)}")
+
+    def _sizes(self) -> list[tuple[str, int]]:
+        return [
+            ("server.optimisticLockTableSize", self.lock_table_size),
+            ("server.appendQueueSize", self.append_queue_size),
+            ("server.maxTransactionBytes", self.max_transaction_bytes),
+            ("server.feedCacheSize", self.feed_cache_size),
+            ("server.transactionDataCacheSize", self.data_cache_bytes),
+            ("server.feedBatchSize", self.feed_batch_size),
+            ("server.feedFetchSize", self.feed_fetch_size),
+            ("storage.maxBatchSize", self.max_batch_size),
+            ("storage.maxBatchBytes", self.max_batch_bytes),
+            ("server.readBatchSize", self.read_batch_size),
+        ]
+
+    @staticmethod
+    def from_config(config: Config | dict[str, Any]) -> PartitionSettings:
+        c = config
+        return PartitionSettings(
+            lock_table_size=c["server.optimisticLockTableSize"],
+            append_queue_size=c["server.appendQueueSize"],
+            max_transaction_bytes=c["server.maxTransactionBytes"],
+            feed_cache_size=c["server.feedCacheSize"],
+            data_cache_bytes=c["server.transactionDataCacheSize"],
+            feed_batch_size=c["server.feedBatchSize"],
+            feed_fetch_size=c["server.feedFetchSize"],
+            max_batch_size=c["storage.maxBatchSize"],
+            max_batch_bytes=c["storage.maxBatchBytes"],
+            read_batch_size=c["server.readBatchSize"],
+        )

@@ -1,0 +1,113 @@
+"""Feed contexts: one task per (client stream, partition) streaming committed headers in batches."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from waltz.v1 import common_pb2, server_pb2
+from waltz_common.types import RecordHeader
+from waltz_server.feed_cursor import FeedCursor, Source
+from waltz_server.validation import req_id_message
+
+
+class StreamPort(Protocol):
+    """What a partition and its feeds need from one client stream."""
+
+    stream_id: int
+
+    def send_control(self, message: server_pb2.ServerMessage) -> None:
+        """Queue an answer at once (at most one per request the stream sent, so it stays bounded)."""
+        ...
+
+    async def send_feed(self, message: server_pb2.ServerMessage) -> None:
+        """Queue a feed message, waiting while the stream's outbound queue is full (back-pressure)."""
+        ...
+
+
+class FeedSource(Protocol):
+    """What a feed reads: the partition's committed transactions."""
+
+    partition_id: int
+
+    @property
+    def high_water_mark(self) -> int: ...
+
+    @property
+    def cache_first_id(self) -> int: ...
+
+    def cached_feed(self, first: int, count: int) -> list[server_pb2.FeedData] | None: ...
+
+    async def stored_headers(self, first: int, count: int) -> list[RecordHeader]: ...
+
+    async def wait_for_commit(self, after: int) -> None: ...
+
+
+def feed_data(header: RecordHeader) -> server_pb2.FeedData:
+    return server_pb2.FeedData(
+        req_id=req_id_message(header.req_id), transaction_id=header.transaction_id, header=header.header
+    )
+
+
+def feed_message(entries: list[server_pb2.FeedData]) -> server_pb2.ServerMessage:
+    return server_pb2.ServerMessage(feed=server_pb2.FeedDataBatch(transactions=entries))
+
+
+class FeedContext:
+    """The feed of one partition to one client stream, with the mount it may still have to answer."""
+
+    def __init__(
+        self,
+        source: FeedSource,
+        stream: StreamPort,
+        cursor: FeedCursor,
+        mount_req_id: common_pb2.ReqId | None,
+        batch_size: int,
+        fetch_size: int,
+    ) -> None:
+        self.source = source
+        self.stream = stream
+        self.cursor = cursor
+        self.mount_req_id = mount_req_id
+        self._batch_size = batch_size
+        self._fetch_size = fetch_size
+        self.task: asyncio.Task[None] | None = None
+
+    def lag(self) -> int:
+        return self.cursor.lag(self.source.high_water_mark)
+
+    async def run(self) -> None:
+        source, cursor = self.source, self.cursor
+        while True:
+            step = cursor.step(source.high_water_mark, source.cache_first_id, self._batch_size, self._fetch_size)
+            if step.source is Source.READY:
+                await self.stream.send_feed(self._ready())
+                cursor.ready_sent()
+                self.mount_req_id = None
+            elif step.source is Source.WAIT:
+                await source.wait_for_commit(cursor.next_id - 1)
+            elif step.source is Source.CACHE:
+                entries = source.cached_feed(step.first, step.count)
+                if entries:  # None: the cache moved on meanwhile; step again
+                    await self.stream.send_feed(feed_message(entries))
+                    cursor.sent(len(entries))
+            else:
+                headers = await source.stored_headers(step.first, step.count)
+                if not headers or headers[0].transaction_id != step.first:
+                    raise RuntimeError(
+                        f"partition {source.partition_id}: the store returned no headers from {step.first}"
+                    )
+                for start in range(0, len(headers), self._batch_size):
+                    chunk = headers[start : start + self._batch_size]
+                    await self.stream.send_feed(feed_message([feed_data(h) for h in chunk]))
+                    cursor.sent(len(chunk))
+
+    def _ready(self) -> server_pb2.ServerMessage:
+        return server_pb2.ServerMessage(
+            mount=server_pb2.MountResponse(
+                req_id=self.mount_req_id,
+                partition_ready=True,
+                state=server_pb2.MountResponse.READY,
+                high_water_mark=self.source.high_water_mark,
+            )
+        )

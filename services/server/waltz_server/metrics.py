@@ -1,0 +1,69 @@
+"""Prometheus metrics of a server: append outcomes, commit latency, per-partition gauges."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+RESULTS = ("ok", "lock_failure", "rejected", "failed")
+
+
+class ServerMetrics:
+    """The server's metric families, registered in one registry (one per server: tests run several)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.append_requests = Counter(
+            "waltz_server_append_requests", "Append requests by outcome", ["partition", "result"], registry=r
+        )
+        self.commit_latency = Histogram(
+            "waltz_server_commit_latency_seconds",
+            "Time from an append's arrival to its commit at quorum",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
+        self.high_water_mark = Gauge(
+            "waltz_server_partition_high_water_mark", "Highest committed transaction id", ["partition"], registry=r
+        )
+        self.session_id = Gauge(
+            "waltz_server_partition_session_id", "Current store session id", ["partition"], registry=r
+        )
+        self.generation = Gauge("waltz_server_partition_generation", "Partition generation", ["partition"], registry=r)
+        self.feed_lag = Gauge(
+            "waltz_server_feed_lag_transactions",
+            "Transactions the furthest-behind feed of the partition still has to send",
+            ["partition"],
+            registry=r,
+        )
+        self.append_queue_size = Gauge(
+            "waltz_server_append_queue_size", "Appends queued and not yet resolved", ["partition"], registry=r
+        )
+        self.partitions = Gauge("waltz_server_partitions", "Partitions owned by this server", registry=r)
+
+    def for_partition(self, partition_id: int) -> PartitionMetrics:
+        return PartitionMetrics(self, partition_id)
+
+
+class PartitionMetrics:
+    """The label-bound children of one partition, so the hot path does no label lookups."""
+
+    def __init__(self, metrics: ServerMetrics, partition_id: int) -> None:
+        self._metrics = metrics
+        self._label = str(partition_id)
+        m, p = metrics, self._label
+        self.appends = {result: m.append_requests.labels(p, result) for result in RESULTS}
+        self.commit_latency = m.commit_latency
+        self.high_water_mark = m.high_water_mark.labels(p)
+        self.session_id = m.session_id.labels(p)
+        self.generation = m.generation.labels(p)
+        self.feed_lag = m.feed_lag.labels(p)
+        self.append_queue_size = m.append_queue_size.labels(p)
+
+    def remove(self) -> None:
+        """Forget the partition's gauges (it moved to another server)."""
+        m, p = self._metrics, self._label
+        for gauge in (m.high_water_mark, m.session_id, m.generation, m.feed_lag, m.append_queue_size):
+            try:
+                gauge.remove(p)
+            except KeyError:
+                pass

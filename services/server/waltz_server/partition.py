@@ -1,0 +1,461 @@
+"""An owned partition: the append task, flushes, mounts and feeds over one StorePartition."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from waltz.v1 import common_pb2, server_pb2
+from waltz_common.types import Record, RecordHeader
+from waltz_server.append_pipeline import AppendPipeline, ClientPending, QueuedAppend, Resolved
+from waltz_server.caches import DataCache, FeedCache
+from waltz_server.config import PartitionSettings
+from waltz_server.feed import FeedContext, StreamPort
+from waltz_server.feed_cursor import FeedCursor
+from waltz_server.locks import LockRequest, LockTable
+from waltz_server.metrics import PartitionMetrics
+from waltz_server.mounts import MountRegistry
+from waltz_server.store.api import AppendFailed, PendingRecord, StorePartition, StoreUnavailable
+from waltz_server.validation import append_problem, req_id_of
+
+log = logging.getLogger(__name__)
+
+Reason = server_pb2.AppendRejected.Reason
+_RETRY_S = 0.05
+
+
+class PartitionClosed(Exception):
+    """The partition was closed (it moved to another server, or the server is stopping)."""
+
+
+@dataclass(slots=True)
+class _Origin:
+    stream: StreamPort
+    request: server_pb2.AppendRequest
+    arrived: float
+
+
+def rejected(request_req_id: common_pb2.ReqId, reason: Reason.ValueType, message: str) -> server_pb2.ServerMessage:
+    return server_pb2.ServerMessage(
+        append_rejected=server_pb2.AppendRejected(req_id=request_req_id, reason=reason, message=message)
+    )
+
+
+def mount_response(
+    req_id: common_pb2.ReqId, state: server_pb2.MountResponse.PartitionState.ValueType, high_water_mark: int
+) -> server_pb2.ServerMessage:
+    ready = state == server_pb2.MountResponse.READY
+    return server_pb2.ServerMessage(
+        mount=server_pb2.MountResponse(
+            req_id=req_id, partition_ready=ready, state=state, high_water_mark=high_water_mark
+        )
+    )
+
+
+class Partition:
+    """One partition this server owns, with its generation, over its replicated store."""
+
+    def __init__(
+        self,
+        partition_id: int,
+        generation: int,
+        store: StorePartition,
+        settings: PartitionSettings,
+        metrics: PartitionMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.partition_id = partition_id
+        self.generation = generation
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self._clock = clock
+        self._high_water_mark = -1
+        self._ready = asyncio.Event()
+        self._accepting = asyncio.Event()
+        self._accepting.set()
+        self._closed = False
+        self._work = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._commit = asyncio.Event()
+        self._pipeline: AppendPipeline[_Origin] | None = None
+        self._pending: ClientPending[Callable[[], None]] = ClientPending()
+        self._mounts = MountRegistry()
+        self._feeds: dict[int, FeedContext] = {}  # stream id -> its feed of this partition
+        self._feed_cache: FeedCache[server_pb2.FeedData] = FeedCache(settings.feed_cache_size)
+        self.data_cache = DataCache(settings.data_cache_bytes)
+        self._group: asyncio.TaskGroup | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self.failure: str = ""
+
+    # lifecycle
+
+    async def open(self) -> None:
+        """Start the store session and the append task in the background."""
+        started = asyncio.Event()
+        self._runner = asyncio.create_task(self._run(started), name=f"partition-{self.partition_id}")
+        await started.wait()
+
+    async def _run(self, started: asyncio.Event) -> None:
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                started.set()
+                group.create_task(self._append_task())
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug: report it through health rather than dying silently
+            self.failure = f"partition task failed: {exc!r}"
+            log.exception("partition %d failed", self.partition_id)
+            self._ready.clear()
+        finally:
+            started.set()
+
+    async def close(self) -> None:
+        """Stop: refuse queued appends (PARTITION_NOT_READY), end feeds, close the store session."""
+        if self._closed:
+            return
+        self._closed = True
+        self._ready.clear()
+        if self._pipeline is not None:
+            for item in self._pipeline.drop(lambda _: True):
+                self._reject(item.origin, Reason.PARTITION_NOT_READY, f"partition {self.partition_id} was closed")
+        self._pending.drop_waiters()
+        self._room.set()
+        self._accepting.set()
+        self._wake_feeds()
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+        self._feeds.clear()
+        try:
+            await self.store.close()
+        finally:
+            if self.metrics is not None:
+                self.metrics.remove()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and not self._closed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        await asyncio.wait_for(self._ready.wait(), timeout)
+
+    async def set_generation(self, generation: int) -> None:
+        """The partition came back with a higher generation: refuse queued appends of the old one."""
+        if generation == self.generation:
+            return
+        self.generation = generation
+        if self.metrics is not None:
+            self.metrics.generation.set(generation)
+        await self.store.set_generation(generation)
+        if self._pipeline is not None:
+            stale = self._pipeline.drop(lambda item: item.origin.request.req_id.generation != generation)
+            for item in stale:
+                self._resolve_unsent(item, Reason.WRONG_GENERATION, self._generation_message(generation))
+
+    def pause(self) -> None:
+        """Hold new appends back (ZooKeeper connection suspended: ownership is uncertain)."""
+        self._accepting.clear()
+
+    def resume(self) -> None:
+        self._accepting.set()
+
+    # reads used by feeds and unary calls
+
+    @property
+    def high_water_mark(self) -> int:
+        return self._high_water_mark
+
+    @property
+    def cache_first_id(self) -> int:
+        return self._feed_cache.first_id
+
+    def cached_feed(self, first: int, count: int) -> list[server_pb2.FeedData] | None:
+        return self._feed_cache.get(first, count)
+
+    async def stored_headers(self, first: int, count: int) -> list[RecordHeader]:
+        return await self.store.get_headers(first, count)
+
+    async def wait_for_commit(self, after: int) -> None:
+        while self._high_water_mark <= after:
+            if self._closed:
+                raise PartitionClosed(f"partition {self.partition_id} was closed")
+            await self._commit.wait()  # replaced by a fresh event on every commit
+
+    def pending_appends(self) -> int:
+        return len(self._pipeline) if self._pipeline is not None else 0
+
+    # client stream messages
+
+    async def submit(self, stream: StreamPort, requests: list[server_pb2.AppendRequest]) -> None:
+        """Queue appends in order; waits while the append queue is full (back-pressure)."""
+        for request in requests:
+            await self._wait_for_room()
+            self._submit_one(stream, request)
+        if self._pipeline is not None:
+            self._answer_lock_failures(self._pipeline.poll())
+            self._work.set()
+
+    async def _wait_for_room(self) -> None:
+        while not self._closed:
+            if not self._accepting.is_set():
+                await self._accepting.wait()
+            elif self._pipeline is not None and len(self._pipeline) >= self.settings.append_queue_size:
+                self._answer_lock_failures(self._pipeline.poll())
+                self._work.set()
+                self._room.clear()
+                await self._room.wait()
+            else:
+                return
+
+    def _submit_one(self, stream: StreamPort, request: server_pb2.AppendRequest) -> None:
+        req_id = request.req_id
+        origin = _Origin(stream, request, self._clock())
+        if self._closed or self._pipeline is None:
+            self._reject(origin, Reason.PARTITION_NOT_READY, f"partition {self.partition_id} is not ready here")
+            return
+        if req_id.generation != self.generation:
+            self._reject(origin, Reason.WRONG_GENERATION, self._generation_message(req_id.generation))
+            return
+        if not self._mounts.is_current(req_id.client_id, stream.stream_id):
+            if not self._mounts.is_known(req_id.client_id):
+                message = f"partition {self.partition_id} is not mounted by client {req_id.client_id}: mount it first"
+                self._reject(origin, Reason.NOT_MOUNTED, message)
+            return  # a stale network client: a newer stream of the same client mounted the partition
+        problem = append_problem(request, self.settings.max_transaction_bytes)
+        if problem is not None:
+            self._reject(origin, Reason.INVALID, f"partition {self.partition_id}: {problem}")
+            return
+        locks = LockRequest(tuple(request.write_locks), tuple(request.read_locks), tuple(request.append_locks))
+        item = QueuedAppend(req_id.client_id, request.client_high_water_mark, locks, len(request.data), origin)
+        self._pending.offered(req_id.client_id)
+        self._pipeline.offer(item)
+
+    def flush(self, stream: StreamPort, request: server_pb2.FlushRequest) -> None:
+        """Answer the high-water mark once every earlier append of the client has resolved."""
+        req_id = request.req_id
+
+        def answer() -> None:
+            flushed = server_pb2.FlushResponse(req_id=req_id, transaction_id=self._high_water_mark)
+            stream.send_control(server_pb2.ServerMessage(flush=flushed))
+
+        if self._pending.add_waiter(req_id.client_id, answer):
+            answer()
+
+    def mount(self, stream: StreamPort, request: server_pb2.MountRequest) -> None:
+        """Register the stream, flush the client's appends, feed the catch-up, then answer."""
+        req_id = request.req_id
+        if not self.ready or req_id.generation != self.generation:
+            stream.send_control(mount_response(req_id, server_pb2.MountResponse.NOT_READY, self._high_water_mark))
+            return
+        accepted, replaced = self._mounts.register(
+            req_id.client_id, stream.stream_id, req_id.generation, request.seq_num
+        )
+        if not accepted:
+            return  # a stale network client
+        if replaced is not None:
+            self._end_feed(replaced)
+        self._end_feed(stream.stream_id)
+
+        def start() -> None:
+            if self._closed or not self._mounts.is_current(req_id.client_id, stream.stream_id):
+                return
+            hwm = self._high_water_mark
+            if request.client_high_water_mark > hwm:
+                stream.send_control(mount_response(req_id, server_pb2.MountResponse.CLIENT_AHEAD, hwm))
+                return
+            self._start_feed(stream, FeedCursor(request.client_high_water_mark + 1, ready_at=hwm), req_id)
+
+        if self._pending.add_waiter(req_id.client_id, start):
+            start()
+
+    def feed(self, stream: StreamPort, request: server_pb2.FeedRequest) -> None:
+        """Restart this stream's feed from the client's high-water mark."""
+        if self._closed or not self._mounts.is_current(request.req_id.client_id, stream.stream_id):
+            return
+        current = self._feeds.get(stream.stream_id)
+        ready_at = current.cursor.ready_at if current is not None else None
+        mount_req_id = current.mount_req_id if current is not None else None
+        self._end_feed(stream.stream_id)
+        self._start_feed(stream, FeedCursor(request.client_high_water_mark + 1, ready_at), mount_req_id)
+
+    def detach(self, stream: StreamPort) -> None:
+        """The stream ended: forget its mounts and end its feed."""
+        self._mounts.remove_stream(stream.stream_id)
+        self._end_feed(stream.stream_id)
+
+    def feed_lag(self) -> int:
+        return max((context.lag() for context in self._feeds.values()), default=0)
+
+    # feeds
+
+    def _start_feed(self, stream: StreamPort, cursor: FeedCursor, mount_req_id: common_pb2.ReqId | None) -> None:
+        if self._group is None or self._closed:
+            return
+        s = self.settings
+        context = FeedContext(self, stream, cursor, mount_req_id, s.feed_batch_size, s.feed_fetch_size)
+        context.task = self._group.create_task(self._run_feed(context))
+        self._feeds[stream.stream_id] = context
+
+    def _end_feed(self, stream_id: int) -> None:
+        context = self._feeds.pop(stream_id, None)
+        if context is not None and context.task is not None:
+            context.task.cancel()
+
+    async def _run_feed(self, context: FeedContext) -> None:
+        while True:
+            try:
+                await context.run()
+            except PartitionClosed:
+                return
+            except StoreUnavailable:
+                await asyncio.sleep(_RETRY_S)  # the store is between sessions: read again soon
+            except Exception:
+                log.exception("partition %d: feed of stream %d ended", self.partition_id, context.stream.stream_id)
+                if self._feeds.get(context.stream.stream_id) is context:
+                    del self._feeds[context.stream.stream_id]
+                return
+
+    # the append task
+
+    async def _append_task(self) -> None:
+        await self.store.start(self.generation)
+        await self._wait_store_ready()
+        hwm = self.store.high_water_mark
+        self._high_water_mark = hwm
+        self._feed_cache = FeedCache(self.settings.feed_cache_size, hwm)
+        s = self.settings
+        pipeline: AppendPipeline[_Origin] = AppendPipeline(
+            LockTable(hwm, s.lock_table_size), s.max_batch_size, s.max_batch_bytes
+        )
+        self._pipeline = pipeline
+        self._update_gauges()
+        self._ready.set()
+        log.info("partition %d ready: generation %d, high-water mark %d", self.partition_id, self.generation, hwm)
+        while True:
+            batch = pipeline.take_batch()
+            if batch is None:
+                self._work.clear()
+                await self._work.wait()
+                self._answer_lock_failures(pipeline.poll())
+                continue
+            await self._append_batch(pipeline, batch)
+            self._answer_lock_failures(pipeline.poll())
+
+    async def _wait_store_ready(self) -> None:
+        while True:
+            try:
+                await self.store.wait_ready()
+                return
+            except StoreUnavailable:
+                await asyncio.sleep(_RETRY_S)
+
+    async def _append_batch(self, pipeline: AppendPipeline[_Origin], batch: list[QueuedAppend[_Origin]]) -> None:
+        records = [
+            PendingRecord(req_id_of(r.req_id), r.header, r.data, r.checksum)
+            for r in (item.origin.request for item in batch)
+        ]
+        while True:
+            try:
+                first = await self.store.append(records)
+            except StoreUnavailable:
+                await self._wait_store_ready()  # nothing was appended: send the batch again
+                continue
+            except AppendFailed as failure:
+                committed_up_to = failure.committed_up_to
+                if committed_up_to is None:
+                    await self._wait_store_ready()
+                    committed_up_to = self.store.high_water_mark
+                log.warning(
+                    "partition %d: batch of %d from %d failed (%s); committed up to %d",
+                    self.partition_id,
+                    len(batch),
+                    failure.first_transaction_id,
+                    failure,
+                    committed_up_to,
+                )
+                self._apply(pipeline.failed(failure.first_transaction_id, committed_up_to))
+                return
+            self._apply(pipeline.committed(first))
+            return
+
+    def _apply(self, resolved: Resolved[_Origin]) -> None:
+        """Publish committed appends to caches and feeds, then release what waited for them."""
+        now = self._clock()
+        if resolved.committed:
+            entries = []
+            for item, transaction_id in resolved.committed:
+                r = item.origin.request
+                entries.append(server_pb2.FeedData(req_id=r.req_id, transaction_id=transaction_id, header=r.header))
+                self.data_cache.put(Record(transaction_id, req_id_of(r.req_id), r.header, r.data, r.checksum))
+            first_id = resolved.committed[0][1]
+            self._feed_cache.append(first_id, entries)
+            self._high_water_mark = max(self._high_water_mark, resolved.committed[-1][1])
+            self._wake_feeds()
+        if self.metrics is not None:
+            m = self.metrics
+            m.appends["ok"].inc(len(resolved.committed))
+            m.appends["failed"].inc(len(resolved.failed))
+            for item, _ in resolved.committed:
+                m.commit_latency.observe(now - item.origin.arrived)
+        for item, _ in resolved.committed:
+            self._resolved(item)
+        for item in resolved.failed:
+            self._resolved(item)
+        self._room.set()
+        self._update_gauges()
+
+    def _wake_feeds(self) -> None:
+        self._commit.set()
+        self._commit = asyncio.Event()
+
+    def _resolved(self, item: QueuedAppend[_Origin]) -> None:
+        for waiter in self._pending.resolved(item.client_id):
+            waiter()
+
+    def _answer_lock_failures(self, failures: list[tuple[QueuedAppend[_Origin], int]]) -> None:
+        for item, transaction_id in failures:
+            failure = server_pb2.LockFailure(req_id=item.origin.request.req_id, transaction_id=transaction_id)
+            item.origin.stream.send_control(server_pb2.ServerMessage(lock_failure=failure))
+            if self.metrics is not None:
+                self.metrics.appends["lock_failure"].inc()
+            self._resolved(item)
+        if failures:
+            self._room.set()
+
+    def _reject(self, origin: _Origin, reason: Reason.ValueType, message: str) -> None:
+        origin.stream.send_control(rejected(origin.request.req_id, reason, message))
+        if self.metrics is not None:
+            self.metrics.appends["rejected"].inc()
+
+    def _resolve_unsent(self, item: QueuedAppend[_Origin], reason: Reason.ValueType, message: str) -> None:
+        self._reject(item.origin, reason, message)
+        self._resolved(item)
+
+    def _generation_message(self, generation: int) -> str:
+        return (
+            f"partition {self.partition_id} is at generation {self.generation}, the append carries {generation}: "
+            "remount the partition"
+        )
+
+    def _update_gauges(self) -> None:
+        if self.metrics is None:
+            return
+        m = self.metrics
+        m.high_water_mark.set(self._high_water_mark)
+        m.generation.set(self.generation)
+        m.append_queue_size.set(self.pending_appends())
+        m.feed_lag.set(self.feed_lag())
+        with contextlib.suppress(Exception):
+            m.session_id.set(self.store.status().session_id)

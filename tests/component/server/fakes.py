@@ -1,0 +1,155 @@
+"""An in-memory StorePartition honouring store/api.py, with knobs to hold and fail appends."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from waltz_common.types import Record, RecordHeader
+from waltz_server.store.api import AppendFailed, PendingRecord, StoreStatus, StoreUnavailable
+
+
+@dataclass
+class Failure:
+    """The next append fails: `commit` records of it reach quorum; `known` says whether the store
+    already knows that when it raises (committed_up_to set) or only after the next session."""
+
+    commit: int = 0
+    known: bool = True
+
+
+class FakeStore:
+    """One partition's log in memory. At most one append at a time, as the contract says."""
+
+    def __init__(self, partition_id: int, records: list[Record] | None = None) -> None:
+        self.partition_id = partition_id
+        self.records: list[Record] = list(records or [])
+        self.session_id = -1
+        self.generation: int | None = None
+        self.gate = asyncio.Event()  # clear it to hold appends in flight
+        self.gate.set()
+        self.failures: list[Failure] = []
+        self.unavailable_once = False
+        self.batches: list[int] = []  # size of every append call
+        self.header_reads: list[tuple[int, int]] = []
+        self.record_reads = 0
+        self._ready = asyncio.Event()
+        self._closed = False
+        self._in_append = False
+        self.ready_delay = 0.0
+
+    @property
+    def high_water_mark(self) -> int:
+        return len(self.records) - 1
+
+    async def start(self, generation: int) -> None:
+        self.generation = generation
+        asyncio.get_running_loop().call_later(self.ready_delay, self._open_session)
+
+    def _open_session(self) -> None:
+        if not self._closed:
+            self.session_id += 1
+            self._ready.set()
+
+    async def set_generation(self, generation: int) -> None:
+        self.generation = generation
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        if self._closed:
+            raise StoreUnavailable("closed")
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except TimeoutError:
+            raise StoreUnavailable("no session") from None
+        if self._closed:
+            raise StoreUnavailable("closed")
+
+    async def append(self, records: list[PendingRecord]) -> int:
+        assert not self._in_append, "the contract allows one append at a time"
+        if self._closed or not self._ready.is_set():
+            raise StoreUnavailable("no session")
+        if self.unavailable_once:
+            self.unavailable_once = False
+            raise StoreUnavailable("session closed before the batch was sent")
+        self._in_append = True
+        try:
+            await self.gate.wait()
+            self.batches.append(len(records))
+            first = len(self.records)
+            failure = self.failures.pop(0) if self.failures else None
+            kept = records if failure is None else records[: failure.commit]
+            for offset, r in enumerate(kept):
+                self.records.append(Record(first + offset, r.req_id, r.header, r.data, r.checksum))
+            if failure is None:
+                return first
+            if failure.known:
+                raise AppendFailed("replica failed", first, self.high_water_mark)
+            self._ready.clear()
+            self.session_id += 1
+            asyncio.get_running_loop().call_later(0.05, self._ready.set)
+            raise AppendFailed("replica failed", first, None)
+        finally:
+            self._in_append = False
+
+    async def get_record(self, transaction_id: int) -> Record | None:
+        self.record_reads += 1
+        if 0 <= transaction_id < len(self.records):
+            return self.records[transaction_id]
+        return None
+
+    async def get_records(self, transaction_id: int, max_records: int) -> list[Record]:
+        self.record_reads += 1
+        return self.records[transaction_id : transaction_id + max_records]
+
+    async def get_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
+        self.header_reads.append((transaction_id, max_records))
+        return [r.record_header for r in self.records[transaction_id : transaction_id + max_records]]
+
+    def status(self) -> StoreStatus:
+        healthy = self._ready.is_set() and not self._closed
+        return StoreStatus(self.session_id, self.high_water_mark, healthy, "ok" if healthy else "no session", 1, 1)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._ready.set()  # wake waiters, who then see the store closed
+
+
+class FakeStream:
+    """A client stream as a partition sees it: records every message sent to the client."""
+
+    _next_id = 0
+
+    def __init__(self, room: int = 10_000) -> None:
+        FakeStream._next_id += 1
+        self.stream_id = FakeStream._next_id
+        self.messages: list = []
+        self.room = room
+        self._changed = asyncio.Event()
+        self.drained = asyncio.Event()
+        self.drained.set()
+
+    def send_control(self, message) -> None:
+        self.messages.append(message)
+        self._changed.set()
+
+    async def send_feed(self, message) -> None:
+        while len(self.messages) >= self.room:
+            self.drained.clear()
+            await self.drained.wait()
+        self.messages.append(message)
+        self._changed.set()
+
+    def of(self, kind: str) -> list:
+        return [getattr(m, kind) for m in self.messages if m.WhichOneof("message") == kind]
+
+    def fed(self) -> list[tuple[int, int]]:
+        """(transaction id, seq_num of the originating append) of every fed transaction, in order."""
+        return [(f.transaction_id, f.req_id.seq_num) for batch in self.of("feed") for f in batch.transactions]
+
+    async def wait_for(self, predicate, timeout: float = 10.0) -> None:
+        async def loop() -> None:
+            while not predicate(self):
+                self._changed.clear()
+                await self._changed.wait()
+
+        await asyncio.wait_for(loop(), timeout)

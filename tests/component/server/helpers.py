@@ -1,0 +1,44 @@
+"""Builders for client messages in server component tests."""
+
+from __future__ import annotations
+
+from waltz.v1 import common_pb2, server_pb2
+from waltz_common.types import crc32
+
+
+def req(client_id: int = 1, seq: int = 1, partition_id: int = 0, generation: int = 1) -> common_pb2.ReqId:
+    return common_pb2.ReqId(client_id=client_id, generation=generation, partition_id=partition_id, seq_num=seq)
+
+
+def append(
+    client_id: int = 1,
+    seq: int = 1,
+    data: bytes = b"x",
+    hwm: int = -1,
+    write: tuple[int, ...] = (),
+    read: tuple[int, ...] = (),
+    appends: tuple[int, ...] = (),
+    partition_id: int = 0,
+    generation: int = 1,
+    header: int = 0,
+) -> server_pb2.AppendRequest:
+    return server_pb2.AppendRequest(
+        req_id=req(client_id, seq, partition_id, generation),
+        client_high_water_mark=hwm,
+        write_lock_request_length=len(write),
+        write_locks=write,
+        read_lock_request_length=len(read),
+        read_locks=read,
+        append_lock_request_length=len(appends),
+        append_locks=appends,
+        header=header,
+        data_length=len(data),
+        data=data,
+        checksum=crc32(data),
+    )
+
+
+def mount(client_id: int = 1, seq: int = 0, hwm: int = -1, partition_id: int = 0, generation: int = 1, net_seq: int = 1):
+    return server_pb2.MountRequest(
+        req_id=req(client_id, seq, partition_id, generation), client_high_water_mark=hwm, seq_num=net_seq
+    )
