@@ -153,6 +153,13 @@ class RecoveryManager:
 
     Every event re-evaluates the vote; once resolved, the high-water mark never changes. decide() is a pure
     read of the state, so calling it twice gives the same decision.
+
+    Voting, as the original: only a replica whose closing mark is unresolved and whose log reaches its
+    low-water mark proposes a candidate (the lowest proposal is the lowest candidate examined), but every
+    reachable replica of the previous set votes with what it holds: after its classification truncation,
+    and more as it follows the most advanced replica. Without that, five replicas with one or two proposers
+    could never reach a quorum of three. Replicas of the previous set that are unreachable or no longer
+    assigned count as absent.
     """
 
     def __init__(self, session_id: int, previous: Mapping[str, ReplicaState], assigned: Iterable[str]) -> None:
