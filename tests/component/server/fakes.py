@@ -28,7 +28,7 @@ class FakeStore:
         self.generation: int | None = None
         self.gate = asyncio.Event()  # clear it to hold appends in flight
         self.gate.set()
-        self.failures: list[Failure] = []
+        self.failures: list[Failure | None] = []  # outcome of the next appends in turn (None: success)
         self.unavailable_once = False
         self.batches: list[int] = []  # size of every append call
         self.header_reads: list[tuple[int, int]] = []

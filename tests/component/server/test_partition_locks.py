@@ -1,0 +1,124 @@
+"""Partition lock semantics end to end: write, read and append locks, and in-flight conflicts."""
+
+from __future__ import annotations
+
+from .fakes import Failure, FakeStream
+from .harness import opened, run, settle
+from .helpers import append, mount
+
+
+async def mounted(*client_ids: int):
+    partition, store = await opened()
+    streams = {}
+    for cid in client_ids:
+        streams[cid] = FakeStream()
+        partition.mount(streams[cid], mount(client_id=cid))
+    return partition, store, streams
+
+
+def test_write_write_conflict_answers_the_conflicting_transaction():
+    async def scenario():
+        partition, _, s = await mounted(1, 2)
+        await partition.submit(s[1], [append(1, 1, write=(7,))])
+        await s[1].wait_for(lambda st: len(st.fed()) == 1)
+        await partition.submit(s[2], [append(2, 1, write=(7,), hwm=-1)])
+        await s[2].wait_for(lambda st: st.of("lock_failure"))
+        [failure] = s[2].of("lock_failure")
+        assert failure.transaction_id == 0 and failure.req_id.client_id == 2
+        await partition.submit(s[2], [append(2, 2, write=(7,), hwm=0)])  # caught up: allowed
+        await s[2].wait_for(lambda st: len(st.fed()) == 2)
+        assert partition.high_water_mark == 1
+        await partition.close()
+
+    run(scenario)
+
+
+def test_read_after_write_conflicts_and_reads_are_not_recorded():
+    async def scenario():
+        partition, _, s = await mounted(1, 2, 3)
+        await partition.submit(s[1], [append(1, 1, write=(7,))])
+        await s[1].wait_for(lambda st: len(st.fed()) == 1)
+        await partition.submit(s[2], [append(2, 1, read=(7,), hwm=-1)])
+        await s[2].wait_for(lambda st: st.of("lock_failure"))
+        assert s[2].of("lock_failure")[0].transaction_id == 0
+        await partition.submit(s[2], [append(2, 2, read=(7,), hwm=0)])
+        await s[2].wait_for(lambda st: len(st.fed()) == 2)
+        # the read at id 1 recorded nothing: a writer that saw id 0 may still write lock 7
+        await partition.submit(s[3], [append(3, 1, write=(7,), hwm=0)])
+        await s[3].wait_for(lambda st: len(st.fed()) == 3)
+        assert not s[3].of("lock_failure")
+        await partition.close()
+
+    run(scenario)
+
+
+def test_append_locks_are_recorded_not_checked():
+    async def scenario():
+        partition, _, s = await mounted(1, 2, 3)
+        await partition.submit(s[1], [append(1, 1, appends=(7,))])
+        await partition.submit(s[2], [append(2, 1, appends=(7,), hwm=-1)])
+        await s[2].wait_for(lambda st: len(st.fed()) == 2)
+        assert not s[2].of("lock_failure")
+        await partition.submit(s[3], [append(3, 1, write=(7,), hwm=0)])
+        await s[3].wait_for(lambda st: st.of("lock_failure"))
+        assert s[3].of("lock_failure")[0].transaction_id == 1
+        await partition.close()
+
+    run(scenario)
+
+
+def test_conflict_with_in_flight_waits_for_its_outcome_without_holding_others():
+    async def scenario():
+        partition, store, s = await mounted(1, 2, 3)
+        store.gate.clear()
+        await partition.submit(s[1], [append(1, 1, write=(7,))])
+        await settle()
+        await partition.submit(s[2], [append(2, 1, write=(7,), hwm=-1)])
+        await partition.submit(s[3], [append(3, 1, write=(8,), hwm=-1)])
+        await settle()
+        assert not s[2].of("lock_failure")  # waits: only the in-flight transaction's fate decides
+        store.gate.set()
+        await s[2].wait_for(lambda st: st.of("lock_failure"))
+        assert s[2].of("lock_failure")[0].transaction_id == 0
+        await s[3].wait_for(lambda st: len(st.fed()) == 2)
+        assert [seq for _, seq in s[3].fed()] == [1, 1]  # client 1's then client 3's
+        assert store.batches == [1, 1]
+        await partition.close()
+
+    run(scenario)
+
+
+def test_conflict_with_a_failed_in_flight_append_goes_ahead():
+    async def scenario():
+        partition, store, s = await mounted(1, 2)
+        store.gate.clear()
+        store.failures.append(Failure(commit=0))
+        await partition.submit(s[1], [append(1, 1, write=(7,))])
+        await settle()
+        await partition.submit(s[2], [append(2, 1, write=(7,), hwm=-1)])
+        await settle()
+        store.gate.set()
+        await s[2].wait_for(lambda st: len(st.fed()) == 1)
+        assert s[2].fed() == [(0, 1)] and s[2].messages[-1].feed.transactions[0].req_id.client_id == 2
+        assert not s[2].of("lock_failure")
+        await partition.close()
+
+    run(scenario)
+
+
+def test_a_waiting_append_keeps_its_clients_later_appends_behind_it():
+    async def scenario():
+        partition, store, s = await mounted(1, 2)
+        store.gate.clear()
+        await partition.submit(s[1], [append(1, 1, write=(7,))])
+        await settle()
+        await partition.submit(s[2], [append(2, 1, write=(7,), hwm=-1), append(2, 2, write=(9,), hwm=-1)])
+        await settle()
+        assert store.batches == []  # the first is still held at the gate
+        store.gate.set()
+        await s[2].wait_for(lambda st: len(st.fed()) == 2)
+        assert s[2].of("lock_failure")[0].req_id.seq_num == 1
+        assert s[2].fed() == [(0, 1), (1, 2)]  # client 2's second append went only after its first resolved
+        await partition.close()
+
+    run(scenario)
