@@ -1,0 +1,140 @@
+"""Where a cluster's partitions live (ZooKeeper) and their committed high-water marks (GetHighWaterMark)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import grpc
+
+from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
+from waltz_common import zk as zkmeta
+from waltz_common.cluster_admin import parse_partitions
+
+T = TypeVar("T")
+
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
+)
+"""Codes after which the partition may have moved or its server restarted: look its owner up again."""
+
+
+class PartitionUnavailable(RuntimeError):
+    """No live server owns the partition right now (or it did not answer); worth trying again later."""
+
+
+class ClusterDirectory:
+    """A ZooKeeper session on one cluster: its partition count and the server that owns each partition."""
+
+    def __init__(self, zookeeper: str, root: str, timeout_s: float = 10.0) -> None:
+        self.paths = zkmeta.ZkPaths(root)
+        self.timeout_s = timeout_s
+        self._zk = zkmeta.connect(zookeeper, timeout_s=timeout_s)
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        self._zk.stop()
+        self._zk.close()
+
+    def __enter__(self) -> ClusterDirectory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def num_partitions(self) -> int:
+        return zkmeta.store_params(self._zk, self.paths).num_partitions
+
+    def select(self, spec: str | None) -> list[int]:
+        """The partitions a spec like "0-3,5" names (all when None), checked against the cluster."""
+        count = self.num_partitions()
+        if spec is None:
+            return list(range(count))
+        try:
+            return parse_partitions(spec, count)
+        except ValueError as exc:
+            raise ValueError(f"option 'partitions': {exc}") from None
+
+    def owners(self) -> dict[int, str]:
+        """host:port of the live server owning each owned partition."""
+        found = zkmeta.read(self._zk, self.paths.server_assignment, metadata_pb2.ServerAssignment)
+        if found is None:
+            return {}
+        addresses: dict[int, str | None] = {}
+        result = {}
+        for ownership in found[0].partitions:
+            sid = ownership.server_id
+            if sid < 0:
+                continue
+            if sid not in addresses:
+                descriptor = zkmeta.read(self._zk, self.paths.server(sid), metadata_pb2.ServerDescriptor)
+                addresses[sid] = f"{descriptor[0].host}:{descriptor[0].port}" if descriptor else None
+            address = addresses[sid]
+            if address is not None:
+                result[ownership.partition_id] = address
+        return result
+
+    def owner(self, partition: int) -> str:
+        address = self.owners().get(partition)
+        if address is None:
+            raise PartitionUnavailable(f"partition {partition} has no live server in {self.paths.root}")
+        return address
+
+    def channel(self, address: str) -> grpc.Channel:
+        if address not in self._channels:
+            self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return self._channels[address]
+
+    def high_water_marks(self, partitions: Iterable[int]) -> dict[int, int]:
+        """The committed high-water mark of each partition, asking each partition's owner (-1: empty)."""
+        wanted = list(partitions)
+        return with_retry(lambda: self._high_water_marks(wanted), self.timeout_s, "high-water marks")
+
+    def _high_water_marks(self, partitions: list[int]) -> dict[int, int]:
+        owners = self.owners()
+        result = {}
+        for pid in partitions:
+            if pid not in owners:
+                raise PartitionUnavailable(f"partition {pid} has no live server in {self.paths.root}")
+            stub = server_pb2_grpc.WaltzServerStub(self.channel(owners[pid]))
+            request = server_pb2.HighWaterMarkRequest(partition_id=pid)
+            result[pid] = int(stub.GetHighWaterMark(request, timeout=self.timeout_s).high_water_mark)
+        return result
+
+
+def with_retry(call: Callable[[], T], timeout_s: float, what: str) -> T:
+    """call(), again after retryable gRPC errors or PartitionUnavailable until timeout_s has passed."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        try:
+            return call()
+        except (grpc.RpcError, PartitionUnavailable) as exc:
+            if not is_retryable(exc) or time.monotonic() + delay > deadline:
+                raise PartitionUnavailable(f"cannot get {what}: {describe(exc)}") from None
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    if isinstance(exc, PartitionUnavailable):
+        return True
+    code: Any = exc.code() if isinstance(exc, grpc.RpcError) and hasattr(exc, "code") else None
+    return code in RETRYABLE
+
+
+def describe(exc: BaseException) -> str:
+    """One line for an exception, gRPC errors as CODE: details."""
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc)

@@ -1,0 +1,88 @@
+"""The `waltz` data source options, parsed and checked into one typed value."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+DEFAULT_RECORDS_PER_TASK = 250_000
+DEFAULT_TIMEOUT_S = 30.0
+
+Position = Literal["earliest", "latest"]
+
+
+class OptionError(ValueError):
+    """An option of the `waltz` data source is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """What to read: the cluster, the partitions, the id range and how much per task and batch."""
+
+    zookeeper: str
+    root: str
+    partitions: str | None = None
+    starting: Position | dict[int, int] = "earliest"
+    ending: Position | dict[int, int] = "latest"
+    max_records_per_partition: int | None = None
+    batch_size: int = 0
+    records_per_task: int = DEFAULT_RECORDS_PER_TASK
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+def parse_options(options: Mapping[str, str]) -> SourceOptions:
+    """The data source options (keys case-insensitive, as Spark passes them) as SourceOptions."""
+    lowered = {str(k).lower(): str(v) for k, v in options.items()}
+    zookeeper = lowered.get("zookeeper", "").strip()
+    root = lowered.get("root", "").strip()
+    if not zookeeper:
+        raise OptionError("option 'zookeeper' is required: the ZooKeeper connect string, e.g. 127.0.0.1:2181")
+    if not root.startswith("/"):
+        raise OptionError("option 'root' is required: the cluster root znode, e.g. /waltz/my_cluster")
+    cap = lowered.get("maxrecordsperpartition")
+    return SourceOptions(
+        zookeeper=zookeeper,
+        root=root,
+        partitions=lowered.get("partitions") or None,
+        starting=_parse_offsets("startingOffsets", lowered.get("startingoffsets", "earliest")),
+        ending=_parse_offsets("endingOffsets", lowered.get("endingoffsets", "latest")),
+        max_records_per_partition=None if cap is None else _positive("maxRecordsPerPartition", cap),
+        batch_size=_positive("batchSize", lowered["batchsize"]) if "batchsize" in lowered else 0,
+        records_per_task=_positive("recordsPerTask", lowered.get("recordspertask", str(DEFAULT_RECORDS_PER_TASK))),
+        timeout_s=float(_positive("timeoutSeconds", lowered.get("timeoutseconds", str(int(DEFAULT_TIMEOUT_S))))),
+    )
+
+
+def _positive(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise OptionError(f"option {name!r} must be a positive integer, not {text!r}") from None
+    if value < 1:
+        raise OptionError(f"option {name!r} must be a positive integer, not {text!r}")
+    return value
+
+
+def _parse_offsets(name: str, text: str) -> Position | dict[int, int]:
+    """'earliest', 'latest' or a JSON object {"<pid>": <transaction id>} (ids >= 0)."""
+    stripped = text.strip()
+    if stripped.lower() in ("earliest", "latest"):
+        return "earliest" if stripped.lower() == "earliest" else "latest"
+    try:
+        raw = json.loads(stripped)
+    except json.JSONDecodeError:
+        raise OptionError(f'option {name!r} must be earliest, latest or JSON like {{"0": 42}}, not {text!r}') from None
+    if not isinstance(raw, dict):
+        raise OptionError(f'option {name!r} must be a JSON object like {{"0": 42}}, not {text!r}')
+    result: dict[int, int] = {}
+    for key, value in raw.items():
+        try:
+            pid = int(key)
+        except ValueError:
+            raise OptionError(f"option {name!r}: {key!r} is not a partition id") from None
+        if pid < 0 or isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise OptionError(f"option {name!r}: partition {key} needs a transaction id >= 0, not {value!r}")
+        result[pid] = value
+    return result

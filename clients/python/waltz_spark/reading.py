@@ -1,0 +1,174 @@
+"""Read one range of one partition from its server with ReadTransactions, checked, as Arrow batches."""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+import pyarrow as pa
+
+from waltz.v1 import common_pb2, server_pb2, server_pb2_grpc
+from waltz_spark.cluster import CHANNEL_OPTIONS, ClusterDirectory, PartitionUnavailable, describe, is_retryable
+
+ARROW_SCHEMA = pa.schema(
+    [
+        ("partition", pa.int32()),
+        ("transaction_id", pa.int64()),
+        ("header", pa.int32()),
+        ("client_id", pa.int32()),
+        ("generation", pa.int32()),
+        ("seq_num", pa.int32()),
+        ("data", pa.binary()),
+    ]
+)
+ARROW_BATCH_ROWS = 8192
+
+
+class ChecksumMismatch(RuntimeError):
+    """A record's data does not match its CRC-32: the log or the transfer is corrupt."""
+
+
+class BrokenRange(RuntimeError):
+    """The server sent records out of order, of the wrong partition or with a wrong length."""
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """Transactions first..last of one partition, where its owner was at planning, and how to look it up again."""
+
+    zookeeper: str
+    root: str
+    partition: int
+    first: int
+    last: int
+    address: str
+    batch_size: int = 0
+    timeout_s: float = 30.0
+
+
+def read_task(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = None) -> Iterator[pa.RecordBatch]:
+    """The task's records as Arrow batches; after a retryable failure resumes at the next id from the current owner."""
+    locate = locate or locate_owner
+    builder = BatchBuilder(task.partition)
+    next_id, address = task.first, task.address
+    deadline = time.monotonic() + task.timeout_s
+    delay = 0.05
+    while next_id <= task.last:
+        try:
+            for records in fetch(address, task.partition, next_id, task.last, task.batch_size, task.timeout_s):
+                check(task.partition, next_id, records)
+                next_id += len(records)
+                builder.add(records)
+                if builder.rows >= ARROW_BATCH_ROWS:
+                    yield builder.take()
+                deadline = time.monotonic() + task.timeout_s
+            if next_id <= task.last:
+                raise PartitionUnavailable(f"stream ended at transaction {next_id - 1}, before {task.last}")
+        except (grpc.RpcError, PartitionUnavailable) as exc:
+            if not is_retryable(exc) or time.monotonic() + delay > deadline:
+                raise PartitionUnavailable(
+                    f"cannot read partition {task.partition} transactions {next_id}..{task.last} "
+                    f"from {address}: {describe(exc)}"
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            address = locate(task, address)
+    if builder.rows:
+        yield builder.take()
+
+
+def fetch(
+    address: str, partition: int, first: int, last: int, batch_size: int, timeout_s: float
+) -> Iterator[Sequence[common_pb2.Record]]:
+    """The records of ReadTransactions(first..last), one server message at a time."""
+    request = server_pb2.ReadTransactionsRequest(
+        partition_id=partition, from_transaction_id=first, to_transaction_id=last, batch_size=batch_size
+    )
+    # The whole range gets a deadline that grows with its size (at least 1000 records/s is assumed).
+    deadline = timeout_s + (last - first + 1) / 1000.0
+    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        stub = server_pb2_grpc.WaltzServerStub(channel)
+        for response in stub.ReadTransactions(request, timeout=deadline):
+            yield response.records
+
+
+def check(partition: int, expected_first: int, records: Sequence[common_pb2.Record]) -> None:
+    """Ids dense from expected_first, lengths right, and the CRC-32 of every record's data as recorded."""
+    expected = expected_first
+    for record in records:
+        if record.transaction_id != expected:
+            raise BrokenRange(f"partition {partition}: expected transaction {expected}, got {record.transaction_id}")
+        data = record.data
+        if record.data_length != len(data):
+            raise BrokenRange(
+                f"partition {partition} transaction {expected}: data_length {record.data_length} "
+                f"but {len(data)} data bytes"
+            )
+        if (zlib.crc32(data) - record.checksum) & 0xFFFFFFFF:
+            raise ChecksumMismatch(
+                f"checksum mismatch in partition {partition} transaction {expected}: data CRC-32 "
+                f"{zlib.crc32(data) & 0xFFFFFFFF:#010x}, record says {record.checksum & 0xFFFFFFFF:#010x}"
+            )
+        if record.req_id.partition_id != partition:
+            raise BrokenRange(
+                f"partition {partition} transaction {expected}: ReqId names partition {record.req_id.partition_id}"
+            )
+        expected += 1
+
+
+def locate_owner(task: ReadTask, previous: str) -> str:
+    """The partition's owner now, from ZooKeeper; the previous address when it cannot be looked up."""
+    try:
+        with ClusterDirectory(task.zookeeper, task.root, timeout_s=min(task.timeout_s, 10.0)) as directory:
+            return directory.owner(task.partition)
+    except Exception:  # the retry loop reports the read error; a failed lookup only means "same place"
+        return previous
+
+
+class BatchBuilder:
+    """Columns of records accumulating into one Arrow RecordBatch."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+        self._clear()
+
+    def _clear(self) -> None:
+        self.ids: list[int] = []
+        self.headers: list[int] = []
+        self.client_ids: list[int] = []
+        self.generations: list[int] = []
+        self.seq_nums: list[int] = []
+        self.data: list[bytes] = []
+
+    @property
+    def rows(self) -> int:
+        return len(self.ids)
+
+    def add(self, records: Sequence[common_pb2.Record]) -> None:
+        for record in records:
+            req_id = record.req_id
+            self.ids.append(record.transaction_id)
+            self.headers.append(record.header)
+            self.client_ids.append(req_id.client_id)
+            self.generations.append(req_id.generation)
+            self.seq_nums.append(req_id.seq_num)
+            self.data.append(record.data)
+
+    def take(self) -> pa.RecordBatch:
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array([self.partition] * self.rows, pa.int32()),
+                pa.array(self.ids, pa.int64()),
+                pa.array(self.headers, pa.int32()),
+                pa.array(self.client_ids, pa.int32()),
+                pa.array(self.generations, pa.int32()),
+                pa.array(self.seq_nums, pa.int32()),
+                pa.array(self.data, pa.binary()),
+            ],
+            schema=ARROW_SCHEMA,
+        )
+        self._clear()
+        return batch

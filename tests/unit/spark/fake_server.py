@@ -1,0 +1,110 @@
+"""A fake WaltzServer over real gRPC on loopback: GetHighWaterMark and ReadTransactions over in-memory logs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+
+from waltz.v1 import common_pb2, metadata_pb2, server_pb2, server_pb2_grpc
+from waltz_common import zk as zkmeta
+from waltz_common.types import crc32
+
+
+def record(partition: int, txn: int, data: bytes, header: int = 0, client_id: int = 7) -> common_pb2.Record:
+    return common_pb2.Record(
+        transaction_id=txn,
+        req_id=common_pb2.ReqId(client_id=client_id, generation=1, partition_id=partition, seq_num=txn + 100),
+        header=header,
+        data_length=len(data),
+        data=data,
+        checksum=crc32(data),
+    )
+
+
+class FakeWaltzServer(server_pb2_grpc.WaltzServerServicer):
+    """In-memory committed logs per partition; can cut a stream once after n records and corrupt a record."""
+
+    def __init__(self, partitions: int = 2, batch_size: int = 100) -> None:
+        self.logs: dict[int, list[common_pb2.Record]] = {pid: [] for pid in range(partitions)}
+        self.batch_size = batch_size
+        self.cut_after: int | None = None
+        self.requests: list[server_pb2.ReadTransactionsRequest] = []
+        self._lock = threading.Lock()
+        self._server: grpc.Server | None = None
+        self.port = 0
+
+    def append(self, partition: int, count: int, size: int = 16) -> None:
+        with self._lock:
+            log = self.logs[partition]
+            for _ in range(count):
+                txn = len(log)
+                log.append(record(partition, txn, f"p{partition}-t{txn}-".encode().ljust(size, b"x"), header=txn % 7))
+
+    def corrupt(self, partition: int, txn: int) -> None:
+        self.logs[partition][txn].checksum ^= 1
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> FakeWaltzServer:
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        server_pb2_grpc.add_WaltzServerServicer_to_server(self, self._server)
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None).wait()
+
+    def __enter__(self) -> FakeWaltzServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def GetHighWaterMark(self, request, context):
+        if request.partition_id not in self.logs:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"partition {request.partition_id} is not here")
+        return server_pb2.HighWaterMarkResponse(
+            partition_id=request.partition_id, high_water_mark=len(self.logs[request.partition_id]) - 1
+        )
+
+    def ReadTransactions(self, request, context) -> Iterator[server_pb2.ReadTransactionsResponse]:
+        self.requests.append(request)
+        log = self.logs.get(request.partition_id)
+        if log is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"partition {request.partition_id} is not here")
+        first, last = request.from_transaction_id, request.to_transaction_id
+        if first < 0 or last >= len(log):
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, f"{first}..{last} is beyond high-water mark {len(log) - 1}")
+        size = min(request.batch_size or self.batch_size, self.batch_size)
+        sent = 0
+        for start in range(first, last + 1, size):
+            chunk = log[start : min(start + size, last + 1)]
+            if self.cut_after is not None and sent + len(chunk) > self.cut_after:
+                self.cut_after = None
+                context.abort(grpc.StatusCode.UNAVAILABLE, "cut on purpose")
+            sent += len(chunk)
+            yield server_pb2.ReadTransactionsResponse(partition_id=request.partition_id, records=chunk)
+
+
+def register(zk, root: str, server: FakeWaltzServer, server_id: int = 0) -> None:
+    """Make the fake server the live owner of every partition of the cluster at root (which must exist)."""
+    paths = zkmeta.ZkPaths(root)
+    host, port = server.address.rsplit(":", 1)
+    descriptor = metadata_pb2.ServerDescriptor(server_id=server_id, host=host, port=int(port))
+    if zk.exists(paths.server(server_id)):
+        zkmeta.write(zk, paths.server(server_id), descriptor)
+    else:
+        zkmeta.create(zk, paths.server(server_id), descriptor)
+    assignment = metadata_pb2.ServerAssignment(
+        partitions=[
+            metadata_pb2.PartitionOwnership(partition_id=pid, server_id=server_id, generation=1) for pid in server.logs
+        ]
+    )
+    zkmeta.write(zk, paths.server_assignment, assignment)

@@ -1,0 +1,104 @@
+"""read_task against a fake WaltzServer on loopback: ranges, resumption, checksum and order checks."""
+
+import grpc
+import pyarrow as pa
+import pytest
+
+from tests.unit.spark.fake_server import FakeWaltzServer, record
+from waltz_spark.cluster import PartitionUnavailable
+from waltz_spark.reading import ARROW_SCHEMA, BatchBuilder, BrokenRange, ChecksumMismatch, ReadTask, check, read_task
+
+
+@pytest.fixture
+def server():
+    with FakeWaltzServer(partitions=2, batch_size=100) as fake:
+        fake.append(0, 1000)
+        fake.append(1, 10)
+        yield fake
+
+
+def task(server: FakeWaltzServer, partition: int, first: int, last: int, **kw) -> ReadTask:
+    # The ZooKeeper address is never reached unless a retry needs to look the owner up.
+    return ReadTask(
+        zookeeper="127.0.0.1:1", root="/none", partition=partition, first=first, last=last, address=server.address, **kw
+    )
+
+
+def rows(batches) -> list[dict]:
+    return pa.Table.from_batches(list(batches), schema=ARROW_SCHEMA).to_pylist()
+
+
+def test_reads_a_range_with_every_column(server):
+    got = rows(read_task(task(server, 0, 10, 509, batch_size=50)))
+    assert [r["transaction_id"] for r in got] == list(range(10, 510))
+    expected = server.logs[0][42]
+    assert got[32] == {
+        "partition": 0,
+        "transaction_id": 42,
+        "header": expected.header,
+        "client_id": 7,
+        "generation": 1,
+        "seq_num": 142,
+        "data": expected.data,
+    }
+    assert {r.batch_size for r in server.requests} == {50}
+
+
+def test_batches_are_arrow_with_the_source_schema(server):
+    batches = list(read_task(task(server, 0, 0, 999)))
+    assert all(b.schema == ARROW_SCHEMA for b in batches)
+    assert sum(b.num_rows for b in batches) == 1000
+
+
+def test_a_cut_stream_resumes_at_the_next_id_without_duplicates(server):
+    server.cut_after = 250
+    looked_up = []
+
+    def locate(t: ReadTask, previous: str) -> str:
+        looked_up.append(previous)
+        return server.address
+
+    got = rows(read_task(task(server, 0, 0, 999, timeout_s=10), locate))
+    assert [r["transaction_id"] for r in got] == list(range(1000))
+    assert [r.from_transaction_id for r in server.requests] == [0, 200]
+    assert looked_up == [server.address]
+
+
+def test_a_checksum_mismatch_fails_with_the_transaction(server):
+    server.corrupt(1, 6)
+    with pytest.raises(ChecksumMismatch, match="partition 1 transaction 6"):
+        list(read_task(task(server, 1, 0, 9)))
+
+
+def test_records_out_of_order_or_of_another_partition_are_refused():
+    with pytest.raises(BrokenRange, match="expected transaction 1, got 2"):
+        check(0, 0, [record(0, 0, b"a"), record(0, 2, b"b")])
+    with pytest.raises(BrokenRange, match="ReqId names partition 1"):
+        check(0, 0, [record(1, 0, b"a")])
+    bad_length = record(0, 0, b"abc")
+    bad_length.data_length = 2
+    with pytest.raises(BrokenRange, match="data_length"):
+        check(0, 0, [bad_length])
+
+
+def test_a_range_beyond_the_high_water_mark_is_not_retried(server):
+    with pytest.raises(PartitionUnavailable, match="OUT_OF_RANGE"):
+        list(read_task(task(server, 1, 0, 10)))
+
+
+def test_an_unreachable_server_fails_after_the_timeout():
+    dead = ReadTask(
+        zookeeper="127.0.0.1:1", root="/none", partition=0, first=0, last=5, address="127.0.0.1:1", timeout_s=0.5
+    )
+    with pytest.raises(PartitionUnavailable, match="UNAVAILABLE"):
+        list(read_task(dead, lambda t, previous: previous))
+
+
+def test_empty_builder_and_signed_checksums():
+    builder = BatchBuilder(3)
+    high_crc = next(d for d in (bytes([i]) for i in range(256)) if record(0, 0, d).checksum < 0)
+    check(3, 0, [record(3, 0, high_crc)])  # a CRC above 2^31 travels as a negative int32
+    builder.add([record(3, 0, high_crc)])
+    assert builder.take().to_pylist()[0]["partition"] == 3
+    assert builder.rows == 0
+    assert isinstance(grpc.StatusCode.UNAVAILABLE, grpc.StatusCode)
