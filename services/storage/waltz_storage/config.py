@@ -1,0 +1,39 @@
+"""The storage node's configuration keys, with their documented defaults."""
+
+from __future__ import annotations
+
+from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key
+
+MIB = 1024 * 1024
+
+STORAGE_KEYS: tuple[Key, ...] = (
+    *ZOOKEEPER_KEYS,
+    Key(
+        "storage.host",
+        str,
+        "127.0.0.1",
+        "bind address, and the host of this node's identity host:port (as in the cluster's replica assignment)",
+    ),
+    Key("storage.port", int, doc="port of the storage protocol (WaltzStorage); 0 picks a free port (tests)"),
+    Key("storage.admin.port", int, doc="port of the admin protocol (WaltzStorageAdmin); 0 picks a free port"),
+    Key("storage.metrics.port", int, 0, "Prometheus HTTP port serving /metrics; 0 disables it"),
+    Key("storage.directory", str, doc="the storage directory: control file and one directory per partition"),
+    Key("storage.segment.size.threshold", int, 1_000_000_000, "bytes after which a partition rolls to a new segment"),
+    Key("storage.maxRecordBytes", int, 16 * MIB, "largest transaction data accepted in one record, bytes"),
+    Key("storage.maxBatchBytes", int, 64 * MIB, "largest append batch (records as encoded on disk), bytes"),
+    Key("storage.shutdownGraceSeconds", float, 10.0, "on SIGTERM, how long in-flight requests may take to finish"),
+)
+
+
+def check(config: Config) -> None:
+    """Raise ConfigError for values that load() accepts by type but the node cannot use."""
+    for name in ("storage.port", "storage.admin.port", "storage.metrics.port"):
+        if not 0 <= config[name] <= 65535:
+            raise ConfigError(f"{config.source}: {name} must be a port number, got {config[name]}")
+    for name in ("storage.segment.size.threshold", "storage.maxRecordBytes", "storage.maxBatchBytes"):
+        if config[name] <= 0:
+            raise ConfigError(f"{config.source}: {name} must be positive, got {config[name]}")
+    if config["storage.maxRecordBytes"] > config["storage.maxBatchBytes"]:
+        raise ConfigError(f"{config.source}: storage.maxRecordBytes must not exceed storage.maxBatchBytes")
+    if config["storage.shutdownGraceSeconds"] < 0:
+        raise ConfigError(f"{config.source}: storage.shutdownGraceSeconds must not be negative")
