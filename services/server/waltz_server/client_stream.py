@@ -1,0 +1,186 @@
+"""One client's ordered Stream: a reader dispatching by partition and a writer draining a bounded queue."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+
+import grpc
+
+from waltz.v1 import server_pb2
+from waltz_server.ownership import PartitionManager
+from waltz_server.partition import mount_response, rejected
+
+Reason = server_pb2.AppendRejected.Reason
+_stream_ids = itertools.count(1)
+
+
+def coalesce(messages: list[server_pb2.ServerMessage], max_entries: int) -> list[server_pb2.ServerMessage]:
+    """Merge adjacent feed batches of one partition with consecutive ids (fewer, larger messages)."""
+    out: list[server_pb2.ServerMessage] = []
+    for message in messages:
+        if out and message.WhichOneof("message") == "feed" and out[-1].WhichOneof("message") == "feed":
+            last, this = out[-1].feed.transactions, message.feed.transactions
+            if (
+                this
+                and last
+                and len(last) + len(this) <= max_entries
+                and last[-1].req_id.partition_id == this[0].req_id.partition_id
+                and last[-1].transaction_id + 1 == this[0].transaction_id
+            ):
+                last.extend(this)
+                continue
+        out.append(message)
+    return out
+
+
+class Outbound:
+    """Messages waiting for the writer. Feeds wait while it is full; answers never wait, because the
+    reader stops reading (so the client stops sending) while it is full, which bounds them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._items: deque[server_pb2.ServerMessage] = deque()
+        self._nonempty = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put_nowait(self, message: server_pb2.ServerMessage) -> None:
+        if self.closed:
+            return
+        self._items.append(message)
+        self._nonempty.set()
+        if len(self._items) >= self.limit:
+            self._room.clear()
+
+    async def wait_room(self) -> None:
+        while len(self._items) >= self.limit and not self.closed:
+            self._room.clear()
+            await self._room.wait()
+
+    async def put(self, message: server_pb2.ServerMessage) -> None:
+        await self.wait_room()
+        self.put_nowait(message)
+
+    async def take(self) -> list[server_pb2.ServerMessage]:
+        while not self._items:
+            self._nonempty.clear()
+            await self._nonempty.wait()
+        items = list(self._items)
+        self._items.clear()
+        self._room.set()
+        return items
+
+    def close(self) -> None:
+        self.closed = True
+        self._room.set()
+
+
+class StreamAborted(Exception):
+    """The client sent something that ends the stream with a gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ClientStream:
+    """The server side of one client's Stream; partitions see it as a StreamPort."""
+
+    def __init__(self, manager: PartitionManager, server_id: int, queue_size: int, max_feed_entries: int) -> None:
+        self.stream_id = next(_stream_ids)
+        self._manager = manager
+        self._server_id = server_id
+        self.outbound = Outbound(queue_size)
+        self._max_feed_entries = max_feed_entries
+        self._mounted: set[int] = set()
+
+    # StreamPort
+
+    def send_control(self, message: server_pb2.ServerMessage) -> None:
+        self.outbound.put_nowait(message)
+
+    async def send_feed(self, message: server_pb2.ServerMessage) -> None:
+        await self.outbound.put(message)
+
+    # the two loops
+
+    async def read(self, messages: AsyncIterator[server_pb2.ClientMessage]) -> None:
+        async for message in messages:
+            await self.outbound.wait_room()
+            await self.dispatch(message)
+
+    async def write(self, context: grpc.aio.ServicerContext) -> None:
+        while True:
+            for message in coalesce(await self.outbound.take(), self._max_feed_entries):
+                await context.write(message)
+
+    async def drain(self, context: grpc.aio.ServicerContext) -> None:
+        """Write what is still queued (the client closed its side)."""
+        while len(self.outbound):
+            for message in coalesce(await self.outbound.take(), self._max_feed_entries):
+                await context.write(message)
+
+    def detach(self) -> None:
+        self.outbound.close()
+        for pid in self._mounted:
+            partition = self._manager.get(pid)
+            if partition is not None:
+                partition.detach(self)
+
+    # dispatch
+
+    async def dispatch(self, message: server_pb2.ClientMessage) -> None:
+        kind = message.WhichOneof("message")
+        if kind == "appends":
+            await self._appends(message.appends.requests)
+        elif kind == "mount":
+            pid = self._check_partition(message.mount.req_id.partition_id)
+            partition = self._manager.get(pid)
+            if partition is None or not partition.ready:
+                state = server_pb2.MountResponse.NOT_READY
+                self.send_control(mount_response(message.mount.req_id, state, -1))
+                return
+            self._mounted.add(pid)
+            partition.mount(self, message.mount)
+        elif kind == "feed":
+            partition = self._manager.get(self._check_partition(message.feed.req_id.partition_id))
+            if partition is not None:
+                partition.feed(self, message.feed)
+        elif kind == "flush":
+            partition = self._manager.get(self._check_partition(message.flush.req_id.partition_id))
+            if partition is not None:
+                partition.flush(self, message.flush)
+
+    async def _appends(self, requests: Iterable[server_pb2.AppendRequest]) -> None:
+        by_partition: dict[int, list[server_pb2.AppendRequest]] = {}
+        for request in requests:
+            by_partition.setdefault(request.req_id.partition_id, []).append(request)
+        for pid, batch in by_partition.items():
+            partition = self._manager.get(pid)
+            if partition is not None:
+                await partition.submit(self, batch)
+                continue
+            if 0 <= pid < self._manager.num_partitions:
+                reason, text = Reason.PARTITION_NOT_READY, self._not_here(pid)
+            else:
+                reason, text = Reason.INVALID, self._no_such(pid)
+            for request in batch:
+                self.send_control(rejected(request.req_id, reason, text))
+
+    def _check_partition(self, pid: int) -> int:
+        if not 0 <= pid < self._manager.num_partitions:
+            raise StreamAborted(grpc.StatusCode.INVALID_ARGUMENT, self._no_such(pid))
+        return pid
+
+    def _no_such(self, pid: int) -> str:
+        return f"partition {pid} does not exist: the cluster has partitions 0-{self._manager.num_partitions - 1}"
+
+    def _not_here(self, pid: int) -> str:
+        return f"partition {pid} is not owned by server {self._server_id}: find its owner and remount"

@@ -1,0 +1,181 @@
+"""The grpc.aio WaltzServer servicer: the client Stream, unary reads and admin queries."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import NoReturn
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from waltz.v1 import server_pb2, server_pb2_grpc
+from waltz_server.client_stream import ClientStream, StreamAborted
+from waltz_server.config import PartitionSettings
+from waltz_server.ownership import PartitionManager
+from waltz_server.partition import Partition
+from waltz_server.transaction_data import RangeError, batch_size, read_range, record_message, transaction_data
+
+log = logging.getLogger(__name__)
+
+Connectivity = Callable[[], Awaitable[dict[str, tuple[bool, str]]]]
+
+
+class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
+    """Answers clients from the partitions the PartitionManager holds."""
+
+    def __init__(
+        self,
+        manager: PartitionManager,
+        server_id: Callable[[], int],
+        settings: PartitionSettings,
+        stream_queue_size: int = 64,
+        connectivity: Connectivity | None = None,
+    ) -> None:
+        self._manager = manager
+        self._server_id = server_id
+        self._settings = settings
+        self._queue_size = stream_queue_size
+        self._connectivity = connectivity
+        self._streams: set[ClientStream] = set()
+
+    async def Stream(
+        self, request_iterator: AsyncIterator[server_pb2.ClientMessage], context: grpc.aio.ServicerContext
+    ) -> None:
+        stream = ClientStream(self._manager, self._server_id(), self._queue_size, 4 * self._settings.feed_batch_size)
+        self._streams.add(stream)
+        aborted: StreamAborted | None = None
+        try:
+            writer = asyncio.create_task(stream.write(context))
+            try:
+                await stream.read(request_iterator)
+                await stream.drain(context)
+            except StreamAborted as exc:
+                aborted = exc
+            finally:
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer
+        finally:
+            self._streams.discard(stream)
+            stream.detach()
+        if aborted is not None:
+            await context.abort(aborted.code, str(aborted))
+
+    async def GetTransactionData(
+        self, request: server_pb2.TransactionDataRequest, context: grpc.aio.ServicerContext
+    ) -> server_pb2.TransactionDataResponse:
+        partition = await self._partition(request.req_id.partition_id, context)
+        return await transaction_data(partition, request)
+
+    async def GetHighWaterMark(
+        self, request: server_pb2.HighWaterMarkRequest, context: grpc.aio.ServicerContext
+    ) -> server_pb2.HighWaterMarkResponse:
+        partition = await self._partition(request.partition_id, context)
+        return server_pb2.HighWaterMarkResponse(
+            partition_id=partition.partition_id, high_water_mark=partition.high_water_mark
+        )
+
+    async def ReadTransactions(
+        self, request: server_pb2.ReadTransactionsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[server_pb2.ReadTransactionsResponse]:
+        partition = await self._partition(request.partition_id, context)
+        size = batch_size(request.batch_size, self._settings.read_batch_size)
+        try:
+            async for records in read_range(partition, request.from_transaction_id, request.to_transaction_id, size):
+                yield server_pb2.ReadTransactionsResponse(
+                    partition_id=partition.partition_id, records=[record_message(r) for r in records]
+                )
+        except RangeError as exc:
+            code = grpc.StatusCode.NOT_FOUND if exc.missing else grpc.StatusCode.INVALID_ARGUMENT
+            await context.abort(code, str(exc))
+
+    async def GetServerPartitions(
+        self, request: server_pb2.ServerPartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> server_pb2.ServerPartitionsResponse:
+        return server_pb2.ServerPartitionsResponse(
+            server_id=self._server_id(), partitions=[partition_status(p) for p in self._manager.all()]
+        )
+
+    async def CheckStorageConnectivity(
+        self, request: server_pb2.StorageConnectivityRequest, context: grpc.aio.ServicerContext
+    ) -> server_pb2.StorageConnectivityResponse:
+        if self._connectivity is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no storage connections to check")
+        nodes = await self._connectivity()  # type: ignore[misc]
+        return server_pb2.StorageConnectivityResponse(
+            nodes=[
+                server_pb2.StorageConnectivity(connect_string=name, connected=ok, detail=detail)
+                for name, (ok, detail) in sorted(nodes.items())
+            ]
+        )
+
+    async def _partition(self, pid: int, context: grpc.aio.ServicerContext) -> Partition:
+        if not 0 <= pid < self._manager.num_partitions:
+            await _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"partition {pid} does not exist: the cluster has partitions 0-{self._manager.num_partitions - 1}",
+            )
+        partition = self._manager.get(pid)
+        if partition is None:
+            await _abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"partition {pid} is not owned by server {self._server_id()}: ask its owner",
+            )
+        if not partition.ready:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"partition {pid} is not ready yet: retry shortly")
+        return partition
+
+
+async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    await context.abort(code, message)
+    raise AssertionError("unreachable: abort raises")
+
+
+def partition_status(partition: Partition) -> server_pb2.ServerPartitionStatus:
+    store = partition.store.status()
+    healthy = partition.ready and store.healthy
+    detail = partition.failure or ("" if healthy else (store.detail or "store session not open"))
+    return server_pb2.ServerPartitionStatus(
+        partition_id=partition.partition_id,
+        generation=partition.generation,
+        session_id=store.session_id,
+        high_water_mark=partition.high_water_mark,
+        healthy=healthy,
+        pending_appends=partition.pending_appends(),
+        detail=detail,
+    )
+
+
+SERVICE_NAME = server_pb2.DESCRIPTOR.services_by_name["WaltzServer"].full_name
+
+
+async def start_grpc_server(
+    service: WaltzServerService, host: str, port: int, max_message_bytes: int = 16 * 1024 * 1024
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """A started grpc.aio server with the Waltz service, health (NOT_SERVING until set) and reflection."""
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+    server = grpc.aio.server(options=options)
+    server_pb2_grpc.add_WaltzServerServicer_to_server(service, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    await server.start()
+    return server, bound, health_servicer

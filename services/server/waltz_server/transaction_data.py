@@ -1,0 +1,83 @@
+"""Transaction data reads: single records (cache, then store) and closed ranges for bulk readers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from waltz.v1 import common_pb2, server_pb2
+from waltz_common.types import Record
+from waltz_server.partition import Partition
+from waltz_server.validation import req_id_message
+
+
+class RangeError(ValueError):
+    """A requested range or transaction id the partition cannot serve; `missing` if it is above the log."""
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+def record_message(record: Record) -> common_pb2.Record:
+    return common_pb2.Record(
+        transaction_id=record.transaction_id,
+        req_id=req_id_message(record.req_id),
+        header=record.header,
+        data_length=len(record.data),
+        data=record.data,
+        checksum=record.checksum,
+    )
+
+
+async def transaction_data(
+    partition: Partition, request: server_pb2.TransactionDataRequest
+) -> server_pb2.TransactionDataResponse:
+    """The Transaction Data Response: the record, or success=false with why not."""
+    txn = request.transaction_id
+    answer = server_pb2.TransactionDataResponse(req_id=request.req_id, transaction_id=txn)
+    hwm = partition.high_water_mark
+    if txn < 0 or txn > hwm:
+        answer.error_message = (
+            f"transaction {txn} does not exist in partition {partition.partition_id} (high-water mark {hwm})"
+        )
+        return answer
+    record = partition.data_cache.get(txn)
+    if record is None:
+        record = await partition.store.get_record(txn)
+        if record is None:
+            answer.error_message = f"transaction {txn} of partition {partition.partition_id} could not be read"
+            return answer
+        partition.data_cache.put(record)
+    answer.success = True
+    answer.data_length = len(record.data)
+    answer.data = record.data
+    answer.checksum = record.checksum
+    return answer
+
+
+def check_range(first: int, last: int, high_water_mark: int, partition_id: int) -> None:
+    """RangeError unless [first, last] is a non-empty range of committed transactions."""
+    if first < 0 or last < first:
+        raise RangeError(f"bad range [{first}, {last}]: need 0 <= from_transaction_id <= to_transaction_id")
+    if last > high_water_mark:
+        raise RangeError(
+            f"transaction {last} does not exist in partition {partition_id} (high-water mark {high_water_mark})",
+            missing=True,
+        )
+
+
+def batch_size(requested: int, limit: int) -> int:
+    """Records per response: the requested number within 1..limit (0: the limit)."""
+    return limit if requested <= 0 else min(requested, limit)
+
+
+async def read_range(partition: Partition, first: int, last: int, size: int) -> AsyncIterator[list[Record]]:
+    """The committed records [first, last], in order, in lists of at most size."""
+    check_range(first, last, partition.high_water_mark, partition.partition_id)
+    next_id = first
+    while next_id <= last:
+        records = await partition.store.get_records(next_id, min(size, last - next_id + 1))
+        if not records or records[0].transaction_id != next_id:
+            raise RangeError(f"partition {partition.partition_id}: the store returned nothing from {next_id}")
+        yield records
+        next_id += len(records)

@@ -1,0 +1,83 @@
+"""A WaltzServerService over FakeStores on a loopback port, and a client Stream to talk to it."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import grpc
+
+from waltz.v1 import server_pb2, server_pb2_grpc
+from waltz_server.ownership import PartitionManager
+from waltz_server.service import WaltzServerService, start_grpc_server
+
+from .fakes import FakeStore
+from .harness import SMALL
+
+
+@dataclass
+class Served:
+    manager: PartitionManager
+    stores: dict[int, FakeStore]
+    stub: server_pb2_grpc.WaltzServerStub
+    health: object
+    port: int
+    channel: grpc.aio.Channel
+    streams: list = field(default_factory=list)
+
+    def open_stream(self) -> ClientStreamHandle:
+        handle = ClientStreamHandle(self.stub.Stream())
+        self.streams.append(handle)
+        return handle
+
+
+class ClientStreamHandle:
+    """The client end of one Stream: send ClientMessages, collect ServerMessages."""
+
+    def __init__(self, call) -> None:
+        self.call = call
+        self.received: list[server_pb2.ServerMessage] = []
+
+    async def send(self, **message) -> None:
+        await self.call.write(server_pb2.ClientMessage(**message))
+
+    async def receive_until(self, predicate, timeout: float = 20.0) -> list[server_pb2.ServerMessage]:
+        async def loop() -> None:
+            while not predicate(self):
+                message = await self.call.read()
+                if message is grpc.aio.EOF:
+                    raise EOFError("the server ended the stream")
+                self.received.append(message)
+
+        await asyncio.wait_for(loop(), timeout)
+        return self.received
+
+    def of(self, kind: str) -> list:
+        return [getattr(m, kind) for m in self.received if m.WhichOneof("message") == kind]
+
+    def fed(self) -> list[tuple[int, int]]:
+        return [(f.transaction_id, f.req_id.seq_num) for b in self.of("feed") for f in b.transactions]
+
+
+@asynccontextmanager
+async def served(owned=(0, 1), num_partitions: int = 4, generation: int = 1, settings=SMALL, connectivity=None):
+    stores: dict[int, FakeStore] = {}
+
+    def factory(pid: int) -> FakeStore:
+        stores[pid] = FakeStore(pid)
+        return stores[pid]
+
+    manager = PartitionManager(num_partitions, factory, settings)
+    await manager.apply({pid: generation for pid in owned})
+    for partition in manager.all():
+        await partition.wait_ready(10)
+    service = WaltzServerService(manager, lambda: 7, settings, connectivity=connectivity)
+    server, port, health = await start_grpc_server(service, "127.0.0.1", 0)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield Served(manager, stores, server_pb2_grpc.WaltzServerStub(channel), health, port, channel)
+    finally:
+        await channel.close()
+        await server.stop(0)
+        await manager.close_all()
