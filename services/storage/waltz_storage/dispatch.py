@@ -1,0 +1,230 @@
+"""Carry out one storage request (or a run of appends) against the engine; blocking, one partition at a time."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from waltz.v1 import storage_pb2
+from waltz_common.types import Record
+from waltz_storage import protocol
+from waltz_storage.codec import encoded_record_size
+from waltz_storage.errors import InvalidRequest
+from waltz_storage.metrics import StorageMetrics
+from waltz_storage.partition import StoragePartition
+from waltz_storage.storage_manager import StorageManager
+
+READS = frozenset({"record_header", "record", "record_header_list", "record_list"})
+WRITES = frozenset({"truncate", "set_low_water_mark", "append"})
+MAX_LIST_LENGTH = 10_000  # records or headers in one list response, whatever was asked
+_READ_CHUNK = 1000
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Sizes the node accepts in a request and puts in a response."""
+
+    max_record_bytes: int
+    max_batch_bytes: int
+    max_list_length: int = MAX_LIST_LENGTH
+
+
+def admit(partition: StoragePartition, kind: str, session_id: int, offline: bool) -> None:
+    """Permission and fencing: raise unless this request may run on the partition now."""
+    if offline:
+        # Offline recovery repairs a partition nobody writes to; it cannot hold a live session's id.
+        if partition.writable:
+            raise protocol.OfflineNotAllowed(
+                f"partition {partition.partition_id}: offline requests are accepted only while the partition "
+                f"is unwritable; mark it unwritable first"
+            )
+        return
+    if kind in READS:
+        partition.check_readable()
+    elif kind in WRITES:
+        partition.check_writable()
+    partition.fence.check(session_id)
+
+
+class RequestExecutor:
+    """Turns requests into responses; never raises. Call it from the partition's own thread only."""
+
+    def __init__(self, manager: StorageManager, limits: Limits, metrics: StorageMetrics) -> None:
+        self.manager = manager
+        self.limits = limits
+        self.metrics = metrics
+
+    def execute(self, kind: str, msg: Any) -> storage_pb2.StorageResponse:
+        """Answer one request (any kind but open); a Failure for anything that goes wrong."""
+        try:
+            partition = self.manager.partition(msg.partition_id)
+            admit(partition, kind, msg.session_id, getattr(msg, "offline", False))
+            response = getattr(self, "_" + kind)(partition, msg)
+        except Exception as e:
+            return self.failure(msg, e)
+        self._observe(partition)
+        return response
+
+    def execute_appends(self, msgs: Sequence[storage_pb2.StorageAppendRequest]) -> list[storage_pb2.StorageResponse]:
+        """Group commit: consecutive appends of one session written with one fdatasync, answered alike.
+
+        If the combined batch is refused, each append is retried alone, so every request gets the
+        answer it would have had on its own (the engine writes nothing of a refused batch).
+        """
+        if len(msgs) == 1:
+            return [self.execute("append", msgs[0])]
+        first = msgs[0]
+        try:
+            partition = self.manager.partition(first.partition_id)
+            admit(partition, "append", first.session_id, first.offline)
+            records = [r for m in msgs for r in protocol.records_from_append(m)]
+            self._write(partition, records, len(msgs))
+        except Exception:
+            return [self.execute("append", m) for m in msgs]
+        self._observe(partition)
+        return [protocol.success(m.session_id, m.seq_num, m.partition_id) for m in msgs]
+
+    # ------------------------------------------------------------------ helpers
+
+    def failure(self, msg: Any, exc: Exception) -> storage_pb2.StorageResponse:
+        """A counted Failure echoing msg's ids (all -1 when there is no message)."""
+        session_id, seq_num, partition_id = (
+            (msg.session_id, msg.seq_num, msg.partition_id) if msg is not None else (-1, -1, -1)
+        )
+        code = protocol.error_code(exc)
+        if code == protocol.Code.ERROR_CODE_UNSPECIFIED:
+            log.error("partition %d: unexpected error", partition_id, exc_info=exc)
+        elif code in (protocol.Code.IO_ERROR, protocol.Code.CORRUPTED):
+            log.error("partition %d: %s", partition_id, exc)
+        self.metrics.request_failures.labels(protocol.Code.Name(code)).inc()  # type: ignore[arg-type]
+        return protocol.failure(session_id, seq_num, partition_id, exc)
+
+    def _observe(self, partition: StoragePartition) -> None:
+        info = partition.last_session_info()
+        self.metrics.partition_state(
+            partition.partition_id,
+            partition.max_transaction_id,
+            info.low_water_mark,
+            partition.fence.highest_session_id,
+        )
+
+    def _write(self, partition: StoragePartition, records: list[Record], requests: int) -> None:
+        started = time.perf_counter()
+        partition.append(records)
+        if records:
+            self.metrics.fsync_duration.observe(time.perf_counter() - started)
+        self.metrics.append_requests.inc(requests)
+        self.metrics.appended_records.inc(len(records))
+        self.metrics.appended_bytes.inc(sum(encoded_record_size(len(r.data)) for r in records))
+
+    def _list_length(self, msg: Any) -> int:
+        protocol.check_list_request(msg.transaction_id, msg.max_records)
+        return min(msg.max_records, self.limits.max_list_length)
+
+    def read_records(self, partition: StoragePartition, txn: int, max_n: int) -> list[Record]:
+        """Up to max_n records from txn (capped at max_list_length) within max_batch_bytes, at least one."""
+        protocol.check_list_request(txn, max_n)
+        max_n = min(max_n, self.limits.max_list_length)
+        result: list[Record] = []
+        budget = self.limits.max_batch_bytes
+        largest = encoded_record_size(self.limits.max_record_bytes)
+        while len(result) < max_n and budget > 0:
+            chunk = max(1, min(max_n - len(result), budget // largest, _READ_CHUNK))
+            got = partition.records(txn + len(result), chunk)
+            for record in got:
+                size = encoded_record_size(len(record.data))
+                if result and size > budget:
+                    return result
+                result.append(record)
+                budget -= size
+            if len(got) < chunk:
+                break
+        return result
+
+    # ------------------------------------------------------------------ one method per request kind
+
+    def _last_session_info(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
+        info = p.last_session_info()
+        return storage_pb2.StorageResponse(
+            last_session_info=storage_pb2.LastSessionInfoResponse(
+                session_id=m.session_id,
+                seq_num=m.seq_num,
+                partition_id=m.partition_id,
+                last_session_id=info.session_id,
+                low_water_mark=info.low_water_mark,
+                local_low_water_mark=info.local_low_water_mark,
+            )
+        )
+
+    def _max_txn(self, m: Any, transaction_id: int) -> storage_pb2.StorageResponse:
+        return storage_pb2.StorageResponse(
+            max_transaction_id=storage_pb2.MaxTransactionIdResponse(
+                session_id=m.session_id, seq_num=m.seq_num, partition_id=m.partition_id, transaction_id=transaction_id
+            )
+        )
+
+    def _max_transaction_id(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
+        return self._max_txn(m, p.max_transaction_id)
+
+    def _truncate(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
+        if m.transaction_id < -1:
+            raise InvalidRequest(f"cannot truncate to transaction {m.transaction_id} (-1 empties the partition)")
+        return self._max_txn(m, p.truncate(m.transaction_id))
+
+    def _set_low_water_mark(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
+        if m.low_water_mark < -1:
+            raise InvalidRequest(f"low-water mark {m.low_water_mark} is below -1")
+        p.set_low_water_mark(m.session_id, m.low_water_mark)
+        return protocol.success(m.session_id, m.seq_num, m.partition_id)
+
+    def _append(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
+        records = protocol.records_from_append(m)
+        self._write(p, records, 1)
+        return protocol.success(m.session_id, m.seq_num, m.partition_id)
+
+    def _record_header(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
+        protocol.check_list_request(m.transaction_id, 1)
+        header = p.record_header(m.transaction_id)
+        response = storage_pb2.RecordHeaderResponse(
+            session_id=m.session_id, seq_num=m.seq_num, partition_id=m.partition_id
+        )
+        if header is not None:
+            response.record_header.CopyFrom(protocol.header_to_proto(header))
+        return storage_pb2.StorageResponse(record_header=response)
+
+    def _record(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
+        protocol.check_list_request(m.transaction_id, 1)
+        record = p.record(m.transaction_id)
+        response = storage_pb2.RecordResponse(session_id=m.session_id, seq_num=m.seq_num, partition_id=m.partition_id)
+        if record is not None:
+            response.record.CopyFrom(protocol.record_to_proto(record))
+        return storage_pb2.StorageResponse(record=response)
+
+    def _record_header_list(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
+        headers = p.record_headers(m.transaction_id, self._list_length(m))
+        return storage_pb2.StorageResponse(
+            record_header_list=storage_pb2.RecordHeaderListResponse(
+                session_id=m.session_id,
+                seq_num=m.seq_num,
+                partition_id=m.partition_id,
+                record_header_list_length=len(headers),
+                record_headers=[protocol.header_to_proto(h) for h in headers],
+            )
+        )
+
+    def _record_list(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
+        records = self.read_records(p, m.transaction_id, m.max_records)
+        return storage_pb2.StorageResponse(
+            record_list=storage_pb2.RecordListResponse(
+                session_id=m.session_id,
+                seq_num=m.seq_num,
+                partition_id=m.partition_id,
+                record_list_length=len(records),
+                records=[protocol.record_to_proto(r) for r in records],
+            )
+        )

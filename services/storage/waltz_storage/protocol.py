@@ -1,0 +1,175 @@
+"""Pure translation between storage protocol messages and engine values, errors and Failure answers."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+import uuid
+from collections.abc import Iterable
+
+from waltz.v1 import common_pb2, storage_pb2
+from waltz_common.types import Record, RecordHeader, ReqId
+from waltz_storage.errors import (
+    ClusterKeyMismatch,
+    CorruptionError,
+    DirtyDataError,
+    InvalidRequest,
+    PartitionCountMismatch,
+    PartitionNotAssigned,
+    PartitionNotReadable,
+    PartitionNotWritable,
+    PreconditionFailed,
+    StaleSession,
+    StorageError,
+    UnknownPartition,
+)
+
+Code = storage_pb2.StorageRpcException.ErrorCode
+MAX_STACK_FRAMES = 32
+
+log = logging.getLogger(__name__)
+
+
+class NotOpen(PreconditionFailed):
+    """A request arrived on a stream that has no successful Open."""
+
+
+class OfflineNotAllowed(PreconditionFailed):
+    """An offline-recovery request for a partition that is still writable."""
+
+
+class ShuttingDown(StorageError):
+    """The node is stopping and takes no new requests."""
+
+
+# Most specific first: UnknownPartition is an InvalidRequest, DirtyDataError a PreconditionFailed.
+_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (ClusterKeyMismatch, Code.CLUSTER_KEY_MISMATCH),
+    (PartitionCountMismatch, Code.CLUSTER_KEY_MISMATCH),
+    (StaleSession, Code.STALE_SESSION),
+    (UnknownPartition, Code.UNKNOWN_PARTITION),
+    (PartitionNotAssigned, Code.UNKNOWN_PARTITION),
+    (PartitionNotReadable, Code.PARTITION_UNAVAILABLE),
+    (PartitionNotWritable, Code.PARTITION_UNAVAILABLE),
+    (OfflineNotAllowed, Code.PARTITION_UNAVAILABLE),
+    (NotOpen, Code.NOT_OPEN),
+    (ShuttingDown, Code.SHUTTING_DOWN),
+    (DirtyDataError, Code.INVALID_REQUEST),
+    (InvalidRequest, Code.INVALID_REQUEST),
+    (CorruptionError, Code.CORRUPTED),
+    (StorageError, Code.IO_ERROR),
+    (OSError, Code.IO_ERROR),
+)
+
+
+def error_code(exc: BaseException) -> int:
+    """The ErrorCode a Failure carries for exc; unexpected exceptions are UNSPECIFIED."""
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    return Code.ERROR_CODE_UNSPECIFIED
+
+
+def _frames(exc: BaseException) -> Iterable[storage_pb2.StackTraceElement]:
+    """Innermost first, as a Java stack trace; an exception never raised gets the stack that reports it."""
+    if exc.__traceback__ is not None:
+        frames = list(reversed(list(traceback.walk_tb(exc.__traceback__))))
+    else:
+        frames = list(traceback.walk_stack(sys._getframe(2)))
+    for frame, line in frames[:MAX_STACK_FRAMES]:
+        code = frame.f_code
+        module = str(frame.f_globals.get("__name__", ""))
+        owner, _, method = code.co_qualname.rpartition(".")
+        yield storage_pb2.StackTraceElement(
+            class_name=f"{module}.{owner}" if owner else module,
+            method_name=method,
+            file_name=code.co_filename.rsplit("/", 1)[-1],
+            line_number=line,
+        )
+
+
+def rpc_exception(exc: BaseException, message: str | None = None) -> storage_pb2.StorageRpcException:
+    """The seed's StorageRpcException for exc: its message, code and stack trace elements."""
+    trace = list(_frames(exc))
+    return storage_pb2.StorageRpcException(
+        message=message or str(exc) or type(exc).__name__,
+        stack_trace_length=len(trace),
+        stack_trace=trace,
+        code=error_code(exc),  # type: ignore[arg-type]
+    )
+
+
+def failure(session_id: int, seq_num: int, partition_id: int, exc: BaseException) -> storage_pb2.StorageResponse:
+    """A Failure echoing the request's ids."""
+    return storage_pb2.StorageResponse(
+        failure=storage_pb2.FailureResponse(
+            session_id=session_id, seq_num=seq_num, partition_id=partition_id, exception=rpc_exception(exc)
+        )
+    )
+
+
+def success(session_id: int, seq_num: int, partition_id: int) -> storage_pb2.StorageResponse:
+    return storage_pb2.StorageResponse(
+        success=storage_pb2.SuccessResponse(session_id=session_id, seq_num=seq_num, partition_id=partition_id)
+    )
+
+
+def parse_cluster_key(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise ClusterKeyMismatch(f"cluster key {text!r} is not a UUID") from None
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def req_id_to_proto(r: ReqId) -> common_pb2.ReqId:
+    return common_pb2.ReqId(
+        client_id=r.client_id, generation=r.generation, partition_id=r.partition_id, seq_num=r.seq_num
+    )
+
+
+def record_from_proto(p: common_pb2.Record) -> Record:
+    """An engine Record; InvalidRequest when data_length does not describe the data."""
+    if p.data_length != len(p.data):
+        raise InvalidRequest(
+            f"record {p.transaction_id}: data_length {p.data_length} but {len(p.data)} data bytes; nothing was written"
+        )
+    r = p.req_id
+    return Record(
+        p.transaction_id, ReqId(r.client_id, r.generation, r.partition_id, r.seq_num), p.header, p.data, p.checksum
+    )
+
+
+def record_to_proto(r: Record) -> common_pb2.Record:
+    return common_pb2.Record(
+        transaction_id=r.transaction_id,
+        req_id=req_id_to_proto(r.req_id),
+        header=r.header,
+        data_length=len(r.data),
+        data=r.data,
+        checksum=r.checksum,
+    )
+
+
+def header_to_proto(h: RecordHeader) -> common_pb2.RecordHeader:
+    return common_pb2.RecordHeader(transaction_id=h.transaction_id, req_id=req_id_to_proto(h.req_id), header=h.header)
+
+
+def records_from_append(request: storage_pb2.StorageAppendRequest) -> list[Record]:
+    """The batch's records; InvalidRequest when record_list_length does not count them."""
+    if request.record_list_length != len(request.records):
+        raise InvalidRequest(
+            f"record_list_length is {request.record_list_length} but the batch holds {len(request.records)} "
+            f"records; nothing was written"
+        )
+    return [record_from_proto(p) for p in request.records]
+
+
+def check_list_request(transaction_id: int, max_records: int) -> None:
+    if transaction_id < 0:
+        raise InvalidRequest(f"transaction id {transaction_id} is negative")
+    if max_records < 0:
+        raise InvalidRequest(f"max number of records {max_records} is negative")

@@ -1,0 +1,90 @@
+"""Start and stop the storage node's two gRPC servers (storage and admin), each with health and reflection."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from waltz.v1 import storage_admin_pb2, storage_admin_pb2_grpc, storage_pb2, storage_pb2_grpc
+from waltz_storage.admin_service import StorageAdminService
+from waltz_storage.node import StorageNode
+from waltz_storage.service import StorageService
+
+STORAGE_SERVICE = storage_pb2.DESCRIPTOR.services_by_name["WaltzStorage"].full_name
+ADMIN_SERVICE = storage_admin_pb2.DESCRIPTOR.services_by_name["WaltzStorageAdmin"].full_name
+_MIB = 1024 * 1024
+
+
+class PortInUse(OSError):
+    """A configured port cannot be bound."""
+
+
+@dataclass
+class NodeServers:
+    """The running storage and admin servers of one node, with their bound ports."""
+
+    node: StorageNode
+    storage: grpc.aio.Server
+    admin: grpc.aio.Server
+    health: tuple[health.aio.HealthServicer, health.aio.HealthServicer]
+    storage_port: int
+    admin_port: int
+
+    async def stop(self, grace: float) -> None:
+        """NOT_SERVING, stop reading streams (queued requests finish), stop both servers, close the files."""
+        for servicer in self.health:
+            await servicer.enter_graceful_shutdown()
+        self.node.begin_shutdown()
+        await asyncio.gather(self.storage.stop(grace), self.admin.stop(grace))
+        await asyncio.to_thread(self.node.close)
+
+
+def _message_options(node: StorageNode) -> list[tuple[str, int]]:
+    # Twice the batch limit, so an oversized batch still arrives and gets a clear INVALID_REQUEST.
+    size = 2 * node.limits.max_batch_bytes + _MIB
+    # No SO_REUSEPORT: a second process on the same port must fail to start, not share the traffic.
+    return [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size), ("grpc.so_reuseport", 0)]
+
+
+async def _serve(
+    node: StorageNode, host: str, port: int, service_name: str, add: object, servicer: object
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    server = grpc.aio.server(options=_message_options(node))
+    add(servicer, server)  # type: ignore[operator]
+    checker = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as e:
+        raise PortInUse(f"cannot listen on {host}:{port}: {e}") from None
+    if bound == 0:
+        raise PortInUse(f"cannot listen on {host}:{port}")
+    await server.start()
+    for name in ("", service_name):
+        await checker.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, checker, bound
+
+
+async def start(node: StorageNode, host: str, port: int, admin_port: int) -> NodeServers:
+    """Serve WaltzStorage on port and WaltzStorageAdmin on admin_port (0 picks a free port)."""
+    storage, storage_health, bound = await _serve(
+        node, host, port, STORAGE_SERVICE, storage_pb2_grpc.add_WaltzStorageServicer_to_server, StorageService(node)
+    )
+    try:
+        admin, admin_health, admin_bound = await _serve(
+            node,
+            host,
+            admin_port,
+            ADMIN_SERVICE,
+            storage_admin_pb2_grpc.add_WaltzStorageAdminServicer_to_server,
+            StorageAdminService(node),
+        )
+    except BaseException:
+        await storage.stop(None)
+        raise
+    return NodeServers(node, storage, admin, (storage_health, admin_health), bound, admin_bound)

@@ -1,0 +1,405 @@
+"""The WaltzStorage.Session stream over real gRPC and real files: every request, every refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.component.storage.node_harness import KEY, NodeThread, SessionClient, record, records
+from waltz.v1 import storage_pb2
+from waltz_storage.admin_client import StorageAdminClient
+from waltz_storage.codec import partition_info_struct_offset
+from waltz_storage.control_file import CONTROL_FILE_NAME
+
+Code = storage_pb2.StorageRpcException.ErrorCode
+
+
+def assert_failure(answer, code, match: str = "") -> None:
+    kind, msg = answer
+    assert kind == "failure", f"expected a failure, got {kind}: {msg}"
+    assert msg.exception.code == code, msg.exception
+    assert match in msg.exception.message
+    assert msg.exception.stack_trace_length == len(msg.exception.stack_trace) > 0
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def node(tmp_path) -> Iterator[NodeThread]:
+    with NodeThread(tmp_path / "storage", max_record_bytes=1000, max_batch_bytes=20_000) as running:
+        with StorageAdminClient("127.0.0.1", running.servers.admin_port, str(KEY), 3) as admin:
+            admin.assign(0)
+            admin.assign(1)
+        yield running
+
+
+def test_every_request_answers_with_echoed_ids(node):
+    async def scenario():
+        async with SessionClient(node.address, session_id=4) as c:
+            assert (await c.open())[0] == "success"
+            kind, msg = await c.ask("last_session_info", partition_id=1, seq_num=100)
+            assert kind == "last_session_info"
+            assert (msg.session_id, msg.seq_num, msg.partition_id) == (4, 100, 1)
+            assert (msg.last_session_id, msg.low_water_mark, msg.local_low_water_mark) == (-1, -1, -1)
+            assert await c.ask("set_low_water_mark", partition_id=1, seq_num=101, low_water_mark=-1) == (
+                "success",
+                storage_pb2.SuccessResponse(session_id=4, seq_num=101, partition_id=1),
+            )
+            kind, msg = await c.append(1, records(0, 5), seq_num=102)
+            assert (kind, msg.session_id, msg.seq_num, msg.partition_id) == ("success", 4, 102, 1)
+            kind, msg = await c.ask("max_transaction_id", partition_id=1, seq_num=103)
+            assert (kind, msg.seq_num, msg.partition_id, msg.transaction_id) == ("max_transaction_id", 103, 1, 4)
+            kind, msg = await c.ask("record_header", partition_id=1, transaction_id=2)
+            assert kind == "record_header" and msg.record_header.transaction_id == 2
+            assert msg.record_header.req_id == record(2).req_id and msg.record_header.header == record(2).header
+            kind, msg = await c.ask("record_header", partition_id=1, transaction_id=9)
+            assert kind == "record_header" and not msg.HasField("record_header")
+            kind, msg = await c.ask("record", partition_id=1, transaction_id=3)
+            assert kind == "record" and msg.record == record(3) and msg.partition_id == 1
+            kind, msg = await c.ask("record", partition_id=1, transaction_id=5)
+            assert kind == "record" and not msg.HasField("record")
+            kind, msg = await c.ask("record_header_list", partition_id=1, transaction_id=1, max_records=10)
+            assert kind == "record_header_list" and msg.record_header_list_length == 4
+            assert [h.transaction_id for h in msg.record_headers] == [1, 2, 3, 4]
+            kind, msg = await c.ask("record_list", partition_id=1, transaction_id=2, max_records=2)
+            assert kind == "record_list" and msg.record_list_length == 2 and list(msg.records) == records(2, 2)
+            kind, msg = await c.ask("record_list", partition_id=1, transaction_id=7, max_records=2)
+            assert kind == "record_list" and msg.record_list_length == 0
+            kind, msg = await c.ask("truncate", partition_id=1, seq_num=110, transaction_id=2)
+            assert (kind, msg.seq_num, msg.session_id, msg.transaction_id) == ("max_transaction_id", 110, 4, 2)
+            assert_failure(
+                await c.ask("set_low_water_mark", partition_id=1, low_water_mark=1), Code.INVALID_REQUEST, "truncate"
+            )
+            assert (await c.ask("set_low_water_mark", partition_id=1, low_water_mark=7))[0] == "success"
+            kind, msg = await c.ask("last_session_info", partition_id=1)
+            assert (msg.last_session_id, msg.low_water_mark, msg.local_low_water_mark) == (4, 7, 2)
+            await c.close()
+
+    node.call(scenario())
+    assert node.node.metrics.registry.get_sample_value("waltz_storage_appended_records_total") == 5
+    gauge = node.node.metrics.registry.get_sample_value
+    assert gauge("waltz_storage_partition_max_transaction_id", {"partition": "1"}) == 2
+    assert gauge("waltz_storage_partition_low_water_mark", {"partition": "1"}) == 7
+    assert gauge("waltz_storage_partition_session_id", {"partition": "1"}) == 4
+
+
+def test_open_is_required_and_checks_cluster_key_and_partition_count(node):
+    other = uuid.uuid4()
+
+    async def scenario():
+        async with SessionClient(node.address) as c:
+            assert_failure(await c.ask("max_transaction_id"), Code.NOT_OPEN, "not open")
+            answer = await c.open(key=other)
+            assert_failure(answer, Code.CLUSTER_KEY_MISMATCH, str(other))
+            assert str(KEY) in answer[1].exception.message
+            assert answer[1].seq_num == -1 and answer[1].partition_id == -1
+            assert_failure(await c.open(num_partitions=4), Code.CLUSTER_KEY_MISMATCH, "4 partitions")
+            assert_failure(await c.ask("open", cluster_key="not-a-uuid", num_partitions=3), Code.CLUSTER_KEY_MISMATCH)
+            assert_failure(await c.ask("max_transaction_id"), Code.NOT_OPEN)
+            assert (await c.open())[0] == "success"  # the same stream, now opened
+            assert (await c.ask("max_transaction_id"))[0] == "max_transaction_id"
+
+    node.call(scenario())
+
+
+def test_fencing_refuses_older_sessions_and_follows_newer_ones(node):
+    async def scenario():
+        async with SessionClient(node.address, session_id=5) as c:
+            await c.open()
+            assert (await c.append(0, records(0, 3)))[0] == "success"
+            answer = await c.append(0, records(3, 1), session_id=3)
+            assert_failure(answer, Code.STALE_SESSION, "stale session 3")
+            assert "session 5" in answer[1].exception.message and answer[1].session_id == 3
+            assert_failure(await c.ask("record", transaction_id=0, session_id=4), Code.STALE_SESSION)
+            assert (await c.ask("max_transaction_id", partition_id=1, session_id=1))[0] == "max_transaction_id"
+            assert (await c.append(0, records(3, 1), session_id=8))[0] == "success"
+            assert_failure(await c.append(0, records(4, 1)), Code.STALE_SESSION, "session 8")
+            _kind, msg = await c.ask("max_transaction_id", session_id=8)
+            assert msg.transaction_id == 3
+
+    node.call(scenario())
+
+
+def test_unknown_and_unassigned_partitions(node):
+    async def scenario():
+        async with SessionClient(node.address) as c:
+            await c.open()
+            for pid in (3, -1, 1 << 30):
+                answer = await c.ask("max_transaction_id", partition_id=pid)
+                assert_failure(answer, Code.UNKNOWN_PARTITION, f"partition {pid} does not exist")
+                assert answer[1].partition_id == pid
+            assert_failure(await c.append(2, records(0, 1)), Code.UNKNOWN_PARTITION, "not assigned")
+            assert (await c.ask("max_transaction_id"))[0] == "max_transaction_id"
+
+    node.call(scenario())
+
+
+def test_unreadable_and_unwritable_partitions_and_offline_requests(node):
+    admin = StorageAdminClient("127.0.0.1", node.servers.admin_port, str(KEY), 3)
+
+    async def scenario():
+        async with SessionClient(node.address) as c:
+            await c.open()
+            await c.append(0, records(0, 2))
+            await asyncio.to_thread(admin.set_readable, 0, False)
+            assert_failure(await c.ask("record", transaction_id=0), Code.PARTITION_UNAVAILABLE, "not readable")
+            assert_failure(await c.ask("record_list", transaction_id=0, max_records=5), Code.PARTITION_UNAVAILABLE)
+            assert (await c.append(0, records(2, 1)))[0] == "success"
+            await asyncio.to_thread(admin.set_readable, 0, True)
+            await asyncio.to_thread(admin.set_writable, 0, False)
+            assert_failure(await c.append(0, records(3, 1)), Code.PARTITION_UNAVAILABLE, "not writable")
+            assert_failure(await c.ask("truncate", transaction_id=0), Code.PARTITION_UNAVAILABLE, "not writable")
+            assert (await c.ask("record", transaction_id=2))[1].record == record(2)
+            # Offline recovery works only on an unwritable partition, whatever its session id.
+            assert (await c.append(0, records(3, 1), offline=True, session_id=0))[0] == "success"
+            kind, msg = await c.ask("truncate", transaction_id=1, offline=True, session_id=0)
+            assert (kind, msg.transaction_id) == ("max_transaction_id", 1)
+            kind, msg = await c.ask("record_list", transaction_id=0, max_records=9, offline=True, session_id=0)
+            assert msg.record_list_length == 2
+            await asyncio.to_thread(admin.set_writable, 0, True)
+            assert_failure(
+                await c.ask("max_transaction_id", offline=True), Code.PARTITION_UNAVAILABLE, "only while the partition"
+            )
+
+    try:
+        node.call(scenario())
+    finally:
+        admin.close()
+
+
+def test_bad_appends_are_refused_and_write_nothing(node):
+    directory = node.directory / "0"
+
+    async def scenario():
+        async with SessionClient(node.address) as c:
+            await c.open()
+            await c.append(0, records(0, 2))
+            before = snapshot(directory)
+            bad_checksum = record(3)
+            bad_checksum.checksum ^= 1
+            short = record(2)
+            short.data_length = 3
+            cases = [
+                ([record(2, size=1001)], {}, "exceed the maximum 1000"),
+                (records(2, 30, size=900), {}, "exceeds the maximum 20000"),
+                ([record(3)], {}, "expected 2"),
+                ([record(2), record(4)], {}, "expected 3"),
+                ([record(2), bad_checksum], {}, "is not the CRC32"),
+                (records(2, 2), {"record_list_length": 3}, "record_list_length is 3"),
+                (records(2, 2), {"record_list_length": -1}, "record_list_length is -1"),
+                ([short], {}, "data_length 3"),
+            ]
+            for recs, fields, match in cases:
+                answer = await c.append(0, recs, **fields)
+                assert_failure(answer, Code.INVALID_REQUEST, match)
+                assert "nothing was written" in answer[1].exception.message
+            assert snapshot(directory) == before
+            assert (await c.ask("max_transaction_id"))[1].transaction_id == 1
+            assert (await c.append(0, records(2, 1)))[0] == "success"
+
+    node.call(scenario())
+    failures = node.node.metrics.registry.get_sample_value
+    assert failures("waltz_storage_request_failures_total", {"code": "INVALID_REQUEST"}) == 8
+
+
+def test_malformed_requests_get_failures_and_the_stream_lives_on(node):
+    async def scenario():
+        async with SessionClient(node.address) as c:
+            await c.open()
+            await c.write_raw(storage_pb2.StorageRequest())
+            kind, msg = (await c.recv()).WhichOneof("response"), None
+            assert kind == "failure"
+            await c.append(0, records(0, 3))
+            for kind, fields, match in [
+                ("record_list", {"transaction_id": 0, "max_records": -1}, "negative"),
+                ("record_header_list", {"transaction_id": -2, "max_records": 1}, "negative"),
+                ("record", {"transaction_id": -1}, "negative"),
+                ("truncate", {"transaction_id": -2}, "cannot truncate"),
+                ("set_low_water_mark", {"low_water_mark": -5}, "below -1"),
+            ]:
+                assert_failure(await c.ask(kind, **fields), Code.INVALID_REQUEST, match)
+            kind, msg = await c.ask("record_list", transaction_id=0, max_records=1 << 30)
+            assert msg.record_list_length == 3
+
+    node.call(scenario())
+
+
+def test_pipelined_appends_answer_as_if_one_at_a_time(node):
+    """Queued appends may share a write and fdatasync; a bad one in the middle still fails alone."""
+
+    async def scenario():
+        async with SessionClient(node.address) as c:
+            await c.open()
+            plan = [(0, 10), (10, 10), (30, 5), (20, 10), (30, 5), (35, 1)]
+            seqs = []
+            for start, n in plan:
+                seqs.append(await c.send("append", records=records(start, n), record_list_length=n))
+            for _ in range(40):
+                seqs.append(
+                    await c.send("append", partition_id=1, records=records(len(seqs) - 6, 1), record_list_length=1)
+                )
+            answers = {}
+            for _ in seqs:
+                response = await c.recv()
+                kind = response.WhichOneof("response")
+                answers[getattr(response, kind).seq_num] = kind
+            assert [answers[s] for s in seqs[:6]] == ["success", "success", "failure", "success", "success", "success"]
+            assert all(answers[s] == "success" for s in seqs[6:])
+            kind, msg = await c.ask("record_list", transaction_id=0, max_records=100)
+            assert list(msg.records) == records(0, 36)
+            assert (await c.ask("max_transaction_id", partition_id=1))[1].transaction_id == 39
+
+    node.call(scenario())
+
+
+def test_a_busy_partition_does_not_hold_up_the_others(node):
+    release = threading.Event()
+    blocked = node.node.run(0, release.wait, 60)
+
+    async def scenario():
+        stuck = asyncio.ensure_future(blocked)
+        async with SessionClient(node.address) as c:
+            await c.open()
+            waiting = await c.send("append", records=records(0, 1), record_list_length=1)
+            assert (await c.append(1, records(0, 3)))[0] == "success"
+            assert (await c.ask("record_list", partition_id=1, transaction_id=0, max_records=9))[
+                1
+            ].record_list_length == 3
+            release.set()
+            await stuck
+            response = await c.recv()
+            assert response.success.seq_num == waiting
+
+    try:
+        node.call(scenario())
+    finally:
+        release.set()
+
+
+def test_both_control_file_structs_corrupt_fails_that_partition_only(tmp_path):
+    directory = tmp_path / "storage"
+    with NodeThread(directory) as running:
+        with StorageAdminClient("127.0.0.1", running.servers.admin_port, str(KEY), 3) as admin:
+            admin.assign(0)
+            admin.assign(1)
+
+        async def fill():
+            async with SessionClient(running.address) as c:
+                await c.open()
+                for pid in (0, 1):
+                    await c.append(pid, records(0, 3))
+                    await c.ask("set_low_water_mark", partition_id=pid, low_water_mark=5)
+
+        running.call(fill())
+    ctl = directory / CONTROL_FILE_NAME
+    raw = bytearray(ctl.read_bytes())
+    for slot in (0, 1):
+        raw[partition_info_struct_offset(1, slot) + 3] ^= 0xFF
+    ctl.write_bytes(bytes(raw))
+    with NodeThread(directory) as running:
+
+        async def check():
+            async with SessionClient(running.address) as c:
+                await c.open()
+                assert_failure(await c.ask("max_transaction_id", partition_id=1), Code.CORRUPTED, "corrupted")
+                assert_failure(await c.append(1, records(3, 1)), Code.CORRUPTED)
+                assert (await c.ask("max_transaction_id", partition_id=0))[1].transaction_id == 2
+                assert (await c.append(0, records(3, 1)))[0] == "success"
+
+        running.call(check())
+        with StorageAdminClient("127.0.0.1", running.servers.admin_port, str(KEY), 3) as admin:
+            listed = {p.partition_id: p for p in admin.list_partitions()}
+            assert listed[0].error == "" and listed[0].max_transaction_id == 3 and listed[0].low_water_mark == 5
+            assert "corrupted" in listed[1].error
+
+
+def test_truncate_across_a_segment_boundary(tmp_path):
+    directory = tmp_path / "storage"
+    with NodeThread(directory, segment_size_threshold=600) as running:
+        with StorageAdminClient("127.0.0.1", running.servers.admin_port, str(KEY), 3) as admin:
+            admin.assign(0)
+
+        async def scenario():
+            async with SessionClient(running.address) as c:
+                await c.open()
+                for start in range(0, 40, 4):
+                    assert (await c.append(0, records(start, 4, size=100)))[0] == "success"
+                segments = sorted(p.name for p in (directory / "0").glob("*.seg"))
+                assert len(segments) >= 4
+                kind, msg = await c.ask("truncate", transaction_id=9)
+                assert (kind, msg.transaction_id) == ("max_transaction_id", 9)
+                kept = sorted(p.name for p in (directory / "0").glob("*.seg"))
+                assert all(int(name[:19]) <= 10 for name in kept) and len(kept) < len(segments)
+                assert (await c.append(0, records(10, 4, size=100)))[0] == "success"
+                kind, msg = await c.ask("record_list", transaction_id=0, max_records=100)
+                assert list(msg.records) == records(0, 14, size=100)
+
+        running.call(scenario())
+
+
+def test_admin_assignment_flags_and_listing(tmp_path):
+    directory = tmp_path / "storage"
+    with NodeThread(directory) as running:
+        port = running.servers.admin_port
+        with pytest.raises(Exception, match="cluster key mismatch") as refused:
+            StorageAdminClient("127.0.0.1", port, str(uuid.uuid4()), 3)
+        assert refused.value.code == Code.CLUSTER_KEY_MISMATCH
+        with StorageAdminClient("127.0.0.1", port, str(KEY), 3) as admin:
+            assert admin.list_partitions() == []
+            admin.assign(2)
+            admin.assign(2)
+            with pytest.raises(Exception, match="partition 3 does not exist") as unknown:
+                admin.assign(3)
+            assert unknown.value.code == Code.UNKNOWN_PARTITION
+            with pytest.raises(Exception, match="not assigned"):
+                admin.set_readable(1, False)
+
+            async def fill():
+                async with SessionClient(running.address) as c:
+                    await c.open()
+                    await c.append(2, records(0, 4))
+
+            running.call(fill())
+            assert [r.transaction_id for r in admin.record_list(2, 1, 2)] == [1, 2]
+            admin.set_readable(2, False)
+            admin.set_writable(2, False)
+            (state,) = admin.list_partitions()
+            assert (state.partition_id, state.readable, state.writable, state.max_transaction_id) == (
+                2,
+                False,
+                False,
+                3,
+            )
+            assert admin.record_list(2, 0, 10)[3].data == record(3).data  # admin reads ignore the flags
+    with (
+        NodeThread(directory) as running,
+        StorageAdminClient("127.0.0.1", running.servers.admin_port, str(KEY), 3) as admin,
+    ):
+        (state,) = admin.list_partitions()
+        assert (state.readable, state.writable, state.max_transaction_id) == (False, False, 3)
+        admin.unassign(2)
+        assert admin.list_partitions() == []
+        assert not (directory / "2").exists()
+        admin.assign(2)
+        assert admin.list_partitions()[0].max_transaction_id == -1
+
+
+def test_record_list_responses_are_capped_in_bytes(node):
+    async def scenario():
+        async with SessionClient(node.address) as c:
+            await c.open()
+            for start in range(0, 60, 20):
+                await c.append(0, records(start, 20, size=900))
+            _kind, msg = await c.ask("record_list", transaction_id=0, max_records=60)
+            assert 0 < msg.record_list_length < 60
+            assert sum(len(r.data) + 40 for r in msg.records) <= 20_000
+            assert list(msg.records) == records(0, msg.record_list_length, size=900)
+
+    node.call(scenario())
