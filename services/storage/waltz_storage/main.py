@@ -1,17 +1,128 @@
-"""`waltz-storage CONFIG`: run a storage node."""
+"""`waltz-storage CONFIG`: run a storage node until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import signal
 import sys
+import uuid
+
+from prometheus_client import start_http_server
+
+from waltz_common import cluster_admin
+from waltz_common import zk as zkmeta
+from waltz_common.config import Config, ConfigError, describe, load
+from waltz_common.zk import MetadataError, ZkPaths
+from waltz_storage import server
+from waltz_storage.config import STORAGE_KEYS, check
+from waltz_storage.dispatch import Limits
+from waltz_storage.errors import StorageError
+from waltz_storage.node import StorageNode
+
+log = logging.getLogger("waltz_storage")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="waltz-storage",
+        description="Run a Waltz storage node: the storage protocol, the admin protocol and /metrics.",
+        epilog="configuration keys (YAML, dotted or nested), with defaults:\n" + describe(STORAGE_KEYS),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("config", help="the node's YAML configuration file (see config/storage.example.yaml)")
+    return parser
+
+
+def read_store_params(config: Config) -> tuple[uuid.UUID, int]:
+    """The cluster key and partition count from <cluster.root>/store; MetadataError if there is no cluster."""
+    client = zkmeta.connect(
+        config["zookeeper.connectString"],
+        timeout_s=config["zookeeper.connectTimeout"] / 1000,
+        session_timeout_s=config["zookeeper.sessionTimeout"] / 1000,
+    )
+    try:
+        paths = ZkPaths(config["cluster.root"])
+        params = zkmeta.store_params(client, paths)
+        try:
+            key = uuid.UUID(params.cluster_key)
+        except ValueError:
+            raise MetadataError(f"znode {paths.store} holds a cluster key that is not a UUID") from None
+        identity = f"{config['storage.host']}:{config['storage.port']}"
+        try:
+            known = cluster_admin.storage_nodes(client, paths)
+        except MetadataError:
+            known = {}
+        if identity not in known:
+            log.warning(
+                "this node (%s) is not registered in the cluster at %s (waltz storage add)", identity, paths.root
+            )
+        return key, params.num_partitions
+    finally:
+        client.stop()
+        client.close()
+
+
+async def serve(config: Config, node: StorageNode) -> int:
+    """Serve until a signal, then shut down gracefully; returns the exit status."""
+    host = config["storage.host"]
+    try:
+        servers = await server.start(node, host, config["storage.port"], config["storage.admin.port"])
+    except OSError as e:
+        await asyncio.to_thread(node.close)
+        print(f"waltz-storage: {e}", file=sys.stderr)
+        return 1
+    metrics_port = config["storage.metrics.port"]
+    metrics_http = None
+    try:
+        if metrics_port:
+            metrics_http = start_http_server(metrics_port, addr=host, registry=node.metrics.registry)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print(
+            f"waltz-storage ready {host}:{servers.storage_port} admin={servers.admin_port} "
+            f"metrics={metrics_port or 'off'}",
+            file=sys.stderr,
+            flush=True,
+        )
+        await stop.wait()
+        log.info("shutting down: finishing in-flight requests (grace %gs)", config["storage.shutdownGraceSeconds"])
+    finally:
+        await servers.stop(config["storage.shutdownGraceSeconds"])
+        if metrics_http is not None:
+            metrics_http[0].shutdown()
+    log.info("stopped")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="waltz-storage", description="Run a Waltz storage node.")
-    parser.add_argument("config", help="YAML configuration file")
-    parser.parse_args(argv)
-    print("waltz-storage: the storage node is not built yet (issue: storage node)", file=sys.stderr)
-    return 2
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load(args.config, STORAGE_KEYS)
+        check(config)
+        cluster_key, num_partitions = read_store_params(config)
+        node = StorageNode.open(
+            config["storage.directory"],
+            cluster_key,
+            num_partitions,
+            limits=Limits(config["storage.maxRecordBytes"], config["storage.maxBatchBytes"]),
+            segment_size_threshold=config["storage.segment.size.threshold"],
+        )
+    except (ConfigError, MetadataError, StorageError, OSError) as e:
+        print(f"waltz-storage: {e}", file=sys.stderr)
+        return 1
+    log.info(
+        "storage directory %s: cluster key %s, %d partitions, assigned here: %s",
+        config["storage.directory"],
+        cluster_key,
+        num_partitions,
+        node.manager.assigned_partitions() or "none",
+    )
+    return asyncio.run(serve(config, node))
 
 
 if __name__ == "__main__":
