@@ -3,22 +3,101 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import traceback
+from typing import NoReturn
+
+from waltz_cli import client, cluster, disk, server, storage
+from waltz_cli.context import Context
+from waltz_cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, one_line
+from waltz_cli.output import Result
+
+EPILOG = """\
+Where the cluster is: -c CLI.yaml (keys zookeeper.connectString, zookeeper.sessionTimeout,
+zookeeper.connectTimeout, cluster.root) or --zookeeper HOST:PORT --root /path. Partition ranges
+look like 0-6,8. Add --json for machine-readable output. Exit codes: 0 ok, 1 failed, 2 bad usage.
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """The options every subcommand accepts; the subcommand copies do not override the top level's."""
+
+    def d(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    group: argparse._ActionsContainer = parser if defaults else parser.add_argument_group("global options")
+
+    group.add_argument("-c", "--config", default=d(None), metavar="CLI.yaml", help="CLI configuration file")
+    group.add_argument("--zookeeper", default=d(None), metavar="HOST:PORT", help="ZooKeeper connect string")
+    group.add_argument("--root", default=d(None), metavar="ZNODE", help="the cluster root, e.g. /waltz/prod")
+    group.add_argument("--json", action="store_true", default=d(False), help="machine-readable output")
+    group.add_argument("--timeout", type=float, default=d(10.0), metavar="S", help="seconds per call (default 10)")
+    group.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=d(None), help="progress bars (default: on a tty)"
+    )
+    group.add_argument("--debug", action="store_true", default=d(False), help="show tracebacks and logs")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="waltz", description="Administer a Waltz cluster.")
-    parser.add_subparsers(dest="group", metavar="{cluster,storage,server,client,disk}")
+    """The whole command tree."""
+    parser = Parser(prog="waltz", description="Administer a Waltz cluster.", epilog=EPILOG)
+    _global_options(parser, defaults=True)
+    common = Parser(add_help=False)
+    _global_options(common, defaults=False)
+    groups = parser.add_subparsers(dest="group", metavar="{cluster,storage,server,client,disk}", parser_class=Parser)
+    for module in (cluster, storage, server, client, disk):
+        module.register(groups, common)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None) -> tuple[Result | None, bool]:
+    """Parse and run one command, returning its result and whether --json was asked; errors propagate."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.group is None:
         parser.print_help()
-        return 2
-    return 0
+        return None, False
+    ctx = Context.from_args(args)
+    try:
+        result: Result = args.func(ctx, args)
+    finally:
+        ctx.close()
+    return result, ctx.as_json
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: output on stdout, one line on stderr for any failure (a traceback with --debug)."""
+    raw = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in raw
+    logging.basicConfig(level=logging.DEBUG if debug else logging.CRITICAL + 1, stream=sys.stderr)
+    try:
+        result, as_json = run(raw)
+    except KeyboardInterrupt:
+        print("waltz: interrupted", file=sys.stderr)
+        return 130
+    except CliError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"waltz: error: {one_line(exc)}", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"waltz: error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_FAILED
+    if result is None:
+        return EXIT_USAGE
+    if result.data is not None or result.text:
+        print(result.render(as_json))
+    return result.exit_code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,103 @@
+"""The connection context shared by commands: ZooKeeper (lazy), cluster paths, timeouts, output mode."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from waltz.v1 import metadata_pb2
+from waltz_cli.errors import UsageError
+from waltz_common import cluster_admin
+from waltz_common import config as cfg
+from waltz_common import zk as zkmeta
+
+
+@dataclass
+class Context:
+    """Where the cluster is and how long to wait; opens ZooKeeper only when a command needs it."""
+
+    connect_string: str | None
+    root: str | None
+    connect_timeout_s: float = 10.0
+    session_timeout_s: float = 30.0
+    rpc_timeout_s: float = 10.0
+    as_json: bool = False
+    show_progress: bool | None = None
+    _zk: KazooClient | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Context:
+        """Build from -c CLI.yaml and/or --zookeeper/--root (flags win over the file)."""
+        connect, root = args.zookeeper, args.root
+        connect_timeout, session_timeout = args.timeout, 30.0
+        if args.config:
+            overrides: dict[str, Any] = {}
+            if connect:
+                overrides["zookeeper.connectString"] = connect
+            if root:
+                overrides["cluster.root"] = root
+            conf = cfg.load(args.config, cfg.ZOOKEEPER_KEYS, overrides)
+            connect, root = conf["zookeeper.connectString"], conf["cluster.root"]
+            connect_timeout = conf["zookeeper.connectTimeout"] / 1000.0
+            session_timeout = conf["zookeeper.sessionTimeout"] / 1000.0
+        return cls(
+            connect_string=connect,
+            root=root,
+            connect_timeout_s=connect_timeout,
+            session_timeout_s=session_timeout,
+            rpc_timeout_s=args.timeout,
+            as_json=args.json,
+            show_progress=args.progress,
+        )
+
+    @property
+    def zk(self) -> KazooClient:
+        """The started ZooKeeper client (connects on first use)."""
+        if self._zk is None:
+            if not self.connect_string:
+                raise UsageError("no ZooKeeper given: use -c CLI.yaml or --zookeeper HOST:PORT --root /path")
+            self.paths  # a bad root is reported before waiting for ZooKeeper  # noqa: B018
+            self._zk = zkmeta.connect(self.connect_string, self.connect_timeout_s, self.session_timeout_s)
+        return self._zk
+
+    @property
+    def paths(self) -> zkmeta.ZkPaths:
+        if not self.root:
+            raise UsageError("no cluster root given: use -c CLI.yaml (cluster.root) or --root /path")
+        return zkmeta.ZkPaths(self.root)
+
+    def store_params(self) -> metadata_pb2.StoreParams:
+        return zkmeta.store_params(self.zk, self.paths)
+
+    def num_partitions(self) -> int:
+        return self.store_params().num_partitions
+
+    def partitions(self, text: str | None) -> list[int]:
+        """Parse a range like '0-6,8' against the cluster; None means every partition."""
+        count = self.num_partitions()
+        if text is None:
+            return list(range(count))
+        try:
+            return cluster_admin.parse_partitions(text, count)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    def admin_port(self, node: str) -> int:
+        """The registered admin port of a storage node (its host:port connect string)."""
+        nodes = cluster_admin.storage_nodes(self.zk, self.paths)
+        if node not in nodes:
+            known = ", ".join(sorted(nodes)) or "none"
+            raise UsageError(f"storage node {node} is not in the cluster (registered: {known})")
+        port = nodes[node][1]
+        if port <= 0:
+            raise UsageError(f"storage node {node} has no admin port registered")
+        return port
+
+    def close(self) -> None:
+        if self._zk is not None:
+            self._zk.stop()
+            self._zk.close()
+            self._zk = None

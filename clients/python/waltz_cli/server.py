@@ -1,0 +1,89 @@
+"""`waltz server ...`: the registered servers and the partitions each one owns."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from waltz.v1 import server_pb2
+from waltz_cli import rpc
+from waltz_cli.context import Context
+from waltz_cli.errors import CliError
+from waltz_cli.output import Result, table
+
+
+def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add the server subcommands."""
+    parser = groups.add_parser("server", help="servers and their partitions", parents=[common])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub.add_parser("list", help="the servers registered in ZooKeeper", parents=[common]).set_defaults(func=list_cmd)
+    parts = sub.add_parser("partitions", help="the partitions servers report owning", parents=[common])
+    parts.add_argument("-s", "--server", metavar="HOST:PORT", help="ask only this server (default: every server)")
+    parts.set_defaults(func=partitions_cmd)
+
+
+def list_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """Servers from ZooKeeper with the partitions assigned to them."""
+    owners = rpc.ownership(ctx)
+    data = [
+        {
+            "server_id": sid,
+            "address": rpc.address(s),
+            "partitions": sorted(p for p, o in owners.items() if o.server_id == sid),
+            "preferred_partitions": sorted(s.preferred_partitions),
+        }
+        for sid, s in sorted(rpc.servers(ctx).items())
+    ]
+    rows = [[d["server_id"], d["address"], d["partitions"], d["preferred_partitions"]] for d in data]
+    return Result(data, table(["server", "address", "partitions", "preferred"], rows))
+
+
+def ask(ctx: Context, target: str) -> dict[str, Any]:
+    """One server's GetServerPartitions as plain data."""
+    reply = rpc.server_call(
+        ctx, target, f"server {target}", "GetServerPartitions", server_pb2.ServerPartitionsRequest()
+    )
+    return {
+        "server_id": reply.server_id,
+        "address": target,
+        "partitions": [
+            {
+                "partition": p.partition_id,
+                "generation": p.generation,
+                "session_id": p.session_id,
+                "high_water_mark": p.high_water_mark,
+                "healthy": p.healthy,
+                "pending_appends": p.pending_appends,
+                "detail": p.detail,
+            }
+            for p in sorted(reply.partitions, key=lambda p: p.partition_id)
+        ],
+    }
+
+
+def partitions_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """Ask one server, or every registered one."""
+    if args.server:
+        targets = [args.server]
+    else:
+        targets = [rpc.address(s) for _, s in sorted(rpc.servers(ctx).items())]
+        if not targets:
+            raise CliError(f"no server is registered under {ctx.paths.servers}")
+    data = [ask(ctx, t) for t in targets]
+    rows = [
+        [
+            d["server_id"],
+            d["address"],
+            p["partition"],
+            p["generation"],
+            p["session_id"],
+            p["high_water_mark"],
+            p["healthy"],
+            p["pending_appends"],
+            p["detail"],
+        ]
+        for d in data
+        for p in d["partitions"]
+    ]
+    headers = ["server", "address", "partition", "generation", "session", "hwm", "healthy", "pending", "detail"]
+    return Result(data, table(headers, rows))

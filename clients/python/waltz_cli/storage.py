@@ -1,0 +1,202 @@
+"""`waltz storage ...`: storage nodes and replicas in ZooKeeper, and partitions on the nodes themselves."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from waltz_cli import recover, rpc
+from waltz_cli.context import Context
+from waltz_cli.errors import CliError, UsageError
+from waltz_cli.output import Result, ranges, table
+from waltz_common import cluster_admin
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "yes", "on", "1"):
+        return True
+    if lowered in ("false", "no", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"not true or false: {text!r}")
+
+
+def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add the storage subcommands."""
+    parser = groups.add_parser("storage", help="storage nodes, replicas, partitions on nodes", parents=[common])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def cmd(name: str, func: Any, help_text: str, node: bool | None, parts: bool | None) -> argparse.ArgumentParser:
+        """A subcommand; node/parts: None for no -s/-p option, else whether it is required."""
+        p = sub.add_parser(name, help=help_text, parents=[common])
+        p.set_defaults(func=func)
+        if node is not None:
+            p.add_argument("-s", "--storage", required=node, metavar="HOST:PORT", help="the storage node")
+        if parts is not None:
+            p.add_argument("-p", "--partitions", required=parts, metavar="RANGES", help="partitions, e.g. 0-6,8")
+        return p
+
+    p = cmd("add-node", add_node_cmd, "register a storage node in ZooKeeper", True, None)
+    p.add_argument("-a", "--admin-port", required=True, type=int, help="its admin port")
+    p.add_argument("-g", "--group", type=int, default=0, help="its replica group (default 0)")
+    cmd("remove-node", remove_node_cmd, "unregister a storage node that holds no replicas", True, None)
+    cmd("assign", assign_cmd, "assign replicas of partitions to a node in ZooKeeper", True, True)
+    cmd("unassign", unassign_cmd, "remove replicas of partitions from a node in ZooKeeper", True, True)
+    p = cmd("auto-assign", auto_assign_cmd, "give every partition a replica in a group, round robin", None, None)
+    p.add_argument("-g", "--group", type=int, required=True, help="the replica group")
+    cmd("list", list_cmd, "the storage nodes in ZooKeeper, or one node's partitions", False, None)
+    p = cmd("availability", availability_cmd, "mark partitions readable/writable on a node", True, True)
+    p.add_argument("-o", "--online", type=_bool, help="readable and writable: true or false")
+    p.add_argument("--readable", type=_bool, help="true or false")
+    p.add_argument("--writable", type=_bool, help="true or false")
+    cmd("add-partition", add_partition_cmd, "create partitions' files on a node", True, True)
+    p = cmd("remove-partition", remove_partition_cmd, "delete partitions' files on a node", True, True)
+    p.add_argument("-d", "--delete-storage-files", action="store_true", help="confirm that the files go")
+    p = cmd("sync", sync_cmd, "make the nodes' partitions match ZooKeeper's assignments", False, None)
+    p.add_argument("--remove-extra", action="store_true", help="also delete partitions ZooKeeper does not assign")
+    cmd("max-transaction-id", max_txn_cmd, "the highest transaction id of partitions on a node", True, False)
+    recover.register(sub, common)
+
+
+def add_node_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """Register a storage node."""
+    try:
+        cluster_admin.add_storage_node(ctx.zk, ctx.paths, args.storage, args.admin_port, args.group)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    data = {"node": args.storage, "admin_port": args.admin_port, "group": args.group}
+    return Result(data, f"added storage node {args.storage} (admin port {args.admin_port}, group {args.group})")
+
+
+def remove_node_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """Unregister a storage node."""
+    cluster_admin.remove_storage_node(ctx.zk, ctx.paths, args.storage)
+    return Result({"node": args.storage, "removed": True}, f"removed storage node {args.storage}")
+
+
+def assign_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """Assign replicas in ZooKeeper."""
+    pids = ctx.partitions(args.partitions)
+    cluster_admin.assign_partitions(ctx.zk, ctx.paths, args.storage, pids)
+    held = cluster_admin.replica_assignments(ctx.zk, ctx.paths).get(args.storage, [])
+    return Result({"node": args.storage, "partitions": held}, f"{args.storage} now holds partitions {ranges(held)}")
+
+
+def unassign_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """Unassign replicas in ZooKeeper."""
+    pids = ctx.partitions(args.partitions)
+    cluster_admin.unassign_partitions(ctx.zk, ctx.paths, args.storage, pids)
+    held = cluster_admin.replica_assignments(ctx.zk, ctx.paths).get(args.storage, [])
+    return Result({"node": args.storage, "partitions": held}, f"{args.storage} now holds partitions {ranges(held)}")
+
+
+def auto_assign_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """Round-robin assignment within a group."""
+    plan = cluster_admin.auto_assign(ctx.zk, ctx.paths, args.group)
+    return Result(plan, table(["storage node", "partitions"], sorted(plan.items())))
+
+
+def _node_partitions(ctx: Context, node: str) -> list[dict[str, Any]]:
+    with rpc.storage_admin(ctx, node) as admin:
+        listed = admin.list_partitions()
+    return [
+        {
+            "partition": p.partition_id,
+            "readable": p.readable,
+            "writable": p.writable,
+            "session_id": p.session_id,
+            "low_water_mark": p.low_water_mark,
+            "local_low_water_mark": p.local_low_water_mark,
+            "max_transaction_id": p.max_transaction_id,
+            "error": p.error,
+        }
+        for p in sorted(listed, key=lambda p: p.partition_id)
+    ]
+
+
+def list_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """ZooKeeper's storage nodes, or with -s the partitions one node reports."""
+    if args.storage:
+        rows = _node_partitions(ctx, args.storage)
+        headers = ["partition", "readable", "writable", "session", "lwm", "local lwm", "max txn", "error"]
+        text = table(headers, [[r[k] for k in list(rows[0])] for r in rows] if rows else [])
+        return Result({"node": args.storage, "partitions": rows}, text)
+    nodes = cluster_admin.storage_nodes(ctx.zk, ctx.paths)
+    assigned = cluster_admin.replica_assignments(ctx.zk, ctx.paths)
+    data = [
+        {"node": n, "group": g, "admin_port": p, "partitions": assigned.get(n, [])}
+        for n, (g, p) in sorted(nodes.items())
+    ]
+    text = table(["storage node", "group", "admin port", "partitions"], [list(d.values()) for d in data])
+    return Result(data, text)
+
+
+def availability_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """Toggle readable/writable on a node's partitions."""
+    readable = args.readable if args.readable is not None else args.online
+    writable = args.writable if args.writable is not None else args.online
+    if readable is None and writable is None:
+        raise UsageError("say what to set: --online, --readable and/or --writable (true or false)")
+    pids = ctx.partitions(args.partitions)
+    with rpc.storage_admin(ctx, args.storage) as admin:
+        for pid in pids:
+            if readable is not None:
+                admin.set_readable(pid, readable)
+            if writable is not None:
+                admin.set_writable(pid, writable)
+    data = {"node": args.storage, "partitions": pids, "readable": readable, "writable": writable}
+    states = ", ".join(f"{k}={v}" for k, v in (("readable", readable), ("writable", writable)) if v is not None)
+    return Result(data, f"{args.storage}: partitions {ranges(pids)}: {states}")
+
+
+def add_partition_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """Create partitions on a node."""
+    pids = ctx.partitions(args.partitions)
+    with rpc.storage_admin(ctx, args.storage) as admin:
+        for pid in pids:
+            admin.assign(pid)
+    return Result({"node": args.storage, "added": pids}, f"{args.storage}: created partitions {ranges(pids)}")
+
+
+def remove_partition_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """Delete partitions on a node (explicitly confirmed)."""
+    pids = ctx.partitions(args.partitions)
+    if not args.delete_storage_files:
+        raise UsageError("remove-partition deletes the partitions' files on the node: add -d/--delete-storage-files")
+    with rpc.storage_admin(ctx, args.storage) as admin:
+        for pid in pids:
+            admin.unassign(pid)
+    return Result({"node": args.storage, "removed": pids}, f"{args.storage}: deleted partitions {ranges(pids)}")
+
+
+def sync_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """Create on each node the partitions ZooKeeper assigns it (and delete extras if asked)."""
+    assigned = cluster_admin.replica_assignments(ctx.zk, ctx.paths)
+    nodes = [args.storage] if args.storage else sorted(cluster_admin.storage_nodes(ctx.zk, ctx.paths))
+    report: dict[str, dict[str, list[int]]] = {}
+    for node in nodes:
+        want = set(assigned.get(node, []))
+        with rpc.storage_admin(ctx, node) as admin:
+            have = {p.partition_id for p in admin.list_partitions()}
+            added, extra = sorted(want - have), sorted(have - want)
+            for pid in added:
+                admin.assign(pid)
+            if args.remove_extra:
+                for pid in extra:
+                    admin.unassign(pid)
+        report[node] = {"added": added, "removed" if args.remove_extra else "extra": extra}
+    rows = [[n, r["added"], r.get("removed", []), r.get("extra", [])] for n, r in report.items()]
+    return Result(report, table(["storage node", "created", "deleted", "extra (kept)"], rows))
+
+
+def max_txn_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """The max transaction id per partition on a node."""
+    wanted = set(ctx.partitions(args.partitions))
+    rows = [r for r in _node_partitions(ctx, args.storage) if r["partition"] in wanted]
+    missing = sorted(wanted - {r["partition"] for r in rows})
+    if args.partitions and missing:
+        raise CliError(f"storage node {args.storage} does not hold partitions {ranges(missing)}")
+    data = {str(r["partition"]): r["max_transaction_id"] for r in rows}
+    return Result(
+        data, table(["partition", "max transaction id"], [[r["partition"], r["max_transaction_id"]] for r in rows])
+    )

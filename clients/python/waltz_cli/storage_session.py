@@ -1,0 +1,131 @@
+"""A synchronous client of a storage node's Session stream, for offline partition recovery requests."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grpc
+
+from waltz.v1 import common_pb2, storage_pb2, storage_pb2_grpc
+from waltz_cli.errors import CliError, rpc_message
+
+_END = object()
+
+
+def to_proto(record: Any) -> common_pb2.Record:
+    """A record from the admin client (protobuf or waltz_common.types.Record) as a protobuf Record."""
+    if isinstance(record, common_pb2.Record):
+        return record
+    r = record.req_id
+    return common_pb2.Record(
+        transaction_id=record.transaction_id,
+        req_id=common_pb2.ReqId(
+            client_id=r.client_id, generation=r.generation, partition_id=r.partition_id, seq_num=r.seq_num
+        ),
+        header=record.header,
+        data_length=len(record.data),
+        data=record.data,
+        checksum=record.checksum,
+    )
+
+
+class StorageSession:
+    """One Session stream, one request at a time; every failure is a CliError naming the node."""
+
+    def __init__(self, target: str, cluster_key: str, num_partitions: int, timeout_s: float) -> None:
+        self.target = target
+        self._timeout = timeout_s
+        self._seq = 0
+        self._requests: queue.Queue[object] = queue.Queue()
+        self._responses: queue.Queue[object] = queue.Queue()
+        self._channel = grpc.insecure_channel(target)
+        stub = storage_pb2_grpc.WaltzStorageStub(self._channel)
+        self._call = stub.Session(self._outgoing())
+        self._reader = threading.Thread(target=self._read, name=f"storage-session-{target}", daemon=True)
+        self._reader.start()
+        opening = storage_pb2.OpenRequest(
+            session_id=-1, seq_num=-1, partition_id=-1, cluster_key=cluster_key, num_partitions=num_partitions
+        )
+        try:
+            self._request("open", opening)
+        except BaseException:
+            self.close()
+            raise
+
+    def _outgoing(self) -> Iterator[storage_pb2.StorageRequest]:
+        while True:
+            item = self._requests.get()
+            if item is _END:
+                return
+            assert isinstance(item, storage_pb2.StorageRequest)
+            yield item
+
+    def _read(self) -> None:
+        try:
+            for response in self._call:
+                self._responses.put(response)
+            self._responses.put(CliError(f"storage node {self.target} closed the session stream"))
+        except grpc.RpcError as exc:
+            self._responses.put(CliError(rpc_message(exc, f"storage node {self.target}")))
+
+    def _request(self, field: str, message: Any) -> storage_pb2.StorageResponse:
+        self._requests.put(storage_pb2.StorageRequest(**{field: message}))
+        try:
+            response = self._responses.get(timeout=self._timeout)
+        except queue.Empty:
+            raise CliError(f"storage node {self.target}: no answer to {field} within {self._timeout:g} s") from None
+        if isinstance(response, CliError):
+            raise response
+        assert isinstance(response, storage_pb2.StorageResponse)
+        if response.WhichOneof("response") == "failure":
+            raise CliError(f"storage node {self.target}: {field} refused: {response.failure.exception.message}")
+        return response
+
+    def _offline(self, field: str, cls: Any, partition_id: int, session_id: int, **values: Any) -> Any:
+        self._seq += 1
+        message = cls(session_id=session_id, seq_num=self._seq, partition_id=partition_id, offline=True, **values)
+        return self._request(field, message)
+
+    def truncate(self, partition_id: int, session_id: int, transaction_id: int) -> int:
+        """Offline truncate; returns the max transaction id afterwards."""
+        response = self._offline(
+            "truncate", storage_pb2.TruncateRequest, partition_id, session_id, transaction_id=transaction_id
+        )
+        return int(response.max_transaction_id.transaction_id)
+
+    def append(self, partition_id: int, session_id: int, records: Sequence[Any]) -> None:
+        """Offline append of consecutive records (fsynced by the node before it answers)."""
+        protos = [to_proto(r) for r in records]
+        self._offline(
+            "append",
+            storage_pb2.StorageAppendRequest,
+            partition_id,
+            session_id,
+            record_list_length=len(protos),
+            records=protos,
+        )
+
+    def set_low_water_mark(self, partition_id: int, session_id: int, low_water_mark: int) -> None:
+        """Offline SetLowWaterMark: records (session, lwm, local lwm = max txn) in the control file."""
+        self._offline(
+            "set_low_water_mark",
+            storage_pb2.SetLowWaterMarkRequest,
+            partition_id,
+            session_id,
+            low_water_mark=low_water_mark,
+        )
+
+    def close(self) -> None:
+        self._requests.put(_END)
+        self._call.cancel()
+        self._channel.close()
+        self._reader.join(timeout=5)
+
+    def __enter__(self) -> StorageSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,271 @@
+"""`waltz cluster verify`: collect what ZooKeeper, servers and storage nodes say, then check it (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from waltz.v1 import metadata_pb2, server_pb2
+from waltz_cli import rpc
+from waltz_cli.context import Context
+from waltz_cli.errors import CliError
+from waltz_cli.output import Counter
+from waltz_common import cluster_admin
+from waltz_common import zk as zkmeta
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """A partition assigned to a storage node, as the node reports it (admin list_partitions)."""
+
+    readable: bool = True
+    writable: bool = True
+    session_id: int = -1
+    max_transaction_id: int = -1
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ServerPartition:
+    """A partition as its owning server reports it (GetServerPartitions)."""
+
+    generation: int
+    session_id: int
+    healthy: bool
+    detail: str = ""
+
+
+@dataclass
+class ServerView:
+    """One registered server: its partitions and storage connectivity, or why it could not be asked."""
+
+    address: str
+    partitions: dict[int, ServerPartition] | None = None
+    storage: dict[str, tuple[bool, str]] | None = None
+    error: str = ""
+
+
+@dataclass
+class Facts:
+    """Everything verify looks at; built by collect(), or by hand in tests."""
+
+    num_partitions: int
+    storage_nodes: set[str]
+    assignments: dict[str, list[int]]
+    ownership: dict[int, tuple[int, int]] = field(default_factory=dict)  # pid -> (server id, generation)
+    servers: dict[int, ServerView] = field(default_factory=dict)
+    nodes: dict[str, dict[int, ReplicaView] | str] = field(default_factory=dict)  # str: why unreachable
+    sessions: dict[int, int] = field(default_factory=dict)  # pid -> current session id
+    replica_states: dict[int, dict[str, tuple[int, int]]] = field(default_factory=dict)  # pid -> node -> state
+
+
+@dataclass
+class Check:
+    """One verify check: its name and, if it failed, the reasons."""
+
+    name: str
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons
+
+
+def _ask_server(ctx: Context, sid: int, target: str) -> ServerView:
+    view = ServerView(target)
+    what = f"server {sid} ({target})"
+    try:
+        owned = rpc.server_call(ctx, target, what, "GetServerPartitions", server_pb2.ServerPartitionsRequest())
+        view.partitions = {
+            p.partition_id: ServerPartition(p.generation, p.session_id, p.healthy, p.detail) for p in owned.partitions
+        }
+        request = server_pb2.StorageConnectivityRequest()
+        reach = rpc.server_call(ctx, target, what, "CheckStorageConnectivity", request)
+        view.storage = {n.connect_string: (n.connected, n.detail) for n in reach.nodes}
+    except CliError as exc:
+        view.error = str(exc)
+    return view
+
+
+def _ask_node(ctx: Context, node: str) -> dict[int, ReplicaView] | str:
+    try:
+        with rpc.storage_admin(ctx, node) as admin:
+            listed = admin.list_partitions()
+    except CliError as exc:
+        return str(exc)
+    return {
+        p.partition_id: ReplicaView(p.readable, p.writable, p.session_id, p.max_transaction_id, p.error) for p in listed
+    }
+
+
+def collect(ctx: Context) -> Facts:
+    """Read ZooKeeper, then ask every registered server and every storage node."""
+    zk, paths = ctx.zk, ctx.paths
+    facts = Facts(
+        num_partitions=ctx.num_partitions(),
+        storage_nodes=set(cluster_admin.storage_nodes(zk, paths)),
+        assignments=cluster_admin.replica_assignments(zk, paths),
+        ownership={pid: (o.server_id, o.generation) for pid, o in rpc.ownership(ctx).items()},
+    )
+    for pid in range(facts.num_partitions):
+        read = zkmeta.read(zk, paths.partition_metadata(pid), metadata_pb2.PartitionMetadata)
+        if read is None:
+            continue
+        facts.sessions[pid] = read[0].session_id
+        facts.replica_states[pid] = {
+            e.replica_id.storage_node_connect_string: (
+                e.replica_state.session_id,
+                e.replica_state.closing_high_water_mark,
+            )
+            for e in read[0].replica_states
+        }
+    live = rpc.servers(ctx)
+    nodes = sorted(facts.storage_nodes)
+    with Counter(len(live) + len(nodes), "verify", ctx.show_progress, unit="node") as bar:
+        for sid in sorted(live):
+            facts.servers[sid] = _ask_server(ctx, sid, rpc.address(live[sid]))
+            bar.update(1)
+        for node in nodes:
+            facts.nodes[node] = _ask_node(ctx, node)
+            bar.update(1)
+    return facts
+
+
+def _replicas(facts: Facts, pid: int) -> list[str]:
+    return sorted(n for n, held in facts.assignments.items() if pid in held)
+
+
+def check_zookeeper(facts: Facts, wanted: list[int]) -> Check:
+    check = Check("ZooKeeper replica assignments are valid")
+    for node, held in sorted(facts.assignments.items()):
+        if node not in facts.storage_nodes:
+            check.reasons.append(f"storage node {node} holds partitions {held} but is not a registered storage node")
+        bad = [p for p in held if not 0 <= p < facts.num_partitions]
+        if bad:
+            check.reasons.append(f"storage node {node} is assigned partitions {bad}, which do not exist")
+    check.reasons.extend(f"partition {pid} has no replica" for pid in wanted if not _replicas(facts, pid))
+    return check
+
+
+def check_ownership(facts: Facts, wanted: list[int]) -> Check:
+    check = Check("servers own the partitions ZooKeeper assigns them")
+    if not facts.servers:
+        check.reasons.append("no server is registered")
+        return check
+    for pid in wanted:
+        sid, generation = facts.ownership.get(pid, (-1, 0))
+        if sid < 0:
+            check.reasons.append(f"partition {pid} has no owning server in ZooKeeper")
+            continue
+        view = facts.servers.get(sid)
+        if view is None:
+            check.reasons.append(f"partition {pid} is assigned to server {sid}, which is not registered")
+        elif view.partitions is None:
+            check.reasons.append(f"server {sid} ({view.address}) cannot be asked: {view.error}")
+        elif pid not in view.partitions:
+            check.reasons.append(f"server {sid} ({view.address}) does not own partition {pid}, ZooKeeper says it does")
+        elif view.partitions[pid].generation != generation:
+            got = view.partitions[pid].generation
+            check.reasons.append(
+                f"server {sid} ({view.address}) has partition {pid} at generation {got}, ZooKeeper says {generation}"
+            )
+    for sid, view in sorted(facts.servers.items()):
+        for pid in sorted(set(view.partitions or {}) & set(wanted)):
+            if facts.ownership.get(pid, (-1, 0))[0] != sid:
+                check.reasons.append(f"server {sid} ({view.address}) owns partition {pid}, ZooKeeper says it does not")
+    check.reasons[:] = list(dict.fromkeys(check.reasons))
+    return check
+
+
+def check_server_storage(facts: Facts, wanted: list[int]) -> Check:
+    check = Check("servers reach their storage nodes")
+    for sid, view in sorted(facts.servers.items()):
+        if view.storage is None:
+            continue  # already reported by the ownership check
+        for node, (connected, detail) in sorted(view.storage.items()):
+            if not connected:
+                check.reasons.append(f"server {sid} ({view.address}) cannot reach storage node {node}: {detail}")
+        owned = [p for p in (view.partitions or {}) if p in wanted]
+        needed = {n for p in owned for n in _replicas(facts, p)}
+        for node in sorted(needed - set(view.storage)):
+            check.reasons.append(f"server {sid} ({view.address}) has no connection to storage node {node}")
+    return check
+
+
+def _replica_view(facts: Facts, node: str, pid: int) -> ReplicaView | None:
+    listed = facts.nodes.get(node)
+    return listed.get(pid) if isinstance(listed, dict) else None
+
+
+def _usable(view: ReplicaView | None) -> bool:
+    return view is not None and view.readable and view.writable and not view.error
+
+
+def check_storage(facts: Facts, wanted: list[int]) -> Check:
+    check = Check("storage nodes hold what ZooKeeper assigns them, with a quorum for every partition")
+    for node, listed in sorted(facts.nodes.items()):
+        if isinstance(listed, str):
+            check.reasons.append(listed)
+            continue
+        held = set(facts.assignments.get(node, [])) & set(wanted)
+        present = set(listed) & set(wanted)
+        for pid in sorted(held - present):
+            check.reasons.append(f"storage node {node} does not hold partition {pid}, ZooKeeper assigns it there")
+        for pid in sorted(present - held):
+            check.reasons.append(f"storage node {node} holds partition {pid}, ZooKeeper does not assign it there")
+        for pid in sorted(held & present):
+            v = listed[pid]
+            if v.error:
+                check.reasons.append(f"storage node {node}: partition {pid} is damaged: {v.error}")
+            elif not (v.readable and v.writable):
+                state = ", ".join(s for s, ok in (("unreadable", v.readable), ("unwritable", v.writable)) if not ok)
+                check.reasons.append(f"storage node {node}: partition {pid} is {state}")
+    for pid in wanted:
+        replicas = _replicas(facts, pid)
+        usable = [n for n in replicas if _usable(_replica_view(facts, n, pid))]
+        if replicas and len(usable) < len(replicas) // 2 + 1:
+            check.reasons.append(
+                f"partition {pid} has no quorum: {len(usable)} of {len(replicas)} replicas usable "
+                f"(need {len(replicas) // 2 + 1}; down: {', '.join(n for n in replicas if n not in usable)})"
+            )
+    return check
+
+
+def check_health(facts: Facts, wanted: list[int]) -> Check:
+    check = Check("partitions are healthy on their servers")
+    for sid, view in sorted(facts.servers.items()):
+        for pid, part in sorted((view.partitions or {}).items()):
+            if pid in wanted and not part.healthy:
+                check.reasons.append(f"server {sid} ({view.address}): partition {pid} is not healthy: {part.detail}")
+    return check
+
+
+def check_recovery(facts: Facts, wanted: list[int]) -> Check:
+    check = Check("recovery has completed")
+    for pid in wanted:
+        session = facts.sessions.get(pid)
+        if session is None:
+            check.reasons.append(f"partition {pid} has no metadata in ZooKeeper")
+            continue
+        if session < 0:
+            check.reasons.append(f"partition {pid} has no store session yet")
+            continue
+        states = facts.replica_states.get(pid, {})
+        for node in _replicas(facts, pid):
+            if node not in states:
+                check.reasons.append(f"partition {pid}: the replica on {node} is not in the session's replica states")
+                continue
+            replica_session, closing = states[node]
+            if replica_session != session:
+                check.reasons.append(
+                    f"partition {pid}: the replica on {node} is in session {replica_session}, "
+                    f"the partition in {session}"
+                )
+            elif closing != zkmeta.UNRESOLVED:
+                check.reasons.append(f"partition {pid}: the replica on {node} has a closing high-water mark {closing}")
+    return check
+
+
+def check(facts: Facts, wanted: list[int]) -> list[Check]:
+    """Run the six checks over the wanted partitions."""
+    checks = (check_zookeeper, check_ownership, check_server_storage, check_storage, check_health, check_recovery)
+    return [c(facts, wanted) for c in checks]

@@ -1,0 +1,123 @@
+"""Argument parsing, global options, configuration and one-line usage errors of `waltz`."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.cli.helpers import waltz
+from waltz_cli.context import Context
+from waltz_cli.main import build_parser
+
+COMMANDS = {
+    "cluster": ["create", "delete", "list", "show-key", "verify", "check-connectivity"],
+    "storage": [
+        "add-node",
+        "remove-node",
+        "assign",
+        "unassign",
+        "auto-assign",
+        "list",
+        "availability",
+        "add-partition",
+        "remove-partition",
+        "sync",
+        "recover-partition",
+        "max-transaction-id",
+    ],
+    "server": ["list", "partitions"],
+    "client": ["high-water-mark", "tail", "validate"],
+    "disk": ["dump-control", "dump-segment", "verify-segment"],
+}
+
+
+@pytest.mark.parametrize(("group", "command"), [(g, c) for g, cs in COMMANDS.items() for c in cs])
+def test_every_command_answers_help(capsys, group, command):
+    run = waltz(capsys, group, command, "--help")
+    assert run.code == 0
+    assert run.out.startswith(f"usage: waltz {group} {command}")
+
+
+def test_global_options_work_before_and_after_the_command():
+    parser = build_parser()
+    before = parser.parse_args(["--json", "--zookeeper", "zk:2181", "--root", "/w", "cluster", "list"])
+    after = parser.parse_args(["cluster", "list", "--json", "--zookeeper", "zk:2181", "--root", "/w"])
+    for args in (before, after):
+        assert (args.json, args.zookeeper, args.root, args.timeout) == (True, "zk:2181", "/w", 10.0)
+
+
+def test_subcommand_defaults_do_not_hide_top_level_options():
+    args = build_parser().parse_args(["--timeout", "3", "cluster", "show-key"])
+    assert args.timeout == 3.0 and args.json is False and args.progress is None
+
+
+def test_config_file_supplies_zookeeper_and_flags_override(tmp_path):
+    conf = tmp_path / "cli.yaml"
+    conf.write_text(
+        "zookeeper:\n  connectString: zk:2181\n  connectTimeout: 2500\n  sessionTimeout: 9000\ncluster.root: /a\n"
+    )
+    ctx = Context.from_args(build_parser().parse_args(["-c", str(conf), "cluster", "list"]))
+    assert (ctx.connect_string, ctx.root, ctx.connect_timeout_s, ctx.session_timeout_s) == ("zk:2181", "/a", 2.5, 9.0)
+    ctx = Context.from_args(build_parser().parse_args(["-c", str(conf), "--root", "/b", "cluster", "list"]))
+    assert ctx.root == "/b"
+
+
+def _one_line_error(run, code=2):
+    assert run.code == code
+    assert run.out == ""
+    lines = run.err.strip().splitlines()
+    assert len(lines) == 1, run.err
+    assert "Traceback" not in run.err
+    return lines[0]
+
+
+def test_unknown_command_is_one_line(capsys):
+    line = _one_line_error(waltz(capsys, "cluster", "bogus"))
+    assert "invalid choice: 'bogus'" in line
+
+
+def test_missing_required_argument_is_one_line(capsys):
+    line = _one_line_error(waltz(capsys, "cluster", "create", "--zookeeper", "zk:1", "--root", "/r", "-n", "x"))
+    assert "--partitions" in line
+
+
+def test_bad_number_is_one_line(capsys):
+    line = _one_line_error(waltz(capsys, "cluster", "create", "-n", "x", "-p", "many"))
+    assert "invalid int value" in line
+
+
+def test_no_zookeeper_given_is_one_line(capsys):
+    line = _one_line_error(waltz(capsys, "cluster", "show-key"))
+    assert "no ZooKeeper given" in line
+
+
+def test_missing_config_file_is_one_line(capsys, tmp_path):
+    line = _one_line_error(waltz(capsys, "-c", str(tmp_path / "nope.yaml"), "cluster", "list"), code=1)
+    assert "does not exist" in line
+
+
+def test_bad_config_key_is_one_line(capsys, tmp_path):
+    conf = tmp_path / "cli.yaml"
+    conf.write_text("zookeeper.connectString: zk:1\ncluster.root: /a\nbogus.key: 1\n")
+    line = _one_line_error(waltz(capsys, "-c", str(conf), "cluster", "list"), code=1)
+    assert "unknown configuration key(s): bogus.key" in line
+
+
+def test_bad_cluster_root_is_one_line(capsys):
+    line = _one_line_error(waltz(capsys, "--zookeeper", "zk:1", "--root", "relative", "cluster", "show-key"), code=1)
+    assert "absolute znode path" in line
+
+
+def test_bad_boolean_for_availability_is_one_line(capsys):
+    line = _one_line_error(waltz(capsys, "storage", "availability", "-s", "h:1", "-p", "0", "--online", "maybe"))
+    assert "not true or false" in line
+
+
+def test_debug_shows_the_traceback(capsys):
+    run = waltz(capsys, "--debug", "cluster", "show-key")
+    assert run.code == 2
+    assert "Traceback" in run.err and "no ZooKeeper given" in run.err
+
+
+def test_no_command_prints_help(capsys):
+    run = waltz(capsys)
+    assert run.code == 2 and "usage: waltz" in run.out

@@ -1,0 +1,158 @@
+"""The pure checks of `waltz cluster verify` and the start agreement of recover-partition."""
+
+from __future__ import annotations
+
+import pytest
+
+from waltz_cli.errors import CliError
+from waltz_cli.recover import CopyPlan, plan_copy
+from waltz_cli.verify import Facts, ReplicaView, ServerPartition, ServerView, check
+from waltz_common.zk import UNRESOLVED
+
+NODES = ["h:1", "h:2", "h:3"]
+
+
+def healthy() -> Facts:
+    """Two partitions on three nodes, one server owning both, recovery done in session 4."""
+    return Facts(
+        num_partitions=2,
+        storage_nodes=set(NODES),
+        assignments={n: [0, 1] for n in NODES},
+        ownership={0: (1, 3), 1: (1, 3)},
+        servers={
+            1: ServerView(
+                "s:1",
+                partitions={p: ServerPartition(3, 4, True) for p in (0, 1)},
+                storage={n: (True, "") for n in NODES},
+            )
+        },
+        nodes={n: {p: ReplicaView(session_id=4, max_transaction_id=10) for p in (0, 1)} for n in NODES},
+        sessions={0: 4, 1: 4},
+        replica_states={p: {n: (4, UNRESOLVED) for n in NODES} for p in (0, 1)},
+    )
+
+
+def failures(facts: Facts, wanted=(0, 1)) -> dict[str, list[str]]:
+    return {c.name: c.reasons for c in check(facts, list(wanted)) if not c.passed}
+
+
+def test_a_healthy_cluster_passes_all_six_checks():
+    checks = check(healthy(), [0, 1])
+    assert len(checks) == 6
+    assert all(c.passed for c in checks), failures(healthy())
+
+
+def test_unassigned_partition_and_unknown_node():
+    facts = healthy()
+    facts.assignments = {"h:1": [0], "h:9": [0]}
+    reasons = failures(facts)["ZooKeeper replica assignments are valid"]
+    assert "partition 1 has no replica" in reasons
+    assert any("h:9" in r and "not a registered storage node" in r for r in reasons)
+
+
+def test_dead_storage_node_is_named_but_quorum_holds():
+    facts = healthy()
+    facts.nodes["h:2"] = "storage node h:2: storage admin port h:12 is not reachable within 10 s"
+    found = failures(facts)
+    assert list(found) == ["storage nodes hold what ZooKeeper assigns them, with a quorum for every partition"]
+    assert found[next(iter(found))] == [facts.nodes["h:2"]]
+
+
+def test_two_dead_nodes_lose_the_quorum():
+    facts = healthy()
+    facts.nodes["h:2"] = "storage node h:2: down"
+    facts.nodes["h:3"] = "storage node h:3: down"
+    reasons = next(iter(failures(facts).values()))
+    assert "partition 0 has no quorum: 1 of 3 replicas usable (need 2; down: h:2, h:3)" in reasons
+
+
+def test_storage_assignment_mismatch_and_unwritable_replica():
+    facts = healthy()
+    assert isinstance(facts.nodes["h:1"], dict)
+    del facts.nodes["h:1"][1]
+    facts.nodes["h:2"][1] = ReplicaView(writable=False)  # type: ignore[index]
+    facts.assignments["h:3"] = [0]
+    reasons = next(iter(failures(facts).values()))
+    assert "storage node h:1 does not hold partition 1, ZooKeeper assigns it there" in reasons
+    assert "storage node h:2: partition 1 is unwritable" in reasons
+    assert "storage node h:3 holds partition 1, ZooKeeper does not assign it there" in reasons
+    assert "partition 1 has no quorum: 0 of 2 replicas usable (need 2; down: h:1, h:2)" in reasons
+
+
+def test_server_ownership_mismatches():
+    facts = healthy()
+    facts.ownership[1] = (2, 3)
+    facts.servers[1].partitions[0] = ServerPartition(2, 4, True)  # type: ignore[index]
+    reasons = failures(facts)["servers own the partitions ZooKeeper assigns them"]
+    assert "partition 1 is assigned to server 2, which is not registered" in reasons
+    assert "server 1 (s:1) has partition 0 at generation 2, ZooKeeper says 3" in reasons
+    assert "server 1 (s:1) owns partition 1, ZooKeeper says it does not" in reasons
+
+
+def test_unreachable_server_and_no_servers():
+    facts = healthy()
+    facts.servers[1] = ServerView("s:1", error="server 1 (s:1): unreachable (connection refused)")
+    assert failures(facts)["servers own the partitions ZooKeeper assigns them"] == [
+        "server 1 (s:1) cannot be asked: server 1 (s:1): unreachable (connection refused)"
+    ]
+    facts.servers = {}
+    assert failures(facts)["servers own the partitions ZooKeeper assigns them"] == ["no server is registered"]
+
+
+def test_server_storage_connectivity():
+    facts = healthy()
+    facts.servers[1].storage = {"h:1": (True, ""), "h:2": (False, "connection refused")}
+    reasons = failures(facts)["servers reach their storage nodes"]
+    assert reasons == [
+        "server 1 (s:1) cannot reach storage node h:2: connection refused",
+        "server 1 (s:1) has no connection to storage node h:3",
+    ]
+
+
+def test_unhealthy_partition_on_server():
+    facts = healthy()
+    facts.servers[1].partitions[1] = ServerPartition(3, -1, False, "recovering")  # type: ignore[index]
+    assert failures(facts)["partitions are healthy on their servers"] == [
+        "server 1 (s:1): partition 1 is not healthy: recovering"
+    ]
+
+
+def test_recovery_incomplete():
+    facts = healthy()
+    facts.replica_states[0]["h:1"] = (3, 17)
+    facts.replica_states[0]["h:2"] = (4, 17)
+    del facts.replica_states[0]["h:3"]
+    facts.sessions[1] = -1
+    reasons = failures(facts)["recovery has completed"]
+    assert reasons == [
+        "partition 0: the replica on h:1 is in session 3, the partition in 4",
+        "partition 0: the replica on h:2 has a closing high-water mark 17",
+        "partition 0: the replica on h:3 is not in the session's replica states",
+        "partition 1 has no store session yet",
+    ]
+
+
+def test_only_wanted_partitions_are_checked():
+    facts = healthy()
+    facts.sessions[1] = -1
+    assert failures(facts, wanted=[0]) == {}
+
+
+@pytest.mark.parametrize(
+    ("proposal", "source_max", "safe_end", "plan"),
+    [
+        (0, 99, 99, CopyPlan(0, 99, 99)),  # new replica: everything committed
+        (0, 99, 49, CopyPlan(0, 49, 49)),  # only up to what is known committed
+        (50, 99, 79, CopyPlan(50, 79, 79)),  # a dirty replica keeps its clean prefix
+        (50, 99, 20, CopyPlan(50, 20, 49)),  # nothing to copy; the destination's clean data stays
+        (100, 99, 99, CopyPlan(100, 99, 99)),  # already complete
+        (0, -1, -1, CopyPlan(0, -1, -1)),  # empty partition
+    ],
+)
+def test_copy_plan(proposal, source_max, safe_end, plan):
+    assert plan_copy(proposal, source_max, safe_end) == plan
+
+
+def test_copy_plan_refuses_a_source_behind_the_destination():
+    with pytest.raises(CliError, match="more advanced source"):
+        plan_copy(60, 40, 40)
