@@ -1,0 +1,157 @@
+"""What applications implement and touch: contexts, builders, callbacks, transactions, serializers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar, overload
+
+from waltz_client.locks import PartitionLocalLock, lock_hashes
+from waltz_common.types import INT32_MAX, INT32_MIN, ReqId, crc32
+
+T = TypeVar("T")
+
+
+class Serializer(Protocol[T]):
+    """Turns application objects into transaction data and back."""
+
+    def serialize(self, value: T) -> bytes: ...
+
+    def deserialize(self, data: bytes) -> T: ...
+
+
+class JsonSerializer:
+    """JSON (UTF-8) serializer for plain dicts, lists, strings and numbers."""
+
+    def serialize(self, value: Any) -> bytes:
+        return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+    def deserialize(self, data: bytes) -> Any:
+        return json.loads(data.decode("utf-8"))
+
+
+class TransactionBuilder:
+    """Filled in by TransactionContext.execute: header, data and locks of one append."""
+
+    def __init__(self, partition_id: int, client_high_water_mark: int) -> None:
+        self.partition_id = partition_id
+        self.client_high_water_mark = client_high_water_mark
+        self.header = 0
+        self.data = b""
+        self.write_locks: list[int] = []
+        self.read_locks: list[int] = []
+        self.append_locks: list[int] = []
+
+    def set_header(self, header: int) -> None:
+        if not INT32_MIN <= header <= INT32_MAX:
+            raise ValueError(f"header {header} is outside the signed 32-bit range")
+        self.header = header
+
+    def set_data(self, data: Any, serializer: Serializer[Any] | None = None) -> None:
+        """Raw bytes, or any value together with the serializer that turns it into bytes."""
+        raw = serializer.serialize(data) if serializer is not None else data
+        if not isinstance(raw, bytes | bytearray | memoryview):
+            raise TypeError("transaction data must be bytes (or pass a serializer)")
+        self.data = bytes(raw)
+
+    def set_write_locks(self, locks: Sequence[PartitionLocalLock]) -> None:
+        """Checked against and recorded in the partition's lock table."""
+        self.write_locks = lock_hashes(locks)
+
+    def set_read_locks(self, locks: Sequence[PartitionLocalLock]) -> None:
+        """Checked only."""
+        self.read_locks = lock_hashes(locks)
+
+    def set_append_locks(self, locks: Sequence[PartitionLocalLock]) -> None:
+        """Recorded only (hierarchical ownership: new owners see in-flight children)."""
+        self.append_locks = lock_hashes(locks)
+
+    @property
+    def checksum(self) -> int:
+        return crc32(self.data)
+
+
+class TransactionContext(ABC):
+    """One logical transaction: picks its partition, builds the append, hears how it ended.
+
+    Exactly one of these ends every submission: committed (on_completion(True), then the
+    transaction is applied, then on_application()); declined (execute returned False:
+    on_completion(False)); or an error (on_exception(exc)). on_lock_failure() may come before,
+    once per lock failure; the client then re-runs execute once it has caught up. All hooks
+    run on the client's callback thread, in feed order with apply_transaction.
+    """
+
+    @abstractmethod
+    def partition_id(self, num_partitions: int) -> int:
+        """The partition (0 <= id < num_partitions) this transaction goes to."""
+
+    @abstractmethod
+    def execute(self, builder: TransactionBuilder) -> bool:
+        """Build the transaction from the application's state; False abandons it."""
+
+    def on_completion(self, committed: bool) -> None:  # noqa: B027 - optional hook
+        """Committed (before it is applied), or declined by execute."""
+
+    def on_application(self) -> None:  # noqa: B027 - optional hook
+        """This client's own transaction has been applied by apply_transaction."""
+
+    def on_exception(self, exc: BaseException) -> None:  # noqa: B027 - optional hook
+        """execute raised, or the transaction could not be submitted (timeout, closed, ...)."""
+
+    def on_lock_failure(self) -> None:  # noqa: B027 - optional hook
+        """A lock conflicted; execute runs again once the client has caught up."""
+
+
+class Transaction:
+    """A committed transaction in the feed; its data is fetched lazily on first use."""
+
+    def __init__(
+        self, partition_id: int, transaction_id: int, req_id: ReqId, header: int,
+        fetch: Callable[[], bytes], data: bytes | None = None,
+    ) -> None:
+        self.partition_id = partition_id
+        self.transaction_id = transaction_id
+        self.req_id = req_id
+        self.header = header
+        self._fetch = fetch
+        self._data = data
+        self._lock = threading.Lock()
+
+    @overload
+    def data(self) -> bytes: ...
+
+    @overload
+    def data(self, serializer: Serializer[T]) -> T: ...
+
+    def data(self, serializer: Serializer[Any] | None = None) -> Any:
+        """The transaction data (fetched once, checksum verified), deserialized if asked."""
+        with self._lock:
+            if self._data is None:
+                self._data = self._fetch()
+            raw = self._data
+        return serializer.deserialize(raw) if serializer is not None else raw
+
+    def __repr__(self) -> str:
+        return f"Transaction(partition={self.partition_id}, id={self.transaction_id}, header={self.header})"
+
+
+class WaltzClientCallbacks(ABC):
+    """The application side of the feed: where it stands, and how to apply a transaction."""
+
+    @abstractmethod
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        """The highest transaction id of the partition already applied (-1: none)."""
+
+    @abstractmethod
+    def apply_transaction(self, transaction: Transaction) -> None:
+        """Apply one transaction; called strictly in id order per partition, exactly once
+        per client unless it raises (then uncaught_exception, and it is applied again)."""
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exc: BaseException) -> None:
+        """apply_transaction or a context hook raised exc (transaction_id -1: not a transaction)."""
+        logging.getLogger(__name__).error(
+            "partition %d, transaction %d: uncaught exception", partition_id, transaction_id, exc_info=exc)
+

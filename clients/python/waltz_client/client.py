@@ -1,0 +1,331 @@
+"""AsyncWaltzClient: the asyncio Waltz client (submit, flush, high-water marks, lazy data)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from waltz.v1 import server_pb2
+from waltz_client.api import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from waltz_client.config import ClientConfig
+from waltz_client.connection import ConnectionManager, ServerConnection
+from waltz_client.driver import Driver, Ownership, Topology
+from waltz_client.errors import (
+    RetriesExhaustedError,
+    TransactionDataError,
+    WaltzClosedError,
+    WaltzError,
+    WaltzTimeoutError,
+)
+from waltz_client.monitor import OutcomeKind
+from waltz_client.partition import ClientPartition, PartitionEnv, Stats
+from waltz_client.tasks import CallbackThread, TaskSet
+from waltz_client.wire import req_id_from_proto, req_id_to_proto
+from waltz_common.config import Config
+from waltz_common.types import ReqId, crc32
+
+log = logging.getLogger(__name__)
+
+DATA_ATTEMPTS = 5  # original: up to 5 tries on a checksum mismatch
+ConfigSource = Config | Mapping[str, Any] | str | Path | None
+
+
+class AsyncWaltzClient:
+    """The Waltz client for asyncio code; use `async with AsyncWaltzClient(...) as client:`.
+
+    driver: None for a real cluster (gRPC + ZooKeeper from config), or a MockServer (or any
+    Driver) for tests. Application callbacks and context hooks run on one dedicated thread.
+    """
+
+    def __init__(self, callbacks: WaltzClientCallbacks, config: ConfigSource = None, *, driver: Any = None) -> None:
+        self.config = ClientConfig.of(config, zookeeper_required=driver is None)
+        self.callbacks = callbacks
+        self._driver: Driver = _make_driver(driver, self.config)
+        self._callback_thread = CallbackThread("waltz-callbacks")
+        self._tasks = TaskSet()
+        self._submissions = TaskSet()
+        self._active: set[asyncio.Future[bool]] = set()
+        self._partitions: dict[int, ClientPartition] = {}
+        self._topology: dict[int, Ownership] = {}
+        self._topology_event = asyncio.Event()
+        self._closed = False
+        self._started = False
+        self.stats = Stats()
+        self.client_id = -1
+        self.num_partitions = 0
+        self.cluster_name = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+
+    async def __aenter__(self) -> AsyncWaltzClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Connect, take a client id and (with client.autoMount) mount every partition."""
+        if self._started:
+            return
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.current_thread()
+        info = await self._driver.start(self._on_topology)
+        self.client_id, self.num_partitions, self.cluster_name = info.client_id, info.num_partitions, info.cluster_name
+        self._connections = ConnectionManager(self._driver, self._dispatch, self._tasks, self.config.max_batch_size)
+        self._env = PartitionEnv(
+            client_id=self.client_id, config=self.config, callbacks=self.callbacks, call=self._callback_thread.call,
+            connections=self._connections, ownership=self._topology.get, topology_changed=lambda: self._topology_event,
+            make_transaction=self._make_transaction, stats=self.stats,
+        )
+        if self.config.auto_mount:
+            self.mount_partitions(range(self.num_partitions))
+        self._tasks.spawn(self._nudge_loop(), "waltz-flush-nudge")
+
+    def mount_partitions(self, partition_ids: Iterable[int]) -> None:
+        """Start mounting these partitions (all of them are mounted at start with client.autoMount)."""
+        self._check_open()
+        for pid in partition_ids:
+            self._check_partition(pid)
+            if pid not in self._partitions:
+                partition = ClientPartition(pid, self._env)
+                self._partitions[pid] = partition
+                self._tasks.spawn(partition.run(), f"waltz-partition-{pid}")
+
+    async def wait_mounted(self) -> None:
+        """Wait until every partition this client uses is mounted (WaltzTimeoutError after
+        client.mountTimeout; ClientAheadError for a partition that cannot be)."""
+        self._check_open()
+        await asyncio.gather(*(p.wait_mounted() for p in self._partitions.values()))
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self._partitions)
+
+    async def submit(self, context: TransactionContext) -> asyncio.Future[bool]:
+        """Queue a transaction: waits for a mounted partition and a free slot, then returns a future.
+
+        The future ends True (committed and applied), False (execute declined), or with the
+        exception on_exception got. Raises here when no slot frees in time (WaltzTimeoutError),
+        the partition is unusable (ClientAheadError) or the client is closed.
+        """
+        self._check_open()
+        pid = context.partition_id(self.num_partitions)
+        self._check_partition(pid)
+        partition = self._partitions.get(pid)
+        if partition is None:
+            raise WaltzError(f"partition {pid} is not mounted (client.autoMount is false: call mount_partitions)")
+        await partition.acquire_slot()
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._active.add(future)
+        future.add_done_callback(self._active.discard)
+        self._submissions.spawn(self._run_submission(context, partition, future), f"waltz-submit-{pid}")
+        return future
+
+    async def _run_submission(self, context: TransactionContext, partition: ClientPartition,
+                              future: asyncio.Future[bool]) -> None:
+        attempts = 0
+        slot_held = True
+        try:
+            while True:
+                if not slot_held:
+                    await partition.acquire_slot()
+                    slot_held = True
+                try:
+                    builder = TransactionBuilder(partition.partition_id, partition.client_high_water_mark)
+                    if not await self._callback_thread.call(context.execute, builder):
+                        slot_held = False
+                        partition.release_slot()
+                        self.stats.declined += 1
+                        await self._hook(context.on_completion, False)
+                        future.set_result(False)
+                        return
+                    pending = await partition.append(builder, context)
+                    slot_held = False
+                finally:
+                    if slot_held:
+                        slot_held = False
+                        partition.release_slot()
+                outcome = await pending.outcome
+                if outcome.kind is OutcomeKind.COMMITTED:
+                    future.set_result(True)
+                    return
+                if partition.error is not None:
+                    raise partition.error
+                attempts += 1
+                if 0 <= self.config.max_retries < attempts:
+                    raise RetriesExhaustedError(
+                        f"partition {partition.partition_id}: gave up after {attempts} failed attempts "
+                        f"(client.maxRetries={self.config.max_retries}); last: {outcome.reason}")
+                self.stats.retries += 1
+        except Exception as exc:
+            self.stats.errors += 1
+            await self._hook(context.on_exception, exc)
+            if not future.done():
+                future.set_exception(exc)
+
+    async def _hook(self, hook: Any, *args: Any) -> None:
+        try:
+            await self._callback_thread.call(hook, *args)
+        except Exception:
+            log.exception("context hook %s raised", getattr(hook, "__name__", hook))
+
+    def has_pending_transactions(self) -> bool:
+        return bool(self._active)
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until every submitted transaction has ended (nudging servers with flushes)."""
+        loop = asyncio.get_running_loop()
+        timeout = self.config.request_timeout_s if timeout is None else timeout
+        deadline = loop.time() + timeout
+        while self._active:
+            now = loop.time()
+            if now >= deadline:
+                raise WaltzTimeoutError(f"flush: {len(self._active)} transactions still pending after {timeout:g} s")
+            for partition in self._partitions.values():
+                partition.nudge(now, 0.0, 1.0)
+            await asyncio.wait(list(self._active), timeout=min(1.0, deadline - now))
+
+    async def high_water_mark(self, partition_id: int) -> int:
+        """The partition's current high-water mark, asked of its server (-1: empty)."""
+        self._check_open()
+        self._check_partition(partition_id)
+        endpoint = await self._endpoint(partition_id)
+        timeout = self.config.request_timeout_s
+        return await asyncio.wait_for(self._driver.get_high_water_mark(endpoint, partition_id, timeout), timeout)
+
+    def client_high_water_mark(self, partition_id: int) -> int:
+        """What this client has applied of the partition (-1: nothing; also before mounting)."""
+        partition = self._partitions.get(partition_id)
+        return partition.client_high_water_mark if partition else -1
+
+    async def transaction_data(self, partition_id: int, transaction_id: int) -> bytes:
+        """A committed transaction's data, checksum verified, with bounded retries."""
+        timeout = self.config.request_timeout_s
+        problem = "not tried"
+        for attempt in range(DATA_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(0.01 * 3**attempt)
+            owner = self._topology.get(partition_id)
+            if owner is None or owner.endpoint is None:
+                problem = "no server owns the partition"
+                continue
+            request = server_pb2.TransactionDataRequest(
+                req_id=req_id_to_proto(self._rpc_req_id(partition_id)), transaction_id=transaction_id)
+            try:
+                response = await asyncio.wait_for(
+                    self._driver.get_transaction_data(owner.endpoint, request, timeout), timeout)
+            except Exception as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+                continue
+            if not response.success:
+                problem = response.error_message or "the server could not read it"
+            elif response.data_length != len(response.data) or crc32(response.data) != response.checksum:
+                problem = "checksum or length mismatch"
+            else:
+                return response.data
+        raise TransactionDataError(
+            f"partition {partition_id}, transaction {transaction_id}: {problem} ({DATA_ATTEMPTS} attempts)")
+
+    async def close(self) -> None:
+        """Fail what is still pending (WaltzClosedError), stop every task, release connections."""
+        if self._closed:
+            return
+        self._closed = True
+        error = WaltzClosedError("the client was closed")
+        for partition in self._partitions.values():
+            partition.shutdown(error)
+        await self._submissions.wait(self.config.request_timeout_s)  # they call on_exception
+        await self._submissions.cancel_all()
+        await self._tasks.cancel_all()
+        if self._started:
+            await self._connections.close()
+        await self._driver.close()
+        self._callback_thread.shutdown()
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WaltzClosedError("the client is closed")
+        if not self._started:
+            raise WaltzError("the client is not started: use `async with` or await start()")
+
+    def _check_partition(self, pid: int) -> None:
+        if not isinstance(pid, int) or not 0 <= pid < self.num_partitions:
+            raise ValueError(f"partition id {pid!r} is not in 0..{self.num_partitions - 1}")
+
+    async def _endpoint(self, partition_id: int) -> str:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.mount_timeout_s
+        while True:
+            owner = self._topology.get(partition_id)
+            if owner is not None and owner.endpoint is not None:
+                return owner.endpoint
+            try:
+                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                    await self._topology_event.wait()
+            except TimeoutError:
+                raise WaltzTimeoutError(f"no server owns partition {partition_id}") from None
+
+    def _rpc_req_id(self, partition_id: int) -> ReqId:
+        partition = self._partitions.get(partition_id)
+        if partition is not None:
+            return partition.state.next_req_id()
+        return ReqId(self.client_id, 0, partition_id, 0)
+
+    def _on_topology(self, topology: Topology) -> None:
+        self._topology.clear()
+        self._topology.update(topology)
+        event, self._topology_event = self._topology_event, asyncio.Event()
+        event.set()
+        for partition in self._partitions.values():
+            partition.recheck_owner()
+
+    async def _dispatch(self, conn: ServerConnection, pid: int, message: server_pb2.ServerMessage | None) -> None:
+        if message is None:
+            for each in list(self._partitions.values()):
+                if each.conn is conn:
+                    await each.deliver(conn, None)
+            return
+        partition = self._partitions.get(pid)
+        if partition is not None:
+            await partition.deliver(conn, message)
+
+    def _make_transaction(self, pid: int, entry: server_pb2.FeedData, data: bytes | None) -> Transaction:
+        fetch = functools.partial(self._fetch_blocking, pid, entry.transaction_id)
+        return Transaction(pid, entry.transaction_id, req_id_from_proto(entry.req_id), entry.header, fetch, data)
+
+    def _fetch_blocking(self, pid: int, transaction_id: int) -> bytes:
+        if threading.current_thread() is self._loop_thread or self._loop is None:
+            raise WaltzError("Transaction.data() blocks: call it from apply_transaction, not on the event loop")
+        return asyncio.run_coroutine_threadsafe(self.transaction_data(pid, transaction_id), self._loop).result()
+
+    async def _nudge_loop(self) -> None:
+        threshold = self.config.long_wait_threshold_s
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.05, min(threshold / 4, 1.0)))
+            now = loop.time()
+            for partition in self._partitions.values():
+                partition.nudge(now, threshold, threshold)
+
+
+def _make_driver(driver: Any, config: ClientConfig) -> Driver:
+    if driver is None:
+        from waltz_client.grpc_driver import GrpcDriver
+
+        return GrpcDriver(config)
+    from waltz_client.mock import MockServer
+
+    if isinstance(driver, MockServer):
+        return driver.driver()
+    if not isinstance(driver, Driver):
+        raise TypeError(f"driver must be a MockServer or a Driver, not {type(driver).__name__}")
+    return driver

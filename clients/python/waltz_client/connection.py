@@ -1,0 +1,127 @@
+"""One stream per server: ordered sends that batch appends, receives routed to partitions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from waltz.v1 import server_pb2
+from waltz_client.driver import Driver, ServerStream
+from waltz_client.errors import StreamClosedError
+from waltz_client.tasks import TaskSet
+from waltz_client.wire import message_partitions
+
+log = logging.getLogger(__name__)
+
+Outgoing = server_pb2.ClientMessage | server_pb2.AppendRequest
+Dispatch = Callable[["ServerConnection", int, server_pb2.ServerMessage | None], Awaitable[None]]
+"""(connection, partition id, message); message None tells every partition the stream is gone."""
+
+
+class ServerConnection:
+    """A live stream to one server, shared by every partition the client mounts there."""
+
+    def __init__(self, endpoint: str, stream: ServerStream, seq_num: int, max_batch: int) -> None:
+        self.endpoint = endpoint
+        self.seq_num = seq_num
+        self.closed = False
+        self.received_any = False
+        self._stream = stream
+        self._max_batch = max_batch
+        # Unbounded on purpose: appends are bounded by the partitions' monitors, and enqueue
+        # must not await, so that registering an append and queueing it are one step.
+        self._out: deque[Outgoing] = deque()
+        self._wake = asyncio.Event()
+
+    def enqueue(self, item: Outgoing) -> None:
+        """Queue a message (or one append, to be batched with its neighbours) in order."""
+        if not self.closed:
+            self._out.append(item)
+            self._wake.set()
+
+    async def run(self, dispatch: Dispatch) -> None:
+        """Send and receive until the stream fails; then tell the partitions and return."""
+        sender = asyncio.ensure_future(self._send_loop())
+        try:
+            await self._receive_loop(dispatch)
+        except StreamClosedError as exc:
+            log.info("stream to %s (seq %d) closed: %s", self.endpoint, self.seq_num, exc)
+        finally:
+            self.closed = True
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+            await self._stream.close()
+        await dispatch(self, -1, None)
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                await asyncio.sleep(0)  # let appends submitted in the same instant join the batch
+                while self._out:
+                    await self._stream.send(self._next_message())
+        except StreamClosedError:
+            await self._stream.close()  # the receive loop then ends too
+
+    def _next_message(self) -> server_pb2.ClientMessage:
+        item = self._out.popleft()
+        if not isinstance(item, server_pb2.AppendRequest):
+            return item
+        batch = [item]
+        while self._out and len(batch) < self._max_batch and isinstance(self._out[0], server_pb2.AppendRequest):
+            batch.append(self._out.popleft())  # type: ignore[arg-type]
+        return server_pb2.ClientMessage(appends=server_pb2.AppendBatch(requests=batch))
+
+    async def _receive_loop(self, dispatch: Dispatch) -> None:
+        while True:
+            message = await self._stream.receive()
+            self.received_any = True
+            for partition_id, part in message_partitions(message):
+                await dispatch(self, partition_id, part)
+
+
+class ConnectionManager:
+    """Opens (and reopens, with backoff) the one stream per server endpoint."""
+
+    def __init__(self, driver: Driver, dispatch: Dispatch, tasks: TaskSet, max_batch: int) -> None:
+        self._driver = driver
+        self._dispatch = dispatch
+        self._tasks = tasks
+        self._max_batch = max_batch
+        self._live: dict[str, ServerConnection] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._failures: dict[str, int] = {}
+        self._seq_num = 0
+
+    async def get(self, endpoint: str) -> ServerConnection:
+        """The live connection to endpoint, opened now if needed (raises StreamClosedError)."""
+        async with self._locks.setdefault(endpoint, asyncio.Lock()):
+            conn = self._live.get(endpoint)
+            if conn is not None and not conn.closed:
+                return conn
+            failures = self._failures.get(endpoint, 0)
+            if failures:
+                await asyncio.sleep(min(1.0, 0.05 * 2 ** (failures - 1)))
+            self._failures[endpoint] = failures + 1  # reset once the stream delivers something
+            self._seq_num += 1
+            stream = await self._driver.open_stream(endpoint)
+            conn = ServerConnection(endpoint, stream, self._seq_num, self._max_batch)
+            self._live[endpoint] = conn
+            self._tasks.spawn(self._run(conn), f"waltz-stream-{endpoint}-{conn.seq_num}")
+            return conn
+
+    async def _run(self, conn: ServerConnection) -> None:
+        async def dispatch(c: ServerConnection, pid: int, msg: server_pb2.ServerMessage | None) -> None:
+            if c.received_any:
+                self._failures[c.endpoint] = 0
+            await self._dispatch(c, pid, msg)
+
+        await conn.run(dispatch)
+
+    async def close(self) -> None:
+        for conn in self._live.values():
+            conn.closed = True
+        self._live.clear()

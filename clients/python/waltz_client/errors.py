@@ -1,0 +1,44 @@
+"""The exceptions a Waltz client raises to the application."""
+
+from __future__ import annotations
+
+
+class WaltzError(RuntimeError):
+    """Base class of every error the Waltz client raises."""
+
+
+class WaltzTimeoutError(WaltzError, TimeoutError):
+    """Something did not happen within its configured timeout (mount, capacity, request)."""
+
+
+class WaltzClosedError(WaltzError):
+    """The client is closed (or closing): the operation was not carried out."""
+
+
+class ClientAheadError(WaltzError):
+    """The client high-water mark is above the partition's: wrong cluster or a lost log.
+
+    A configuration error, not something a retry fixes: the partition stays unusable.
+    """
+
+    def __init__(self, partition_id: int, client_high_water_mark: int, partition_high_water_mark: int) -> None:
+        super().__init__(
+            f"partition {partition_id}: the application has applied up to transaction "
+            f"{client_high_water_mark}, but the partition's high-water mark is {partition_high_water_mark}; "
+            "is the client pointed at the right cluster (cluster.root), or was the log lost?"
+        )
+        self.partition_id = partition_id
+        self.client_high_water_mark = client_high_water_mark
+        self.partition_high_water_mark = partition_high_water_mark
+
+
+class RetriesExhaustedError(WaltzError):
+    """A transaction context failed client.maxRetries + 1 times and was given up."""
+
+
+class TransactionDataError(WaltzError):
+    """A transaction's data could not be fetched (or kept failing its checksum)."""
+
+
+class StreamClosedError(WaltzError, ConnectionError):
+    """A server stream ended or failed; the client reconnects and remounts by itself."""

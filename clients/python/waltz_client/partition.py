@@ -1,0 +1,370 @@
+"""The shell of one partition: mounting, the reconnect procedure, in-order apply, append slots."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from waltz.v1 import server_pb2
+from waltz_client.api import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from waltz_client.config import ClientConfig
+from waltz_client.connection import ConnectionManager, ServerConnection
+from waltz_client.driver import Ownership
+from waltz_client.errors import ClientAheadError, StreamClosedError, WaltzTimeoutError
+from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
+from waltz_client.partition_state import ClientPartitionState, FeedDecision, MountResult, MountState
+from waltz_client.wire import append_request, feed_request, flush_request, mount_request, req_id_from_proto
+
+log = logging.getLogger(__name__)
+
+NOT_READY_RETRY_S = 0.5  # original: sleep 500 ms after NOT_READY, then find the owner again
+APPLY_RETRY_MAX_S = 5.0
+INBOX_SIZE = 256
+
+_MOUNT_RESULTS = {
+    server_pb2.MountResponse.READY: MountResult.READY,
+    server_pb2.MountResponse.NOT_READY: MountResult.NOT_READY,
+    server_pb2.MountResponse.CLIENT_AHEAD: MountResult.CLIENT_AHEAD,
+}
+_REMOUNT_REJECTIONS = {
+    server_pb2.AppendRejected.WRONG_GENERATION,
+    server_pb2.AppendRejected.PARTITION_NOT_READY,
+    server_pb2.AppendRejected.NOT_MOUNTED,
+}
+
+
+@dataclass(eq=False)
+class PendingAppend:
+    """One sent append, as the monitor's token: its context, data and final outcome."""
+
+    context: TransactionContext
+    data: bytes
+    outcome: asyncio.Future[Outcome]
+
+
+@dataclass
+class Stats:
+    """Counters for people (the demo prints them); not used for decisions."""
+
+    committed: int = 0
+    declined: int = 0
+    failed_appends: int = 0
+    lock_failures: int = 0
+    retries: int = 0
+    errors: int = 0
+    applied: int = 0
+
+
+@dataclass
+class PartitionEnv:
+    """What a partition needs from its client."""
+
+    client_id: int
+    config: ClientConfig
+    callbacks: WaltzClientCallbacks
+    call: Callable[..., Awaitable[Any]]  # run application code on the callback thread
+    connections: ConnectionManager
+    ownership: Callable[[int], Ownership | None]
+    topology_changed: Callable[[], asyncio.Event]
+    make_transaction: Callable[[int, server_pb2.FeedData, bytes | None], Transaction]
+    stats: Stats = field(default_factory=Stats)
+
+
+class _Verdict(Enum):
+    REMOUNT = "remount"
+    NOT_READY = "not_ready"
+
+
+_RECHECK = object()  # inbox event: the topology changed
+
+
+class ClientPartition:
+    """Runs one partition: owns its ClientPartitionState and TransactionMonitor (the decisions)."""
+
+    def __init__(self, partition_id: int, env: PartitionEnv) -> None:
+        self.partition_id = partition_id
+        self.env = env
+        self.state = ClientPartitionState(env.client_id, partition_id)
+        self.monitor: TransactionMonitor[PendingAppend] = TransactionMonitor(env.config.max_concurrent_transactions)
+        self.inbox: asyncio.Queue[Any] = asyncio.Queue(INBOX_SIZE)
+        self.error: BaseException | None = None
+        self.conn: ServerConnection | None = None
+        self._owner: Ownership | None = None
+        self._reserved = 0
+        self._last_flush = float("-inf")
+        self._changed = asyncio.Event()
+
+    # ---- application side -------------------------------------------------------------
+
+    @property
+    def client_high_water_mark(self) -> int:
+        return self.monitor.client_high_water_mark
+
+    @property
+    def mounted(self) -> bool:
+        return self.state.appends_allowed and self.conn is not None and not self.conn.closed
+
+    async def acquire_slot(self) -> None:
+        """Wait until mounted (mountTimeout) and a pending slot is free (requestTimeout); take it."""
+        await self._wait(lambda: self.monitor.pending_count() + self._reserved < self.monitor.max_concurrent,
+                         "a free pending-append slot")
+        self._reserved += 1
+
+    def release_slot(self) -> None:
+        self._reserved -= 1
+        self._notify()
+
+    async def wait_mounted(self) -> None:
+        """Wait until appends are allowed (WaltzTimeoutError after client.mountTimeout)."""
+        await self._wait(lambda: True, "")
+
+    async def append(self, builder: TransactionBuilder, context: TransactionContext) -> PendingAppend:
+        """Turn a held slot into a registered, queued append (waits for the mount if needed)."""
+        await self.wait_mounted()
+        assert self.conn is not None
+        loop = asyncio.get_running_loop()
+        req_id = self.state.next_req_id()
+        pending = PendingAppend(context, builder.data, loop.create_future())
+        self._reserved -= 1
+        self.monitor.register(req_id, pending, loop.time())
+        self.conn.enqueue(append_request(req_id, builder))
+        return pending
+
+    async def _wait(self, ready: Callable[[], bool], what: str) -> None:
+        loop = asyncio.get_running_loop()
+        mount_deadline = loop.time() + self.env.config.mount_timeout_s
+        capacity_deadline = loop.time() + self.env.config.request_timeout_s
+        while True:
+            if self.error is not None:
+                raise self.error
+            if self.mounted and ready():
+                return
+            changed = self._changed
+            deadline = capacity_deadline if self.mounted else mount_deadline
+            try:
+                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                    await changed.wait()
+            except TimeoutError:
+                if not self.mounted:
+                    raise WaltzTimeoutError(
+                        f"partition {self.partition_id} was not mounted within {self.env.config.mount_timeout_s:g} s "
+                        f"(is its server up? mount state: {self.state.mount_state.value})") from None
+                raise WaltzTimeoutError(
+                    f"partition {self.partition_id}: no {what} within {self.env.config.request_timeout_s:g} s "
+                    f"({self.monitor.pending_count()} appends pending)") from None
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def nudge(self, now: float, min_age: float, min_interval: float) -> None:
+        """Send a flush when an append has waited min_age, so that a lost one is detected."""
+        age = self.monitor.oldest_pending_age(now)
+        if age is None or self.conn is None or not self.mounted:
+            return
+        if age < min_age or now - self._last_flush < min_interval:
+            return
+        target = self.monitor.flush_target()
+        if target is not None:
+            self.conn.enqueue(flush_request(target))
+            self._last_flush = now
+
+    def shutdown(self, error: BaseException) -> None:
+        """Fail everything pending with error (the client is closing or the partition is dead)."""
+        if self.error is None:
+            self.error = error
+        self._resolve(self.monitor.clear())
+        self._notify()
+
+    # ---- server side --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Mount, serve, and remount after every loss, until shut down or CLIENT_AHEAD."""
+        try:
+            hwm = await self.env.call(self.env.callbacks.get_client_high_water_mark, self.partition_id)
+            self.monitor.on_client_high_water_mark(hwm)
+            while self.error is None:
+                verdict = await self._mount_and_serve()
+                self._notify()
+                if verdict is _Verdict.NOT_READY:
+                    await asyncio.sleep(NOT_READY_RETRY_S)
+        except ClientAheadError as exc:
+            log.error("%s", exc)
+            self.shutdown(exc)
+        except Exception as exc:
+            log.exception("partition %d failed", self.partition_id)
+            self.shutdown(exc)
+
+    async def _mount_and_serve(self) -> _Verdict:
+        owner = await self._wait_for_owner()
+        assert owner.endpoint is not None
+        self.state.update_generation(owner.generation)
+        if self.state.mount_state is not MountState.UNMOUNTED:
+            self.state.on_disconnect()
+        try:
+            conn = await self.env.connections.get(owner.endpoint)
+        except StreamClosedError as exc:
+            log.info("partition %d: cannot reach %s: %s", self.partition_id, owner.endpoint, exc)
+            return _Verdict.REMOUNT
+        self.conn, self._owner = conn, owner
+        req_id = self.state.begin_mount()
+        conn.enqueue(mount_request(req_id, self.client_high_water_mark, conn.seq_num))
+        loop = asyncio.get_running_loop()
+        mount_deadline = loop.time() + self.env.config.request_timeout_s
+        while True:
+            waiting = self.state.mount_state is MountState.MOUNTING
+            try:
+                async with asyncio.timeout(max(0.0, mount_deadline - loop.time()) if waiting else None):
+                    event = await self.inbox.get()
+            except TimeoutError:
+                log.warning("partition %d: no mount response from %s; mounting again", self.partition_id,
+                            conn.endpoint)
+                self.state.on_disconnect()
+                return _Verdict.REMOUNT
+            verdict = await self._handle(event)
+            if verdict is None and self.env.ownership(self.partition_id) != owner:
+                verdict = _Verdict.REMOUNT  # moved to another server, or a new generation
+            if verdict is not None:
+                self.state.on_disconnect()
+                return verdict
+
+    async def _wait_for_owner(self) -> Ownership:
+        while True:
+            owner = self.env.ownership(self.partition_id)
+            if owner is not None and owner.endpoint is not None:
+                return owner
+            await self.env.topology_changed().wait()
+
+    async def _handle(self, event: Any) -> _Verdict | None:
+        if event is _RECHECK:
+            return None  # the caller compares the ownership after every event
+        conn, message = event
+        if conn is not self.conn:
+            return None  # from a stream this partition no longer uses
+        if message is None:
+            return _Verdict.REMOUNT  # reconnect procedure step 1: appends are blocked from here
+        kind = message.WhichOneof("message")
+        if kind == "feed":
+            for entry in message.feed.transactions:
+                if await self._on_feed(entry) is _Verdict.REMOUNT:
+                    return _Verdict.REMOUNT
+        elif kind == "mount":
+            return await self._on_mount(message.mount)
+        elif kind == "lock_failure":
+            req_id = req_id_from_proto(message.lock_failure.req_id)
+            await self._fire(self.monitor.on_lock_failure(req_id, message.lock_failure.transaction_id))
+        elif kind == "flush":
+            req_id = req_id_from_proto(message.flush.req_id)
+            await self._fire(self.monitor.on_flush_response(
+                req_id, message.flush.transaction_id, self.client_high_water_mark))
+        elif kind == "append_rejected":
+            rejected = message.append_rejected
+            log.warning("partition %d: append rejected: %s", self.partition_id, rejected.message)
+            reason = server_pb2.AppendRejected.Reason.Name(rejected.reason)
+            await self._fire(self.monitor.on_rejected(req_id_from_proto(rejected.req_id), reason))
+            if rejected.reason in _REMOUNT_REJECTIONS:
+                return _Verdict.REMOUNT
+        return None
+
+    async def _on_mount(self, response: server_pb2.MountResponse) -> _Verdict | None:
+        result = _MOUNT_RESULTS.get(response.state)
+        if result is None:
+            result = MountResult.READY if response.partition_ready else MountResult.NOT_READY
+        if not self.state.on_mount_response(req_id_from_proto(response.req_id), result):
+            return None
+        if result is MountResult.NOT_READY:
+            return _Verdict.NOT_READY
+        if result is MountResult.CLIENT_AHEAD:
+            raise ClientAheadError(self.partition_id, self.client_high_water_mark, response.high_water_mark)
+        # reconnect procedure step 5: the server holds nothing of ours any more
+        await self._fire(self.monitor.on_mount_complete())
+        assert self.conn is not None
+        self.conn.enqueue(feed_request(self.state.next_req_id(), self.client_high_water_mark))
+        self._notify()  # step 6: appends are unblocked
+        return None
+
+    async def _on_feed(self, entry: server_pb2.FeedData) -> _Verdict | None:
+        txn_id = entry.transaction_id
+        decision = self.state.accept_feed(txn_id, self.client_high_water_mark)
+        if decision is FeedDecision.GAP:
+            log.warning("partition %d: feed skipped to %d past %d; remounting",
+                        self.partition_id, txn_id, self.client_high_water_mark)
+            return _Verdict.REMOUNT
+        outcomes = self.monitor.on_feed(req_id_from_proto(entry.req_id), txn_id)
+        own = [token for token, outcome in outcomes if outcome.kind is OutcomeKind.COMMITTED]
+        # older appends this commit proves lost: resolved after the apply, so retries see it
+        superseded = [(t, o) for t, o in outcomes if o.kind is not OutcomeKind.COMMITTED]
+        mine = own[0] if own else None
+        if mine is not None:
+            await self._hook(mine.context.on_completion, txn_id, True)
+        if decision is FeedDecision.APPLY:
+            await self._apply(self.env.make_transaction(self.partition_id, entry, mine.data if mine else None))
+            released = self.monitor.on_client_high_water_mark(txn_id)
+        else:
+            released = []
+        if mine is not None:
+            await self._hook(mine.context.on_application, txn_id)
+            self.env.stats.committed += 1
+            self._resolve([(mine, Outcome.committed(txn_id))])
+        await self._fire(superseded + released)
+        return None
+
+    async def _apply(self, transaction: Transaction) -> None:
+        """Apply, retrying with backoff while the application raises (skipping would lose it)."""
+        delay = 0.1
+        while True:
+            try:
+                await self.env.call(self.env.callbacks.apply_transaction, transaction)
+                self.env.stats.applied += 1
+                return
+            except Exception as exc:
+                log.error("partition %d: applying transaction %d failed; retrying in %.1f s",
+                          self.partition_id, transaction.transaction_id, delay, exc_info=exc)
+                await self._report(transaction.transaction_id, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, APPLY_RETRY_MAX_S)
+
+    async def _hook(self, hook: Callable[..., None], txn_id: int, *args: Any) -> None:
+        try:
+            await self.env.call(hook, *args)
+        except Exception as exc:
+            log.error("partition %d: context hook %s raised", self.partition_id, hook.__name__, exc_info=exc)
+            await self._report(txn_id, exc)
+
+    async def _report(self, txn_id: int, exc: BaseException) -> None:
+        try:
+            await self.env.call(self.env.callbacks.uncaught_exception, self.partition_id, txn_id, exc)
+        except Exception:
+            log.exception("uncaught_exception callback raised")
+
+    async def _fire(self, outcomes: list[tuple[PendingAppend, Outcome]]) -> None:
+        for token, outcome in outcomes:
+            if outcome.kind is OutcomeKind.LOCK_FAILED:
+                self.env.stats.lock_failures += 1
+                await self._hook(token.context.on_lock_failure, -1)
+        self._resolve([(t, o) for t, o in outcomes if o.is_final])
+
+    def _resolve(self, outcomes: list[tuple[PendingAppend, Outcome]]) -> None:
+        for token, outcome in outcomes:
+            if outcome.kind is OutcomeKind.FAILED:
+                self.env.stats.failed_appends += 1
+            if not token.outcome.done():
+                token.outcome.set_result(outcome)
+        if outcomes:
+            self._notify()
+
+    async def deliver(self, conn: ServerConnection, message: server_pb2.ServerMessage | None) -> None:
+        """Called by the connection, in stream order; waits when the partition is behind."""
+        await self.inbox.put((conn, message))
+
+    def recheck_owner(self) -> None:
+        """The topology changed: wake the partition so it compares its ownership."""
+        if self._owner is not None and self.env.ownership(self.partition_id) != self._owner:
+            try:
+                self.inbox.put_nowait(_RECHECK)
+            except asyncio.QueueFull:
+                pass  # busy: it compares the ownership after the event it is handling

@@ -1,0 +1,57 @@
+"""Conversions between the client's values and the waltz.v1 protobuf messages."""
+
+from __future__ import annotations
+
+from waltz.v1 import common_pb2, server_pb2
+from waltz_client.api import TransactionBuilder
+from waltz_common.types import ReqId
+
+
+def req_id_to_proto(req_id: ReqId) -> common_pb2.ReqId:
+    return common_pb2.ReqId(client_id=req_id.client_id, generation=req_id.generation,
+                            partition_id=req_id.partition_id, seq_num=req_id.seq_num)
+
+
+def req_id_from_proto(message: common_pb2.ReqId) -> ReqId:
+    return ReqId(message.client_id, message.generation, message.partition_id, message.seq_num)
+
+
+def mount_request(req_id: ReqId, client_high_water_mark: int, seq_num: int) -> server_pb2.ClientMessage:
+    return server_pb2.ClientMessage(mount=server_pb2.MountRequest(
+        req_id=req_id_to_proto(req_id), client_high_water_mark=client_high_water_mark, seq_num=seq_num))
+
+
+def feed_request(req_id: ReqId, client_high_water_mark: int) -> server_pb2.ClientMessage:
+    return server_pb2.ClientMessage(feed=server_pb2.FeedRequest(
+        req_id=req_id_to_proto(req_id), client_high_water_mark=client_high_water_mark))
+
+
+def flush_request(req_id: ReqId) -> server_pb2.ClientMessage:
+    return server_pb2.ClientMessage(flush=server_pb2.FlushRequest(req_id=req_id_to_proto(req_id)))
+
+
+def append_request(req_id: ReqId, builder: TransactionBuilder) -> server_pb2.AppendRequest:
+    return server_pb2.AppendRequest(
+        req_id=req_id_to_proto(req_id),
+        client_high_water_mark=builder.client_high_water_mark,
+        write_lock_request_length=len(builder.write_locks), write_locks=builder.write_locks,
+        read_lock_request_length=len(builder.read_locks), read_locks=builder.read_locks,
+        append_lock_request_length=len(builder.append_locks), append_locks=builder.append_locks,
+        header=builder.header, data_length=len(builder.data), data=builder.data, checksum=builder.checksum,
+    )
+
+
+def message_partitions(message: server_pb2.ServerMessage) -> list[tuple[int, server_pb2.ServerMessage]]:
+    """Split a server message by partition (a feed batch may in principle mix partitions)."""
+    kind = message.WhichOneof("message")
+    if kind == "feed":
+        parts: list[tuple[int, server_pb2.ServerMessage]] = []
+        for entry in message.feed.transactions:
+            pid = entry.req_id.partition_id
+            if not parts or parts[-1][0] != pid:
+                parts.append((pid, server_pb2.ServerMessage(feed=server_pb2.FeedDataBatch())))
+            parts[-1][1].feed.transactions.append(entry)
+        return parts
+    if kind is None:
+        return []
+    return [(getattr(message, kind).req_id.partition_id, message)]
