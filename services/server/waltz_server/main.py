@@ -1,17 +1,153 @@
-"""`waltz-server CONFIG`: run a server."""
+"""`waltz-server CONFIG`: run a server (membership, owned partitions over the replicated store, gRPC)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import logging
+import signal
 import sys
+
+from grpc_health.v1 import health_pb2
+from kazoo.client import KazooClient
+from prometheus_client import start_http_server
+
+from waltz.v1 import metadata_pb2
+from waltz_common import zk as zkmeta
+from waltz_common.config import Config, ConfigError, describe, load
+from waltz_common.zk import MetadataError, ZkPaths
+from waltz_server.cluster import ClusterMembership
+from waltz_server.config import PartitionSettings, all_keys
+from waltz_server.metrics import ServerMetrics
+from waltz_server.ownership import PartitionManager
+from waltz_server.service import SERVICE_NAME, WaltzServerService, start_grpc_server
+from waltz_server.store.api import StorePartition
+from waltz_server.store.connection import StorageConnections
+from waltz_server.store.settings import StoreSettings
+from waltz_server.store.store_partition import ReplicatedStorePartition
+
+log = logging.getLogger("waltz_server")
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def serve(config: Config) -> int:
+    """Run until SIGTERM or SIGINT; returns the exit status."""
+    paths = ZkPaths(config["cluster.root"])
+    zk = await asyncio.to_thread(
+        zkmeta.connect,
+        config["zookeeper.connectString"],
+        config["zookeeper.connectTimeout"] / 1000.0,
+        config["zookeeper.sessionTimeout"] / 1000.0,
+    )
+    try:
+        cluster = zkmeta.require(zk, paths.cluster, metadata_pb2.ClusterParams)[0]
+        params = zkmeta.store_params(zk, paths)
+        if cluster.num_partitions != params.num_partitions:
+            raise MetadataError(
+                f"{paths.root}: ClusterParams has {cluster.num_partitions} partitions, "
+                f"StoreParams {params.num_partitions}: the cluster metadata is inconsistent"
+            )
+        return await _serve(config, zk, paths, params)
+    finally:
+        await asyncio.to_thread(zk.stop)
+        zk.close()
+
+
+async def _serve(config: Config, zk: KazooClient, paths: ZkPaths, params: metadata_pb2.StoreParams) -> int:
+    settings = PartitionSettings.from_config(config)
+    store_settings = StoreSettings.from_config(config)
+    metrics = ServerMetrics()
+    connections = StorageConnections(params.cluster_key, params.num_partitions, store_settings)
+
+    def store_for(partition_id: int) -> StorePartition:
+        return ReplicatedStorePartition(
+            partition_id, zk=zk, paths=paths, connections=connections, settings=store_settings
+        )
+
+    manager = PartitionManager(params.num_partitions, store_for, settings, metrics)
+    membership: ClusterMembership | None = None
+    service = WaltzServerService(
+        manager,
+        lambda: membership.server_id if membership is not None else -1,
+        settings,
+        config["server.streamQueueSize"],
+        connections.check_connectivity,
+    )
+    host = config["server.host"]
+    max_message = max(16 * 1024 * 1024, 2 * settings.max_transaction_bytes + 65536)
+    server, port, health = await start_grpc_server(service, host, config["server.port"], max_message)
+
+    async def on_connected(connected: bool) -> None:
+        for name in ("", SERVICE_NAME):
+            await health.set(name, SERVING if connected else NOT_SERVING)
+
+    metrics_http = None
+    try:
+        if config["server.metrics.port"]:
+            metrics_http, _ = start_http_server(config["server.metrics.port"], addr=host, registry=metrics.registry)
+        membership = ClusterMembership(zk, paths, host, port, params.num_partitions, manager, on_connected)
+        server_id = await membership.start()
+        await on_connected(True)
+        print(f"waltz-server ready {host}:{port} id={server_id}", file=sys.stderr, flush=True)
+        await _until_signalled()
+        log.info("server %d: stopping", server_id)
+        await health.enter_graceful_shutdown()
+        await membership.stop()
+        await server.stop(config["server.shutdownGraceSeconds"])
+        return 0
+    finally:
+        await server.stop(0)
+        await manager.close_all()
+        await connections.close()
+        if metrics_http is not None:
+            metrics_http.shutdown()
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="waltz-server", description="Run a Waltz server.")
+    parser = argparse.ArgumentParser(
+        prog="waltz-server",
+        description="Run a Waltz server.",
+        epilog="configuration keys (YAML, dotted or nested):\n" + describe(all_keys()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("config", help="YAML configuration file")
-    parser.parse_args(argv)
-    print("waltz-server: the server is not built yet (issue: server)", file=sys.stderr)
-    return 2
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    try:
+        config = load(args.config, all_keys())
+        PartitionSettings.from_config(config)
+        StoreSettings.from_config(config)
+    except (ConfigError, ValueError) as exc:
+        print(f"waltz-server: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(serve(config))
+    except MetadataError as exc:
+        print(f"waltz-server: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"waltz-server: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            print("waltz-server: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -24,9 +24,7 @@ def run(test: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
 
 def stored(count: int, partition_id: int = 0) -> list[Record]:
     """count committed records, as if appended earlier by client 99."""
-    return [
-        Record(i, ReqId(99, 1, partition_id, i + 1), i, b"r%d" % i, crc32(b"r%d" % i)) for i in range(count)
-    ]
+    return [Record(i, ReqId(99, 1, partition_id, i + 1), i, b"r%d" % i, crc32(b"r%d" % i)) for i in range(count)]
 
 
 async def opened(

@@ -38,7 +38,9 @@ def append(
     )
 
 
-def mount(client_id: int = 1, seq: int = 0, hwm: int = -1, partition_id: int = 0, generation: int = 1, net_seq: int = 1):
+def mount(
+    client_id: int = 1, seq: int = 0, hwm: int = -1, partition_id: int = 0, generation: int = 1, net_seq: int = 1
+):
     return server_pb2.MountRequest(
         req_id=req(client_id, seq, partition_id, generation), client_high_water_mark=hwm, seq_num=net_seq
     )

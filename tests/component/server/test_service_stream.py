@@ -54,7 +54,9 @@ def test_bad_input_gets_precise_answers_and_the_server_keeps_serving():
             await stream.receive_until(lambda h: len(h.of("append_rejected")) == 3 and h.fed())
             reasons = {r.req_id.partition_id: (r.reason, r.message) for r in stream.of("append_rejected")}
             assert reasons[0][0] == Reason.INVALID and "checksum" in reasons[0][1]
-            assert reasons[2][0] == Reason.PARTITION_NOT_READY and "partition 2 is not owned by server 7" in reasons[2][1]
+            assert (
+                reasons[2][0] == Reason.PARTITION_NOT_READY and "partition 2 is not owned by server 7" in reasons[2][1]
+            )
             assert reasons[9][0] == Reason.INVALID and "partition 9 does not exist" in reasons[9][1]
             assert stream.fed() == [(0, 2)]
 

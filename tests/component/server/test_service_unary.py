@@ -39,9 +39,7 @@ def test_transaction_data_from_cache_and_store_and_missing():
             s.manager.get(0).data_cache.clear()
             again = await s.stub.GetTransactionData(server_pb2.TransactionDataRequest(req_id=req(), transaction_id=1))
             assert again.data == b"d2" and s.stores[0].record_reads == 1
-            missing = await s.stub.GetTransactionData(
-                server_pb2.TransactionDataRequest(req_id=req(), transaction_id=5)
-            )
+            missing = await s.stub.GetTransactionData(server_pb2.TransactionDataRequest(req_id=req(), transaction_id=5))
             assert not missing.success and "high-water mark 2" in missing.error_message
 
     run(scenario)
@@ -101,7 +99,10 @@ def test_server_partitions_connectivity_and_health():
             await commit(s, 2, partition_id=1)
             answer = await s.stub.GetServerPartitions(server_pb2.ServerPartitionsRequest())
             assert answer.server_id == 7
-            assert [(p.partition_id, p.generation, p.healthy) for p in answer.partitions] == [(0, 1, True), (1, 1, True)]
+            assert [(p.partition_id, p.generation, p.healthy) for p in answer.partitions] == [
+                (0, 1, True),
+                (1, 1, True),
+            ]
             assert answer.partitions[1].high_water_mark == 1 and answer.partitions[0].high_water_mark == -1
             nodes = await s.stub.CheckStorageConnectivity(server_pb2.StorageConnectivityRequest())
             assert [(n.connect_string, n.connected) for n in nodes.nodes] == [

@@ -1,0 +1,88 @@
+"""`waltz-server CONFIG` as a process: ready line, health, admin query, SIGTERM deregisters and exits 0."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from waltz.v1 import server_pb2, server_pb2_grpc
+from waltz_common import cluster_admin
+from waltz_common.zk import ZkPaths
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_line(process: subprocess.Popen, log: Path, marker: str, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        for line in log.read_text().splitlines():
+            if marker in line:
+                return line
+        time.sleep(0.05)
+    raise AssertionError(f"no {marker!r} from waltz-server:\n{log.read_text()[-3000:]}")
+
+
+def test_server_process_serves_and_stops_cleanly(zookeeper, zk, cluster_root, tmp_path):
+    paths = ZkPaths(cluster_root)
+    cluster_admin.create_cluster(zk, paths, "test", 2)
+    port = free_port()
+    config = {
+        "zookeeper.connectString": zookeeper.connect_string,
+        "zookeeper.sessionTimeout": 10000,
+        "cluster.root": cluster_root,
+        "server.port": port,
+        "server.shutdownGraceSeconds": 1,
+    }
+    (tmp_path / "server.yaml").write_text(yaml.safe_dump(config))
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([str(BIN / "waltz-server"), str(tmp_path / "server.yaml")], stderr=out)
+    try:
+        ready = wait_for_line(process, log, "waltz-server ready")
+        assert f"127.0.0.1:{port} id=" in ready
+        server_id = int(ready.rsplit("id=", 1)[1])
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            assert status.status == health_pb2.HealthCheckResponse.SERVING
+            stub = server_pb2_grpc.WaltzServerStub(channel)
+            deadline = time.monotonic() + 30
+            while True:
+                answer = stub.GetServerPartitions(server_pb2.ServerPartitionsRequest(), timeout=10)
+                if len(answer.partitions) == 2 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert answer.server_id == server_id
+            assert [(p.partition_id, p.generation) for p in answer.partitions] == [(0, 1), (1, 1)]
+            assert not any(p.healthy for p in answer.partitions)  # no storage nodes: no store session
+            assert all(p.detail for p in answer.partitions)
+        assert zk.exists(paths.server(server_id)) is not None
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        assert zk.exists(paths.server(server_id)) is None
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+
+
+def test_bad_configuration_exits_with_a_message(tmp_path):
+    (tmp_path / "server.yaml").write_text(yaml.safe_dump({"cluster.root": "/x", "server.port": 1}))
+    result = subprocess.run(
+        [str(BIN / "waltz-server"), str(tmp_path / "server.yaml")], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "zookeeper.connectString" in result.stderr
