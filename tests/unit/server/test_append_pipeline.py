@@ -1,0 +1,143 @@
+"""AppendPipeline and ClientPending: lock outcomes, in-flight waits, ordering, batching, resolution."""
+
+from __future__ import annotations
+
+from waltz_server.append_pipeline import AppendPipeline, ClientPending, QueuedAppend
+from waltz_server.locks import LockRequest, LockTable
+
+
+def item(client: int, name: str, hwm: int = -1, write=(), read=(), append=(), size: int = 1) -> QueuedAppend[str]:
+    return QueuedAppend(client, hwm, LockRequest(tuple(write), tuple(read), tuple(append)), size, name)
+
+
+def names(items) -> list[str]:
+    return [i.origin for i in items]
+
+
+def pipeline(max_count: int = 100, max_bytes: int = 10_000) -> AppendPipeline[str]:
+    return AppendPipeline(LockTable(-1, 1000), max_count, max_bytes)
+
+
+def test_appends_are_batched_in_order_with_one_batch_in_flight():
+    p = pipeline()
+    for n in "abc":
+        p.offer(item(1, n))
+    assert p.poll() == []
+    assert names(p.take_batch()) == ["a", "b", "c"]
+    p.offer(item(1, "d"))
+    p.poll()
+    assert p.take_batch() is None  # one batch at the store at a time
+    resolved = p.committed(0)
+    assert [(i.origin, t) for i, t in resolved.committed] == [("a", 0), ("b", 1), ("c", 2)]
+    assert names(p.take_batch()) == ["d"]
+
+
+def test_batch_limits_by_count_and_bytes():
+    p = pipeline(max_count=2, max_bytes=10)
+    for n in "abcde":
+        p.offer(item(ord(n), n, size=4))
+    p.poll()
+    assert names(p.take_batch()) == ["a", "b"]
+    p.committed(0)
+    p.poll()
+    assert names(p.take_batch()) == ["c", "d"]
+    p.committed(2)
+    p.offer(item(9, "big", size=50))  # alone it may exceed the byte bound
+    p.poll()
+    assert names(p.take_batch()) == ["e", "big"][:1]
+    p.committed(4)
+    p.poll()
+    assert names(p.take_batch()) == ["big"]
+
+
+def test_committed_write_lock_fails_a_stale_writer_and_reader():
+    p = pipeline()
+    p.offer(item(1, "w", write=[7]))
+    p.poll()
+    p.take_batch()
+    p.committed(0)
+    p.offer(item(2, "stale-w", write=[7]))
+    p.offer(item(3, "stale-r", read=[7]))
+    p.offer(item(4, "fresh", hwm=0, write=[7]))
+    failures = p.poll()
+    assert [(i.origin, t) for i, t in failures] == [("stale-w", 0), ("stale-r", 0)]
+    assert names(p.take_batch()) == ["fresh"]
+
+
+def test_in_flight_conflict_waits_and_unrelated_appends_pass():
+    p = pipeline()
+    p.offer(item(1, "a", write=[7]))
+    p.poll()
+    p.take_batch()
+    p.offer(item(2, "b", write=[7]))  # conflicts with in-flight a
+    p.offer(item(2, "b2"))  # same client as b: stays behind it
+    p.offer(item(3, "c", read=[7]))  # touches b's lock: stays behind it
+    p.offer(item(4, "d", write=[8]))
+    assert p.poll() == []
+    assert p.waiting == 3
+    p.committed(0)
+    failures = p.poll()
+    assert [(i.origin, t) for i, t in failures] == [("b", 0), ("c", 0)]
+    assert names(p.take_batch()) == ["d", "b2"]
+
+
+def test_in_flight_failure_lets_the_waiting_conflict_go():
+    p = pipeline()
+    p.offer(item(1, "a", write=[7]))
+    p.poll()
+    p.take_batch()
+    p.offer(item(2, "b", write=[7]))
+    p.poll()
+    resolved = p.failed(0, -1)
+    assert names(resolved.failed) == ["a"] and resolved.committed == []
+    assert p.poll() == []
+    assert names(p.take_batch()) == ["b"]
+
+
+def test_partial_failure_commits_the_prefix_and_records_its_locks():
+    p = pipeline()
+    p.offer(item(1, "a", write=[1]))
+    p.offer(item(2, "b", write=[2]))
+    p.offer(item(3, "c", write=[3]))
+    p.poll()
+    p.take_batch()
+    resolved = p.failed(5, 5)
+    assert [(i.origin, t) for i, t in resolved.committed] == [("a", 5)]
+    assert names(resolved.failed) == ["b", "c"]
+    p.offer(item(4, "x", hwm=4, write=[1]))
+    p.offer(item(4, "y", hwm=4, write=[2]))
+    assert [i.origin for i, _ in p.poll()] == ["x"]
+    assert len(p) == 1
+
+
+def test_drop_removes_waiting_and_batched_but_not_in_flight():
+    p = pipeline()
+    p.offer(item(1, "a", write=[7]))
+    p.poll()
+    p.take_batch()
+    p.offer(item(2, "b", write=[7]))
+    p.offer(item(3, "c", write=[9]))
+    p.poll()
+    assert names(p.drop(lambda i: True)) == ["b", "c"]
+    assert len(p) == 1 and p.in_flight
+    p.committed(0)
+    p.offer(item(5, "d", hwm=0, write=[9]))  # c's lock was released by the drop
+    assert p.poll() == [] and names(p.take_batch()) == ["d"]
+
+
+def test_client_pending_flush_waiters_fire_in_order():
+    pending: ClientPending[str] = ClientPending()
+    assert pending.add_waiter(1, "nothing pending") is True
+    pending.offered(1)
+    pending.offered(1)
+    assert pending.add_waiter(1, "after two") is False
+    pending.offered(1)
+    assert pending.add_waiter(1, "after three") is False
+    assert pending.resolved(1) == []
+    assert pending.resolved(1) == ["after two"]
+    assert pending.pending(1) == 1
+    assert pending.resolved(1) == ["after three"]
+    assert pending.pending(1) == 0
+    pending.offered(1)
+    assert pending.add_waiter(1, "again") is False
+    assert pending.drop_waiters() == ["again"]

@@ -1,0 +1,71 @@
+"""FeedCache (ring of recent feed entries by id) and DataCache (LRU by data bytes)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from waltz_common.types import Record, ReqId
+from waltz_server.caches import DataCache, FeedCache
+
+
+def test_feed_cache_holds_the_most_recent_entries():
+    cache: FeedCache[int] = FeedCache(5, high_water_mark=9)
+    assert cache.first_id == 10 and cache.get(10, 3) == []
+    cache.append(10, [10, 11, 12])
+    assert cache.get(10, 10) == [10, 11, 12]
+    cache.append(13, [13, 14, 15, 16])
+    assert cache.first_id == 12 and cache.high_water_mark == 16
+    assert cache.get(11, 1) is None
+    assert cache.get(12, 10) == [12, 13, 14, 15, 16]
+    assert cache.get(15, 1) == [15]
+    assert cache.get(18, 1) is None
+
+
+def test_feed_cache_restarts_after_a_gap_and_keeps_the_tail_of_a_huge_batch():
+    cache: FeedCache[int] = FeedCache(4)
+    cache.append(0, [0, 1])
+    cache.append(5, [5])
+    assert cache.first_id == 5 and cache.get(5, 9) == [5]
+    cache.append(6, list(range(6, 16)))
+    assert cache.first_id == 12 and cache.get(12, 9) == [12, 13, 14, 15]
+
+
+@given(st.integers(1, 20), st.lists(st.integers(1, 30), max_size=15), st.integers(0, 400), st.integers(1, 50))
+def test_feed_cache_matches_a_model(capacity, batch_sizes, start, count):
+    cache: FeedCache[int] = FeedCache(capacity)
+    next_id = 0
+    for size in batch_sizes:
+        cache.append(next_id, list(range(next_id, next_id + size)))
+        next_id += size
+    first = max(0, next_id - capacity)
+    assert cache.first_id == first
+    got = cache.get(start, count)
+    if first <= start <= next_id:
+        assert got == list(range(start, min(next_id, start + count)))
+    else:
+        assert got is None
+
+
+def record(txn: int, size: int) -> Record:
+    return Record(txn, ReqId(1, 1, 0, txn), 0, b"x" * size, 0)
+
+
+def test_data_cache_evicts_least_recently_used_by_bytes():
+    cache = DataCache(100)
+    for txn in range(4):
+        cache.put(record(txn, 25))
+    assert cache.size_bytes == 100
+    assert cache.get(0) is not None  # 0 is now the most recent
+    cache.put(record(4, 25))
+    assert cache.get(1) is None and cache.get(0) is not None and cache.size_bytes == 100
+    cache.put(record(5, 26))  # larger than a quarter of the budget: not cached
+    assert cache.get(5) is None
+    cache.clear()
+    assert len(cache) == 0 and cache.size_bytes == 0
+
+
+def test_feed_cache_needs_capacity():
+    with pytest.raises(ValueError):
+        FeedCache(0)

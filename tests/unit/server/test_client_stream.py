@@ -1,0 +1,54 @@
+"""Outbound coalescing of feed batches, and the bounded outbound queue."""
+
+from __future__ import annotations
+
+import asyncio
+
+from waltz.v1 import common_pb2, server_pb2
+from waltz_server.client_stream import Outbound, coalesce
+
+
+def feed(partition_id: int, *ids: int) -> server_pb2.ServerMessage:
+    entries = [server_pb2.FeedData(req_id=common_pb2.ReqId(partition_id=partition_id), transaction_id=i) for i in ids]
+    return server_pb2.ServerMessage(feed=server_pb2.FeedDataBatch(transactions=entries))
+
+
+def flush() -> server_pb2.ServerMessage:
+    return server_pb2.ServerMessage(flush=server_pb2.FlushResponse(transaction_id=1))
+
+
+def shape(messages) -> list:
+    return [
+        [(f.req_id.partition_id, f.transaction_id) for f in m.feed.transactions] if m.HasField("feed") else "flush"
+        for m in messages
+    ]
+
+
+def test_adjacent_consecutive_batches_of_a_partition_merge_up_to_the_limit():
+    messages = [feed(0, 1, 2), feed(0, 3), feed(1, 4), feed(1, 5), flush(), feed(1, 6), feed(1, 8), feed(1, 9, 10)]
+    assert shape(coalesce(messages, 3)) == [
+        [(0, 1), (0, 2), (0, 3)],
+        [(1, 4), (1, 5)],
+        "flush",
+        [(1, 6)],
+        [(1, 8), (1, 9), (1, 10)],
+    ]
+
+
+def test_outbound_holds_feeds_back_when_full_but_never_answers():
+    async def scenario():
+        outbound = Outbound(limit=2)
+        outbound.put_nowait(flush())
+        await outbound.put(feed(0, 1))
+        waiting = asyncio.create_task(outbound.put(feed(0, 2)))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        outbound.put_nowait(flush())  # answers are queued regardless
+        assert len(outbound) == 3
+        assert len(await outbound.take()) == 3
+        await asyncio.wait_for(waiting, 5)
+        assert shape(await outbound.take()) == [[(0, 2)]]
+        outbound.close()
+        await asyncio.wait_for(outbound.wait_room(), 5)
+
+    asyncio.run(scenario())
