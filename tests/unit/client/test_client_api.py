@@ -1,0 +1,75 @@
+"""Pure pieces of the client shell: configuration, the builder, wire conversions, lazy data."""
+
+import threading
+
+import pytest
+
+from waltz.v1 import server_pb2
+from waltz_client.api import JsonSerializer, Transaction, TransactionBuilder
+from waltz_client.config import ClientConfig
+from waltz_client.locks import PartitionLocalLock
+from waltz_client.wire import append_request, message_partitions, req_id_from_proto, req_id_to_proto
+from waltz_common.config import ConfigError
+from waltz_common.types import INT32_MAX, ReqId, crc32
+
+
+def test_config_defaults_follow_the_original_and_need_zookeeper_only_for_real_clusters() -> None:
+    config = ClientConfig.of({"zookeeper.connectString": "127.0.0.1:2181", "cluster.root": "/waltz/a"})
+    assert (config.max_concurrent_transactions, config.long_wait_threshold_s, config.mount_timeout_s) == (5, 5.0, 10.0)
+    assert config.auto_mount is True and config.max_retries == -1 and config.request_timeout_s == 30.0
+    with pytest.raises(ConfigError, match=r"zookeeper\.connectString"):
+        ClientConfig.of({})
+    mock = ClientConfig.of({"client": {"autoMount": "false", "longWaitThreshold": 250}}, zookeeper_required=False)
+    assert mock.auto_mount is False and mock.long_wait_threshold_s == 0.25
+    with pytest.raises(ConfigError, match="unknown"):
+        ClientConfig.of({"client.maxConcurentTransactions": 3}, zookeeper_required=False)
+    with pytest.raises(ValueError, match="at least 1"):
+        ClientConfig.of({"client.maxConcurrentTransactions": 0}, zookeeper_required=False)
+
+
+def test_builder_hashes_locks_checksums_data_and_bounds_the_header() -> None:
+    builder = TransactionBuilder(partition_id=1, client_high_water_mark=7)
+    builder.set_data({"b": 1, "a": [2]}, JsonSerializer())
+    assert builder.data == b'{"a":[2],"b":1}' and builder.checksum == crc32(builder.data)
+    lock = PartitionLocalLock("account", 3)
+    builder.set_write_locks([lock, lock])
+    builder.set_read_locks([PartitionLocalLock("x", 1)])
+    assert builder.write_locks == [lock.lock_hash]
+    builder.set_header(INT32_MAX)
+    with pytest.raises(ValueError):
+        builder.set_header(INT32_MAX + 1)
+    with pytest.raises(TypeError):
+        builder.set_data("text without a serializer")
+    request = append_request(ReqId(1, 2, 1, 9), builder)
+    assert request.write_lock_request_length == 1 and request.read_lock_request_length == 1
+    assert request.append_lock_request_length == 0 and request.data_length == len(builder.data)
+    assert request.client_high_water_mark == 7 and req_id_from_proto(request.req_id) == ReqId(1, 2, 1, 9)
+
+
+def test_server_messages_are_split_by_partition_in_order() -> None:
+    def entry(pid: int, txn: int) -> server_pb2.FeedData:
+        return server_pb2.FeedData(req_id=req_id_to_proto(ReqId(1, 0, pid, 0)), transaction_id=txn)
+
+    feed = server_pb2.ServerMessage(feed=server_pb2.FeedDataBatch(transactions=[entry(0, 1), entry(0, 2), entry(3, 1)]))
+    parts = message_partitions(feed)
+    assert [(pid, [e.transaction_id for e in m.feed.transactions]) for pid, m in parts] == [(0, [1, 2]), (3, [1])]
+    flush = server_pb2.ServerMessage(flush=server_pb2.FlushResponse(req_id=req_id_to_proto(ReqId(1, 0, 4, 2))))
+    assert message_partitions(flush) == [(4, flush)]
+    assert message_partitions(server_pb2.ServerMessage()) == []
+
+
+def test_transaction_data_is_fetched_once_even_from_several_threads() -> None:
+    calls = []
+
+    def fetch() -> bytes:
+        calls.append(1)
+        return b'"hello"'
+
+    txn = Transaction(0, 5, ReqId(1, 0, 0, 1), 0, fetch)
+    threads = [threading.Thread(target=txn.data) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [1] and txn.data(JsonSerializer()) == "hello"
+    assert Transaction(0, 6, ReqId(1, 0, 0, 2), 0, fetch, data=b"own").data() == b"own" and len(calls) == 1
