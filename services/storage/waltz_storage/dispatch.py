@@ -11,7 +11,7 @@ from typing import Any
 from waltz.v1 import storage_pb2
 from waltz_common.types import Record
 from waltz_storage import protocol
-from waltz_storage.codec import encoded_record_size
+from waltz_storage.codec import RECORD_OVERHEAD, encoded_record_size
 from waltz_storage.errors import InvalidRequest
 from waltz_storage.metrics import StorageMetrics
 from waltz_storage.partition import StoragePartition
@@ -120,7 +120,7 @@ class RequestExecutor:
             self.metrics.fsync_duration.observe(time.perf_counter() - started)
         self.metrics.append_requests.inc(requests)
         self.metrics.appended_records.inc(len(records))
-        self.metrics.appended_bytes.inc(sum(encoded_record_size(len(r.data)) for r in records))
+        self.metrics.appended_bytes.inc(sum([len(r.data) for r in records]) + RECORD_OVERHEAD * len(records))
 
     def _list_length(self, msg: Any) -> int:
         protocol.check_list_request(msg.transaction_id, msg.max_records)

@@ -133,13 +133,14 @@ def req_id_to_proto(r: ReqId) -> common_pb2.ReqId:
 
 def record_from_proto(p: common_pb2.Record) -> Record:
     """An engine Record; InvalidRequest when data_length does not describe the data."""
-    if p.data_length != len(p.data):
+    data = p.data  # each access copies the bytes: read it once (this is the append hot path)
+    if p.data_length != len(data):
         raise InvalidRequest(
-            f"record {p.transaction_id}: data_length {p.data_length} but {len(p.data)} data bytes; nothing was written"
+            f"record {p.transaction_id}: data_length {p.data_length} but {len(data)} data bytes; nothing was written"
         )
     r = p.req_id
     return Record(
-        p.transaction_id, ReqId(r.client_id, r.generation, r.partition_id, r.seq_num), p.header, p.data, p.checksum
+        p.transaction_id, ReqId(r.client_id, r.generation, r.partition_id, r.seq_num), p.header, data, p.checksum
     )
 
 
