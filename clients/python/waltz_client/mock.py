@@ -149,6 +149,13 @@ class MockServer:
 
     # ---- protocol -------------------------------------------------------------------------
 
+    def connect(self, client_id: int = -1) -> ServerStream:
+        """A new stream on the running event loop (client_id -1: learnt from the first request);
+        lets a test serve this mock over real gRPC."""
+        stream = _MockStream(self, client_id, asyncio.get_running_loop())
+        self._attach(stream)
+        return stream
+
     def _new_client(self, driver: MockDriver) -> int:
         with self._lock:
             self._next_client_id += 1
@@ -324,6 +331,10 @@ class _MockStream(ServerStream):
     async def send(self, message: server_pb2.ClientMessage) -> None:
         if self.closed:
             raise StreamClosedError("mock stream closed")
+        if self.client_id < 0:
+            kind = message.WhichOneof("message")
+            first = message.appends.requests[0] if kind == "appends" else getattr(message, kind or "mount")
+            self.client_id = first.req_id.client_id
         self._requests.put_nowait(message)
 
     async def receive(self) -> server_pb2.ServerMessage:
@@ -364,8 +375,8 @@ class MockDriver(Driver):
     async def open_stream(self, endpoint: str) -> ServerStream:
         if endpoint != ENDPOINT:
             raise StreamClosedError(f"no mock server at {endpoint}")
-        stream = _MockStream(self.server, self.client_id, asyncio.get_running_loop())
-        self.server._attach(stream)
+        stream = self.server.connect(self.client_id)
+        assert isinstance(stream, _MockStream)
         self._streams.append(stream)
         return stream
 
