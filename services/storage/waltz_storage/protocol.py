@@ -39,10 +39,6 @@ class OfflineNotAllowed(PreconditionFailed):
     """An offline-recovery request for a partition that is still writable."""
 
 
-class ShuttingDown(StorageError):
-    """The node is stopping and takes no new requests."""
-
-
 # Most specific first: UnknownPartition is an InvalidRequest, DirtyDataError a PreconditionFailed.
 _CODES: tuple[tuple[type[BaseException], int], ...] = (
     (ClusterKeyMismatch, Code.CLUSTER_KEY_MISMATCH),
@@ -54,7 +50,6 @@ _CODES: tuple[tuple[type[BaseException], int], ...] = (
     (PartitionNotWritable, Code.PARTITION_UNAVAILABLE),
     (OfflineNotAllowed, Code.PARTITION_UNAVAILABLE),
     (NotOpen, Code.NOT_OPEN),
-    (ShuttingDown, Code.SHUTTING_DOWN),
     (DirtyDataError, Code.INVALID_REQUEST),
     (InvalidRequest, Code.INVALID_REQUEST),
     (CorruptionError, Code.CORRUPTED),
