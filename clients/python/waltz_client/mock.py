@@ -38,7 +38,7 @@ class MockServer:
     on different event loops and threads. Exact lock table (no false positives). Faults:
     force_next_append_fail (dropped silently: the client must detect it), force_next_lock_fail,
     set_fault_rate, set_max_delay (per request, order kept), suspend_feed / resume_feed (the
-    live feed; a mount's catch-up is always sent), hold_requests / release_requests (requests
+    live feed after a mount; a mount's catch-up is always sent), end_feeds, hold_requests / release_requests (requests
     wait unprocessed), disconnect (cut streams, dropping what is in flight either way),
     set_partition_available (mounts answer NOT_READY), bump_generation (a failover),
     corrupt_next_data (a bad checksum from GetTransactionData).
@@ -106,6 +106,12 @@ class MockServer:
             for stream in list(self._streams):
                 for pid in list(stream.cursors):
                     self._push_feed(stream, pid)
+
+    def end_feeds(self) -> None:
+        """Every stream's live feed ends silently (as a server whose feed task died)."""
+        with self._lock:
+            for stream in self._streams:
+                stream.cursors.clear()
 
     def disconnect(self, client_id: int | None = None) -> int:
         """Cut the streams (of one client, or all); requests not yet processed are lost."""
@@ -209,6 +215,8 @@ class MockServer:
         stream.deliver(server_pb2.ServerMessage(mount=server_pb2.MountResponse(
             req_id=request.req_id, partition_ready=state == server_pb2.MountResponse.READY, state=state,
             high_water_mark=partition.high_water_mark)))
+        if state == server_pb2.MountResponse.READY:
+            stream.cursors[pid] = len(partition.log)  # the feed goes on after the mount
 
     def _append(self, stream: _MockStream, request: server_pb2.AppendRequest) -> None:
         pid = request.req_id.partition_id

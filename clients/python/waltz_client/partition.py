@@ -96,6 +96,7 @@ class ClientPartition:
         self._owner: Ownership | None = None
         self._reserved = 0
         self._last_flush = float("-inf")
+        self._stalled_at: int | None = None
         self._changed = asyncio.Event()
 
     # ---- application side -------------------------------------------------------------
@@ -259,6 +260,7 @@ class ClientPartition:
             await self._fire(self.monitor.on_lock_failure(req_id, message.lock_failure.transaction_id))
         elif kind == "flush":
             req_id = req_id_from_proto(message.flush.req_id)
+            self._check_feed_alive(message.flush.transaction_id)
             await self._fire(self.monitor.on_flush_response(
                 req_id, message.flush.transaction_id, self.client_high_water_mark))
         elif kind == "append_rejected":
@@ -269,6 +271,19 @@ class ClientPartition:
             if rejected.reason in _REMOUNT_REJECTIONS:
                 return _Verdict.REMOUNT
         return None
+
+    def _check_feed_alive(self, server_high_water_mark: int) -> None:
+        """Two flush answers ahead of a client that did not move: ask for the feed again."""
+        hwm = self.client_high_water_mark
+        if server_high_water_mark <= hwm:
+            self._stalled_at = None
+        elif self._stalled_at != hwm:
+            self._stalled_at = hwm
+        elif self.conn is not None:
+            log.warning("partition %d: the feed stalled at %d (server at %d); requesting it again",
+                        self.partition_id, hwm, server_high_water_mark)
+            self.conn.enqueue(feed_request(self.state.next_req_id(), hwm))
+            self._stalled_at = None
 
     async def _on_mount(self, response: server_pb2.MountResponse) -> _Verdict | None:
         result = _MOUNT_RESULTS.get(response.state)
@@ -282,9 +297,7 @@ class ClientPartition:
             raise ClientAheadError(self.partition_id, self.client_high_water_mark, response.high_water_mark)
         # reconnect procedure step 5: the server holds nothing of ours any more
         await self._fire(self.monitor.on_mount_complete())
-        assert self.conn is not None
-        self.conn.enqueue(feed_request(self.state.next_req_id(), self.client_high_water_mark))
-        self._notify()  # step 6: appends are unblocked
+        self._notify()  # step 6: appends are unblocked; the server's feed goes on from here
         return None
 
     async def _on_feed(self, entry: server_pb2.FeedData) -> _Verdict | None:

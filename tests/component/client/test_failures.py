@@ -197,3 +197,15 @@ def test_transaction_data_checksums_are_verified_with_bounded_retries() -> None:
                 await writer.transaction_data(0, 7)
 
     run(main())
+
+
+def test_a_feed_that_stops_is_requested_again() -> None:
+    async def main() -> None:
+        server = MockServer(1)
+        async with client(server) as c:
+            assert await (await c.submit(Ctx(b"first"))) is True
+            server.end_feeds()
+            assert await (await c.submit(Ctx(b"second"))) is True  # after two flush answers ahead
+        assert payloads(server) == [b"first", b"second"]
+
+    run(main())
