@@ -31,6 +31,10 @@ class QueuedAppend(Generic[T]):
     def all_locks(self) -> tuple[int, ...]:
         return self.locks.write + self.locks.read + self.locks.append
 
+    @property
+    def has_locks(self) -> bool:
+        return bool(self.locks.write or self.locks.read or self.locks.append)
+
 
 @dataclass(frozen=True, slots=True)
 class Resolved(Generic[T]):
@@ -139,11 +143,12 @@ class AppendPipeline(Generic[T]):
                 self._block(item)
                 kept.append(item)
                 continue
-            conflict = self._locks.check(item.locks, item.client_high_water_mark)
+            locked = item.has_locks  # most appends take no locks: skip the table for them
+            conflict = self._locks.check(item.locks, item.client_high_water_mark) if locked else None
             if conflict is not None:
                 failures.append((item, conflict))
                 continue
-            if self._batch_full(item) or not self._locks.begin(item.locks):
+            if self._batch_full(item) or (locked and not self._locks.begin(item.locks)):
                 self._block(item)
                 kept.append(item)
                 continue
@@ -175,11 +180,13 @@ class AppendPipeline(Generic[T]):
         for offset, item in enumerate(batch):
             transaction_id = first_transaction_id + offset
             if transaction_id <= committed_up_to:
-                self._locks.commit(item.locks, transaction_id)
                 committed.append((item, transaction_id))
+                if item.has_locks:
+                    self._locks.commit(item.locks, transaction_id)
             else:
                 failed.append(item)
-            self._locks.end(item.locks)
+            if item.has_locks:
+                self._locks.end(item.locks)
         self._rescan()
         return Resolved(committed, failed)
 
@@ -189,7 +196,8 @@ class AppendPipeline(Generic[T]):
         self._waiting = deque(item for item in self._waiting if not which(item))
         batched = [item for item in self._building if which(item)]
         for item in batched:
-            self._locks.end(item.locks)
+            if item.has_locks:
+                self._locks.end(item.locks)
         self._building = [item for item in self._building if not which(item)]
         self._building_bytes = sum(item.size for item in self._building)
         self._rescan()

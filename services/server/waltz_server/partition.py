@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from waltz.v1 import common_pb2, server_pb2
-from waltz_common.types import Record, RecordHeader
+from waltz_common.types import Record, RecordHeader, ReqId
 from waltz_server.append_pipeline import AppendPipeline, ClientPending, QueuedAppend, Resolved
 from waltz_server.caches import DataCache, FeedCache
 from waltz_server.config import PartitionSettings
@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 Reason = server_pb2.AppendRejected.Reason
 _RETRY_S = 0.05
+_NO_LOCKS = LockRequest()
 
 
 class PartitionClosed(Exception):
@@ -37,6 +38,7 @@ class _Origin:
     stream: StreamPort
     request: server_pb2.AppendRequest
     arrived: float
+    req_id: ReqId | None = None
 
 
 def rejected(request_req_id: common_pb2.ReqId, reason: Reason.ValueType, message: str) -> server_pb2.ServerMessage:
@@ -237,7 +239,10 @@ class Partition:
         if problem is not None:
             self._reject(origin, Reason.INVALID, f"partition {self.partition_id}: {problem}")
             return
-        locks = LockRequest(tuple(request.write_locks), tuple(request.read_locks), tuple(request.append_locks))
+        locks = _NO_LOCKS
+        if request.write_locks or request.read_locks or request.append_locks:
+            locks = LockRequest(tuple(request.write_locks), tuple(request.read_locks), tuple(request.append_locks))
+        origin.req_id = req_id_of(req_id)
         item = QueuedAppend(req_id.client_id, request.client_high_water_mark, locks, len(request.data), origin)
         self._pending.offered(req_id.client_id)
         self._pipeline.offer(item)
@@ -362,10 +367,10 @@ class Partition:
                 await asyncio.sleep(_RETRY_S)
 
     async def _append_batch(self, pipeline: AppendPipeline[_Origin], batch: list[QueuedAppend[_Origin]]) -> None:
-        records = [
-            PendingRecord(req_id_of(r.req_id), r.header, r.data, r.checksum)
-            for r in (item.origin.request for item in batch)
-        ]
+        records = []
+        for item in batch:
+            r = item.origin.request
+            records.append(PendingRecord(item.origin.req_id or req_id_of(r.req_id), r.header, r.data, r.checksum))
         while True:
             try:
                 first = await self.store.append(records)
@@ -395,10 +400,11 @@ class Partition:
         now = self._clock()
         if resolved.committed:
             entries = []
+            cache = self.data_cache
             for item, transaction_id in resolved.committed:
-                r = item.origin.request
+                r, req_id = item.origin.request, item.origin.req_id or req_id_of(item.origin.request.req_id)
                 entries.append(server_pb2.FeedData(req_id=r.req_id, transaction_id=transaction_id, header=r.header))
-                self.data_cache.put(Record(transaction_id, req_id_of(r.req_id), r.header, r.data, r.checksum))
+                cache.put(Record(transaction_id, req_id, r.header, r.data, r.checksum))
             first_id = resolved.committed[0][1]
             self._feed_cache.append(first_id, entries)
             self._high_water_mark = max(self._high_water_mark, resolved.committed[-1][1])
