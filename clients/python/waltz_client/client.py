@@ -76,7 +76,13 @@ class AsyncWaltzClient:
         self._started = True
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.current_thread()
-        info = await self._driver.start(self._on_topology)
+        try:
+            info = await self._driver.start(self._on_topology)
+        except BaseException:
+            self._closed = True
+            await self._driver.close()
+            self._callback_thread.shutdown()
+            raise
         self.client_id, self.num_partitions, self.cluster_name = info.client_id, info.num_partitions, info.cluster_name
         self._connections = ConnectionManager(self._driver, self._dispatch, self._tasks, self.config.max_batch_size)
         self._env = PartitionEnv(
@@ -238,13 +244,16 @@ class AsyncWaltzClient:
         if self._closed:
             return
         self._closed = True
+        if not self._started:
+            self._callback_thread.shutdown()
+            return
         error = WaltzClosedError("the client was closed")
         for partition in self._partitions.values():
             partition.shutdown(error)
         await self._submissions.wait(self.config.request_timeout_s)  # they call on_exception
         await self._submissions.cancel_all()
         await self._tasks.cancel_all()
-        if self._started:
+        if hasattr(self, "_connections"):
             await self._connections.close()
         await self._driver.close()
         self._callback_thread.shutdown()

@@ -372,7 +372,8 @@ class ClientPartition:
 
     async def deliver(self, conn: ServerConnection, message: server_pb2.ServerMessage | None) -> None:
         """Called by the connection, in stream order; waits when the partition is behind."""
-        await self.inbox.put((conn, message))
+        if conn is self.conn:  # anything else is stale, and must not block the other partitions
+            await self.inbox.put((conn, message))
 
     def recheck_owner(self) -> None:
         """The topology changed: wake the partition so it compares its ownership."""

@@ -134,3 +134,14 @@ def test_grpc_client_follows_a_partition_to_its_new_server(zk: KazooClient, clus
             await second.stop(None)
 
     run(main())
+
+
+def test_a_missing_cluster_is_a_clear_error(zookeeper: ZooKeeperProcess, cluster_root: str) -> None:
+    async def main() -> None:
+        config = {"zookeeper.connectString": zookeeper.connect_string, "cluster.root": cluster_root}
+        c = AsyncWaltzClient(MemoryCallbacks(), config)
+        with pytest.raises(zkmeta.MetadataError, match="has the cluster been created"):
+            await c.start()
+        await c.close()
+
+    run(main())
