@@ -1,0 +1,84 @@
+"""Partition lifecycle: metrics, a generation change, appends held while ZooKeeper is suspended."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import generate_latest
+
+from waltz.v1 import server_pb2
+from waltz_server.metrics import ServerMetrics
+from waltz_server.partition import Partition
+
+from .fakes import FakeStore, FakeStream
+from .harness import SMALL, opened, run, settle
+from .helpers import append, mount
+
+Reason = server_pb2.AppendRejected.Reason
+
+
+def sample(metrics: ServerMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def test_metrics_follow_appends_and_disappear_with_the_partition():
+    async def scenario():
+        metrics = ServerMetrics()
+        store = FakeStore(3)
+        partition = Partition(3, 2, store, SMALL, metrics.for_partition(3))
+        await partition.open()
+        await partition.wait_ready(10)
+        stream = FakeStream()
+        partition.mount(stream, mount(partition_id=3, generation=2))
+        await partition.submit(stream, [append(seq=1, partition_id=3, generation=2, write=(5,))])
+        await partition.submit(stream, [append(2, 1, partition_id=3, generation=2, write=(5,))])
+        await partition.submit(stream, [append(seq=3, partition_id=3, generation=1)])
+        await stream.wait_for(lambda s: s.fed())
+        assert sample(metrics, "waltz_server_append_requests_total", partition="3", result="ok") == 1
+        assert sample(metrics, "waltz_server_append_requests_total", partition="3", result="rejected") == 2
+        assert sample(metrics, "waltz_server_partition_high_water_mark", partition="3") == 0
+        assert sample(metrics, "waltz_server_partition_generation", partition="3") == 2
+        assert sample(metrics, "waltz_server_commit_latency_seconds_count") == 1
+        assert b"waltz_server_feed_lag_transactions" in generate_latest(metrics.registry)
+        await partition.close()
+        assert sample(metrics, "waltz_server_partition_high_water_mark", partition="3") is None
+
+    run(scenario)
+
+
+def test_a_new_generation_refuses_queued_appends_of_the_old_one():
+    async def scenario():
+        partition, store = await opened()
+        stream = FakeStream()
+        partition.mount(stream, mount())
+        store.gate.clear()
+        await partition.submit(stream, [append(seq=1)])
+        await settle()
+        await partition.submit(stream, [append(seq=2)])
+        await partition.set_generation(2)
+        assert store.generation == 2
+        [rejection] = stream.of("append_rejected")
+        assert rejection.reason == Reason.WRONG_GENERATION and rejection.req_id.seq_num == 2
+        store.gate.set()
+        await stream.wait_for(lambda s: s.fed())
+        assert stream.fed() == [(0, 1)]  # the one already at the store committed
+        await partition.close()
+
+    run(scenario)
+
+
+def test_paused_partition_holds_appends_until_resumed():
+    async def scenario():
+        partition, _ = await opened()
+        stream = FakeStream()
+        partition.mount(stream, mount())
+        partition.pause()
+        submitting = asyncio.create_task(partition.submit(stream, [append(seq=1)]))
+        await settle(50)
+        assert not submitting.done() and partition.high_water_mark == -1
+        partition.resume()
+        await submitting
+        await stream.wait_for(lambda s: s.fed())
+        await partition.close()
+
+    run(scenario)
