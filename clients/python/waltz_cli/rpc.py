@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -89,6 +90,16 @@ def call(what: str, fn: Callable[..., R], *args: object, **kwargs: object) -> R:
         raise CliError(rpc_message(exc, what)) from None
 
 
+def _check_listening(host: str, port: int, where: str, timeout_s: float) -> None:
+    """Fail at once, with a clear line, when nothing listens (gRPC would retry until the timeout)."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        raise CliError(f"{where}: nothing listens on its admin port {host}:{port} (is the node running?)") from None
+    except OSError as exc:
+        raise CliError(f"{where}: cannot connect to its admin port {host}:{port}: {exc}") from None
+
+
 @contextmanager
 def storage_admin(ctx: Context, node: str) -> Iterator[StorageAdminClient]:
     """An open admin client for a registered storage node; its failures name the node."""
@@ -98,6 +109,7 @@ def storage_admin(ctx: Context, node: str) -> Iterator[StorageAdminClient]:
     host = node.rpartition(":")[0]
     params = ctx.store_params()
     where = f"storage node {node}"
+    _check_listening(host, port, where, ctx.rpc_timeout_s)
     try:
         client = StorageAdminClient(host, port, params.cluster_key, params.num_partitions, ctx.rpc_timeout_s)
     except StorageAdminError as exc:

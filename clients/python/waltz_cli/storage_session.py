@@ -1,4 +1,4 @@
-"""A synchronous client of a storage node's Session stream, for offline partition recovery requests."""
+"""A synchronous client of a storage node's Session stream (offline partition recovery; tests write online)."""
 
 from __future__ import annotations
 
@@ -33,10 +33,16 @@ def to_proto(record: Any) -> common_pb2.Record:
 
 
 class StorageSession:
-    """One Session stream, one request at a time; every failure is a CliError naming the node."""
+    """One Session stream, one request at a time; every failure is a CliError naming the node.
 
-    def __init__(self, target: str, cluster_key: str, num_partitions: int, timeout_s: float) -> None:
+    offline=True marks every request as offline recovery (the partition must be unwritable, no fencing).
+    """
+
+    def __init__(
+        self, target: str, cluster_key: str, num_partitions: int, timeout_s: float, *, offline: bool = True
+    ) -> None:
         self.target = target
+        self.offline = offline
         self._timeout = timeout_s
         self._seq = 0
         self._requests: queue.Queue[object] = queue.Queue()
@@ -84,22 +90,24 @@ class StorageSession:
             raise CliError(f"storage node {self.target}: {field} refused: {response.failure.exception.message}")
         return response
 
-    def _offline(self, field: str, cls: Any, partition_id: int, session_id: int, **values: Any) -> Any:
+    def _send(self, field: str, cls: Any, partition_id: int, session_id: int, **values: Any) -> Any:
         self._seq += 1
-        message = cls(session_id=session_id, seq_num=self._seq, partition_id=partition_id, offline=True, **values)
+        message = cls(
+            session_id=session_id, seq_num=self._seq, partition_id=partition_id, offline=self.offline, **values
+        )
         return self._request(field, message)
 
     def truncate(self, partition_id: int, session_id: int, transaction_id: int) -> int:
-        """Offline truncate; returns the max transaction id afterwards."""
-        response = self._offline(
+        """Truncate; returns the max transaction id afterwards."""
+        response = self._send(
             "truncate", storage_pb2.TruncateRequest, partition_id, session_id, transaction_id=transaction_id
         )
         return int(response.max_transaction_id.transaction_id)
 
     def append(self, partition_id: int, session_id: int, records: Sequence[Any]) -> None:
-        """Offline append of consecutive records (fsynced by the node before it answers)."""
+        """Append consecutive records (fsynced by the node before it answers)."""
         protos = [to_proto(r) for r in records]
-        self._offline(
+        self._send(
             "append",
             storage_pb2.StorageAppendRequest,
             partition_id,
@@ -109,8 +117,8 @@ class StorageSession:
         )
 
     def set_low_water_mark(self, partition_id: int, session_id: int, low_water_mark: int) -> None:
-        """Offline SetLowWaterMark: records (session, lwm, local lwm = max txn) in the control file."""
-        self._offline(
+        """SetLowWaterMark: records (session, lwm, local lwm = max txn) in the control file."""
+        self._send(
             "set_low_water_mark",
             storage_pb2.SetLowWaterMarkRequest,
             partition_id,

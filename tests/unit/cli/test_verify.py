@@ -52,7 +52,7 @@ def test_unassigned_partition_and_unknown_node():
 
 def test_dead_storage_node_is_named_but_quorum_holds():
     facts = healthy()
-    facts.nodes["h:2"] = "storage node h:2: storage admin port h:12 is not reachable within 10 s"
+    facts.nodes["h:2"] = "storage node h:2: nothing listens on its admin port h:12 (is the node running?)"
     found = failures(facts)
     assert list(found) == ["storage nodes hold what ZooKeeper assigns them, with a quorum for every partition"]
     assert found[next(iter(found))] == [facts.nodes["h:2"]]
