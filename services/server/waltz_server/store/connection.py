@@ -1,0 +1,288 @@
+"""One multiplexed WaltzStorage.Session stream per storage node, shared by every replica on it, and their pool."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import grpc
+import grpc.aio
+
+from waltz.v1 import storage_pb2
+from waltz_server.store.settings import Backoff, StoreSettings
+from waltz_server.store.wire import open_request, request_body, response_body
+
+log = logging.getLogger(__name__)
+
+Code = storage_pb2.StorageRpcException.ErrorCode
+_SESSION_METHOD = f"/{storage_pb2.DESCRIPTOR.services_by_name['WaltzStorage'].full_name}/Session"
+OUTGOING_QUEUE_SIZE = 1024
+
+
+class StorageError(Exception):
+    """A storage request did not get a successful answer."""
+
+
+class StorageRpcError(StorageError):
+    """The storage node answered Failure (its StorageRpcException's code and message)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        name = Code.Name(code) if code in Code.values() else str(code)  # type: ignore[arg-type]
+        super().__init__(f"{name}: {message}")
+        self.code = code
+        self.message = message
+
+
+class StorageConnectionLost(StorageError):
+    """The stream the request was sent on is gone (or was never up); the request's outcome is unknown."""
+
+
+class StorageTimeout(StorageError):
+    """No answer within storage.requestTimeoutSeconds; the request's outcome is unknown."""
+
+
+def _describe(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One open Session stream: outgoing messages, requests awaiting answers by sequence number."""
+
+    epoch: int
+    outgoing: asyncio.Queue[bytes] = field(default_factory=lambda: asyncio.Queue(OUTGOING_QUEUE_SIZE))
+    pending: dict[int, asyncio.Future[storage_pb2.StorageResponse]] = field(default_factory=dict)
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    next_seq: int = 0
+
+    def fail(self, reason: str) -> None:
+        self.lost.set()
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(StorageConnectionLost(reason))
+
+
+class StorageConnection:
+    """The Session stream to one storage node ("host:port"), reopened with exponential backoff when lost.
+
+    Each successful Open starts a new epoch. A replica session binds to the epoch it was opened on:
+    requests carrying that epoch fail with StorageConnectionLost once the stream is gone, even after a
+    reconnect, and ``wait_lost(epoch)`` returns when that stream ends (that is how its session learns).
+    """
+
+    def __init__(
+        self,
+        connect_string: str,
+        cluster_key: str,
+        num_partitions: int,
+        settings: StoreSettings,
+        *,
+        channel_options: tuple[tuple[str, int | str], ...] = (),
+    ) -> None:
+        self.connect_string = connect_string
+        self._cluster_key = cluster_key
+        self._num_partitions = num_partitions
+        self._settings = settings
+        self._channel_options = channel_options
+        self._stream: _Stream | None = None
+        self._epoch = 0
+        self._up = asyncio.Event()
+        self._closed = False
+        self._last_error = "not connected yet"
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._stream is not None and not self._stream.lost.is_set()
+
+    @property
+    def last_error(self) -> str:
+        """Why the connection is down (empty while connected)."""
+        return "" if self.connected else self._last_error
+
+    def start(self) -> None:
+        """Start connecting (idempotent); the connection task is owned here and ended by close()."""
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"storage {self.connect_string}")
+
+    async def close(self) -> None:
+        self._closed = True
+        self._up.set()  # wake wait_connected() callers so they see the close
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        if self._stream is not None:
+            self._stream.fail(f"connection to {self.connect_string} closed")
+            self._stream = None
+
+    async def wait_connected(self) -> int:
+        """Wait until the stream is open; returns its epoch. StorageConnectionLost once closed."""
+        while True:
+            if self._closed:
+                raise StorageConnectionLost(f"connection to {self.connect_string} closed")
+            stream = self._stream
+            if stream is not None and not stream.lost.is_set():
+                return stream.epoch
+            self._up.clear()
+            await self._up.wait()
+
+    def epoch_alive(self, epoch: int) -> bool:
+        stream = self._stream
+        return stream is not None and stream.epoch == epoch and not stream.lost.is_set()
+
+    async def wait_lost(self, epoch: int) -> None:
+        """Return once the stream of that epoch has ended (at once if it already has)."""
+        stream = self._stream
+        if stream is None or stream.epoch != epoch:
+            return
+        await stream.lost.wait()
+
+    async def request(
+        self, message: storage_pb2.StorageRequest, *, epoch: int | None = None, timeout: float | None = None
+    ) -> storage_pb2.StorageResponse:
+        """Send message (its seq_num is set here) and return the matching answer.
+
+        StorageRpcError for a Failure answer; StorageConnectionLost when the stream (of epoch, if given) is
+        gone; StorageTimeout after timeout (default storage.requestTimeoutSeconds).
+        """
+        stream = self._stream
+        if stream is None or stream.lost.is_set() or (epoch is not None and stream.epoch != epoch):
+            raise StorageConnectionLost(f"{self.connect_string}: not connected ({self._last_error})")
+        seq = stream.next_seq
+        stream.next_seq += 1
+        request_body(message).seq_num = seq
+        data = message.SerializeToString()  # now, so one message object can go to several nodes
+        future: asyncio.Future[storage_pb2.StorageResponse] = asyncio.get_running_loop().create_future()
+        stream.pending[seq] = future
+        limit = self._settings.request_timeout_s if timeout is None else timeout
+        try:
+            async with asyncio.timeout(limit):
+                await stream.outgoing.put(data)
+                response = await future
+        except TimeoutError:
+            raise StorageTimeout(f"{self.connect_string}: no answer within {limit:g} s") from None
+        finally:
+            stream.pending.pop(seq, None)
+        if response.HasField("failure"):
+            exception = response.failure.exception
+            raise StorageRpcError(exception.code, f"{self.connect_string}: {exception.message}")
+        return response
+
+    async def _run(self) -> None:
+        backoff = Backoff(self._settings)
+        while not self._closed:
+            epoch = self._epoch
+            try:
+                await self._serve_stream()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._last_error = _describe(exc)
+                log.info("storage %s: %s", self.connect_string, self._last_error)
+            if self._epoch != epoch:
+                backoff.reset()
+            await asyncio.sleep(backoff.next_delay())
+
+    async def _serve_stream(self) -> None:
+        channel = grpc.aio.insecure_channel(self.connect_string, options=list(self._channel_options))
+        call = channel.stream_stream(
+            _SESSION_METHOD,
+            request_serializer=lambda data: data,
+            response_deserializer=storage_pb2.StorageResponse.FromString,
+        )()
+        stream: _Stream | None = None
+        try:
+            async with asyncio.timeout(self._settings.request_timeout_s):
+                await call.write(open_request(self._cluster_key, self._num_partitions).SerializeToString())
+                answer = await call.read()
+            if answer is grpc.aio.EOF:
+                raise StorageConnectionLost("the stream ended before Open was answered")
+            if answer.HasField("failure"):
+                exception = answer.failure.exception
+                log.error("storage %s refused Open: %s", self.connect_string, exception.message)
+                raise StorageRpcError(exception.code, exception.message)
+            self._epoch += 1
+            stream = self._stream = _Stream(self._epoch)
+            self._up.set()
+            log.info("storage %s: connected (epoch %d)", self.connect_string, stream.epoch)
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._write_loop(call, stream))
+                tasks.create_task(self._read_loop(call, stream))
+        except BaseException as exc:
+            if stream is not None:
+                stream.fail(f"{self.connect_string}: stream lost ({_describe(exc)})")
+            raise
+        finally:
+            if stream is not None and self._stream is stream:
+                self._stream = None
+            call.cancel()
+            await channel.close(grace=None)
+
+    @staticmethod
+    async def _write_loop(call: grpc.aio.StreamStreamCall, stream: _Stream) -> None:
+        while True:
+            await call.write(await stream.outgoing.get())
+
+    async def _read_loop(self, call: grpc.aio.StreamStreamCall, stream: _Stream) -> None:
+        while True:
+            response = await call.read()
+            if response is grpc.aio.EOF:
+                raise StorageConnectionLost("the storage node ended the stream")
+            future = stream.pending.pop(response_body(response).seq_num, None)
+            if future is not None and not future.done():
+                future.set_result(response)
+
+
+class StorageConnections:
+    """The server's connections, one per storage node, created on first use and shared by all partitions."""
+
+    def __init__(self, cluster_key: str, num_partitions: int, settings: StoreSettings | None = None) -> None:
+        self._cluster_key = cluster_key
+        self._num_partitions = num_partitions
+        self.settings = settings or StoreSettings()
+        self._connections: dict[str, StorageConnection] = {}
+        self._closed = False
+
+    def get(self, connect_string: str) -> StorageConnection:
+        """The connection to connect_string, started on first use (call from the event loop)."""
+        if self._closed:
+            raise StorageConnectionLost("the storage connections are closed")
+        connection = self._connections.get(connect_string)
+        if connection is None:
+            connection = StorageConnection(connect_string, self._cluster_key, self._num_partitions, self.settings)
+            self._connections[connect_string] = connection
+            connection.start()
+        return connection
+
+    def is_connected(self, connect_string: str) -> bool:
+        connection = self._connections.get(connect_string)
+        return connection is not None and connection.connected
+
+    async def close(self) -> None:
+        self._closed = True
+        connections, self._connections = list(self._connections.values()), {}
+        for connection in connections:
+            await connection.close()
+
+    async def check_connectivity(self) -> dict[str, tuple[bool, str]]:
+        """connect string -> (connected, why not) for every storage node in use."""
+        return {
+            name: (c.connected, "connected" if c.connected else c.last_error)
+            for name, c in sorted(self._connections.items())
+        }
+
+    async def __aenter__(self) -> StorageConnections:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

@@ -1,0 +1,114 @@
+"""ReplicaSession: one store session's requests to one replica, bound to one epoch of its node's stream."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from waltz.v1 import common_pb2, storage_pb2
+from waltz_server.store.connection import StorageConnection, StorageConnectionLost
+from waltz_server.store.wire import append_request
+
+
+@dataclass(frozen=True, slots=True)
+class LastSessionInfo:
+    session_id: int
+    low_water_mark: int
+    local_low_water_mark: int
+
+
+class ReplicaSession:
+    """Typed storage requests for (partition, session) on one connection epoch; errors are StorageError."""
+
+    def __init__(self, connection: StorageConnection, epoch: int, partition_id: int, session_id: int) -> None:
+        self.connection = connection
+        self.replica = connection.connect_string
+        self.epoch = epoch
+        self.partition_id = partition_id
+        self.session_id = session_id
+
+    @property
+    def alive(self) -> bool:
+        return self.connection.epoch_alive(self.epoch)
+
+    async def wait_lost(self) -> None:
+        """Return when this session's stream ends, raising StorageConnectionLost (for a watching task)."""
+        await self.connection.wait_lost(self.epoch)
+        raise StorageConnectionLost(f"{self.replica}: connection lost")
+
+    async def _call(self, request: storage_pb2.StorageRequest) -> storage_pb2.StorageResponse:
+        return await self.connection.request(request, epoch=self.epoch)
+
+    async def last_session_info(self) -> LastSessionInfo:
+        r = await self._call(
+            storage_pb2.StorageRequest(
+                last_session_info=storage_pb2.LastSessionInfoRequest(
+                    session_id=self.session_id, partition_id=self.partition_id
+                )
+            )
+        )
+        info = r.last_session_info
+        return LastSessionInfo(info.last_session_id, info.low_water_mark, info.local_low_water_mark)
+
+    async def max_transaction_id(self) -> int:
+        r = await self._call(
+            storage_pb2.StorageRequest(
+                max_transaction_id=storage_pb2.MaxTransactionIdRequest(
+                    session_id=self.session_id, partition_id=self.partition_id
+                )
+            )
+        )
+        return r.max_transaction_id.transaction_id
+
+    async def truncate(self, transaction_id: int) -> int:
+        """Drop everything above transaction_id; returns the max transaction id afterwards."""
+        r = await self._call(
+            storage_pb2.StorageRequest(
+                truncate=storage_pb2.TruncateRequest(
+                    transaction_id=transaction_id, session_id=self.session_id, partition_id=self.partition_id
+                )
+            )
+        )
+        return r.max_transaction_id.transaction_id
+
+    async def set_low_water_mark(self, low_water_mark: int) -> None:
+        await self._call(
+            storage_pb2.StorageRequest(
+                set_low_water_mark=storage_pb2.SetLowWaterMarkRequest(
+                    low_water_mark=low_water_mark, session_id=self.session_id, partition_id=self.partition_id
+                )
+            )
+        )
+
+    async def append(self, records: Sequence[common_pb2.Record]) -> None:
+        await self._call(append_request(self.session_id, self.partition_id, records))
+
+    async def append_request(self, request: storage_pb2.StorageRequest) -> None:
+        """Send a prepared append (shared by every replica: its seq_num is set per send)."""
+        await self._call(request)
+
+    async def records(self, transaction_id: int, max_records: int) -> list[common_pb2.Record]:
+        r = await self._call(
+            storage_pb2.StorageRequest(
+                record_list=storage_pb2.RecordListRequest(
+                    transaction_id=transaction_id,
+                    max_records=max_records,
+                    session_id=self.session_id,
+                    partition_id=self.partition_id,
+                )
+            )
+        )
+        return list(r.record_list.records)
+
+    async def headers(self, transaction_id: int, max_records: int) -> list[common_pb2.RecordHeader]:
+        r = await self._call(
+            storage_pb2.StorageRequest(
+                record_header_list=storage_pb2.RecordHeaderListRequest(
+                    transaction_id=transaction_id,
+                    max_records=max_records,
+                    session_id=self.session_id,
+                    partition_id=self.partition_id,
+                )
+            )
+        )
+        return list(r.record_header_list.record_headers)

@@ -1,0 +1,61 @@
+"""The store layer's configuration keys and the settings object built from them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from waltz_common.config import Config, Key
+
+STORE_KEYS: tuple[Key, ...] = (
+    Key("storage.initialRetryInterval", int, 100, "first wait before reconnecting to a storage node, milliseconds"),
+    Key("storage.maxRetryInterval", int, 20000, "longest wait between reconnects or store sessions, milliseconds"),
+    Key("storage.checkpointInterval", int, 250000, "transactions after which a new store session is forced"),
+    Key("storage.requestTimeoutSeconds", float, 30.0, "how long one storage request may take before it fails"),
+    Key("storage.catchUpBatchSize", int, 500, "records per read when a replica catches up from another"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """What the store layer needs from the configuration (defaults as STORE_KEYS)."""
+
+    initial_retry_interval_s: float = 0.1
+    max_retry_interval_s: float = 20.0
+    checkpoint_interval: int = 250_000
+    request_timeout_s: float = 30.0
+    catch_up_batch_size: int = 500
+
+    def __post_init__(self) -> None:
+        if self.initial_retry_interval_s <= 0 or self.max_retry_interval_s < self.initial_retry_interval_s:
+            raise ValueError("storage retry intervals must be positive, initial <= max")
+        if self.checkpoint_interval < 1 or self.catch_up_batch_size < 1 or self.request_timeout_s <= 0:
+            raise ValueError("storage.checkpointInterval, catchUpBatchSize and requestTimeoutSeconds must be positive")
+
+    @staticmethod
+    def from_config(config: Config | Mapping[str, Any]) -> StoreSettings:
+        return StoreSettings(
+            initial_retry_interval_s=config["storage.initialRetryInterval"] / 1000.0,
+            max_retry_interval_s=config["storage.maxRetryInterval"] / 1000.0,
+            checkpoint_interval=config["storage.checkpointInterval"],
+            request_timeout_s=config["storage.requestTimeoutSeconds"],
+            catch_up_batch_size=config["storage.catchUpBatchSize"],
+        )
+
+
+class Backoff:
+    """Exponential retry delays from the initial to the max interval; reset after a success."""
+
+    def __init__(self, settings: StoreSettings) -> None:
+        self._initial = settings.initial_retry_interval_s
+        self._max = settings.max_retry_interval_s
+        self._next = self._initial
+
+    def next_delay(self) -> float:
+        delay = self._next
+        self._next = min(self._next * 2, self._max)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self._initial

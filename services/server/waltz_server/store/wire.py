@@ -1,0 +1,73 @@
+"""Conversions between the store API's value types and the storage protocol's messages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from waltz.v1 import common_pb2, storage_pb2
+from waltz_common.types import Record, RecordHeader, ReqId
+from waltz_server.store.api import PendingRecord
+
+
+def req_id_to_proto(r: ReqId) -> common_pb2.ReqId:
+    return common_pb2.ReqId(
+        client_id=r.client_id, generation=r.generation, partition_id=r.partition_id, seq_num=r.seq_num
+    )
+
+
+def req_id_from_proto(p: common_pb2.ReqId) -> ReqId:
+    return ReqId(p.client_id, p.generation, p.partition_id, p.seq_num)
+
+
+def pending_to_proto(transaction_id: int, r: PendingRecord) -> common_pb2.Record:
+    return common_pb2.Record(
+        transaction_id=transaction_id,
+        req_id=req_id_to_proto(r.req_id),
+        header=r.header,
+        data_length=len(r.data),
+        data=r.data,
+        checksum=r.checksum,
+    )
+
+
+def record_from_proto(p: common_pb2.Record) -> Record:
+    return Record(p.transaction_id, req_id_from_proto(p.req_id), p.header, p.data, p.checksum)
+
+
+def header_from_proto(p: common_pb2.RecordHeader) -> RecordHeader:
+    return RecordHeader(p.transaction_id, req_id_from_proto(p.req_id), p.header)
+
+
+def append_request(
+    session_id: int, partition_id: int, records: Sequence[common_pb2.Record]
+) -> storage_pb2.StorageRequest:
+    return storage_pb2.StorageRequest(
+        append=storage_pb2.StorageAppendRequest(
+            session_id=session_id, partition_id=partition_id, record_list_length=len(records), records=records
+        )
+    )
+
+
+def open_request(cluster_key: str, num_partitions: int) -> storage_pb2.StorageRequest:
+    return storage_pb2.StorageRequest(
+        open=storage_pb2.OpenRequest(
+            session_id=-1, seq_num=-1, partition_id=-1, cluster_key=cluster_key, num_partitions=num_partitions
+        )
+    )
+
+
+def request_body(message: storage_pb2.StorageRequest) -> Any:
+    """The oneof member a request carries (every member has session_id, seq_num and partition_id)."""
+    kind = message.WhichOneof("request")
+    if kind is None:
+        raise ValueError("empty storage request")
+    return getattr(message, kind)
+
+
+def response_body(message: storage_pb2.StorageResponse) -> Any:
+    """The oneof member a response carries (every member echoes session_id, seq_num and partition_id)."""
+    kind = message.WhichOneof("response")
+    if kind is None:
+        raise ValueError("empty storage response")
+    return getattr(message, kind)
