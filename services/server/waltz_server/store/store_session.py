@@ -1,0 +1,486 @@
+"""StoreSession: one store session of a partition: recovery driven by the recovery core, then quorum appends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import partial
+
+from waltz.v1 import common_pb2, storage_pb2
+from waltz_common.types import Record, RecordHeader
+from waltz_server.recovery import (
+    CatchUp,
+    Recovered,
+    RecoveryManager,
+    ReplicaFacts,
+    ReplicaState,
+    SessionFencedError,
+    SetLowWaterMark,
+    Truncate,
+    Wait,
+)
+from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
+from waltz_server.store.connection import Code, StorageConnections, StorageError, StorageRpcError
+from waltz_server.store.events import Signal
+from waltz_server.store.metadata import MetadataConflict, SessionStart
+from waltz_server.store.replica_session import ReplicaSession
+from waltz_server.store.settings import Backoff, StoreSettings
+from waltz_server.store.wire import append_request, header_from_proto, pending_to_proto, record_from_proto
+
+log = logging.getLogger(__name__)
+
+MAX_OUTSTANDING_BATCHES = 8
+"""Batches queued for one replica beyond which appends wait (a slow replica holds the partition back)."""
+SOURCE_RETRY_S = 0.05
+
+WriteStates = Callable[[Mapping[str, ReplicaState]], Awaitable[None]]
+
+
+class SessionEnded(Exception):
+    """Why a store session ended."""
+
+
+class SessionFailed(SessionEnded):
+    """A replica failed (or the session could not go on): the next session recovers, after a backoff."""
+
+
+class SessionRestart(SessionEnded):
+    """A planned end: checkpoint interval reached, replicas reassigned, generation changed, store closed."""
+
+
+class SessionFenced(SessionEnded):
+    """A newer store session of this partition exists (storage or ZooKeeper says so)."""
+
+
+@dataclass(eq=False)
+class _Batch:
+    first: int
+    last: int
+    request: storage_pb2.StorageRequest
+    done: asyncio.Future[None]
+    votes: int = 0
+
+
+@dataclass(eq=False)
+class _Member:
+    """A replica in the write set: it holds every committed transaction and gets every new batch."""
+
+    session: ReplicaSession
+    queue: asyncio.Queue[_Batch]
+    acked: int
+    outstanding: int = 0
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for e in error.exceptions for leaf in _leaves(e)]
+    return [error]
+
+
+def _classify(error: BaseException) -> SessionEnded:
+    """The reason a session ended, from whatever a task of it raised."""
+    if isinstance(error, SessionEnded):
+        return error
+    if isinstance(error, SessionFencedError | MetadataConflict):
+        return SessionFenced(str(error))
+    if isinstance(error, StorageRpcError) and error.code == Code.STALE_SESSION:
+        return SessionFenced(str(error))
+    if isinstance(error, StorageError):
+        return SessionFailed(str(error))
+    log.error("store session task failed unexpectedly", exc_info=error)
+    return SessionFailed(f"unexpected {type(error).__name__}: {error}")
+
+
+def _reason(group: BaseExceptionGroup[BaseException]) -> SessionEnded:
+    reasons = [_classify(e) for e in _leaves(group) if not isinstance(e, asyncio.CancelledError)]
+    for kind in (SessionFenced, SessionFailed, SessionRestart):
+        for reason in reasons:
+            if isinstance(reason, kind):
+                return reason
+    return reasons[0] if reasons else SessionFailed("store session ended")
+
+
+class StoreSession:
+    """One session: replica sessions, recovery, the write set, appends at a majority of all replicas, reads.
+
+    run() drives it until it ends and then raises the SessionEnded reason. It is usable (append, reads)
+    once ``ready`` is set and until it ends. A replica still catching up after ready keeps copying from a
+    member of the write set and joins it once it holds the high-water mark; any member failing ends it.
+    """
+
+    def __init__(
+        self,
+        start: SessionStart,
+        replicas: Iterable[str],
+        connections: StorageConnections,
+        settings: StoreSettings,
+        write_states: WriteStates,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.start = start
+        self.session_id = start.session_id
+        self.partition_id = start.partition_id
+        self.replicas = tuple(sorted(set(replicas)))
+        self.quorum = len(self.replicas) // 2 + 1
+        self._connections = connections
+        self._settings = settings
+        self._write_states = write_states
+        self._on_change = on_change  # told when the session opens for appends and when it ends
+        self._manager = RecoveryManager(self.session_id, start.previous, self.replicas)
+        self._changed = Signal()  # recovery facts or membership changed
+        self._progress = Signal()  # a batch was acknowledged, or the session ended
+        self._online: dict[str, ReplicaSession] = {}
+        self._recovered: set[str] = set()
+        self._members: dict[str, _Member] = {}
+        self._append_lock = asyncio.Lock()
+        self._inflight: _Batch | None = None
+        self._stop: asyncio.Future[SessionEnded] = asyncio.get_running_loop().create_future()
+        self._preferred_reader: str | None = None
+        self.ready = asyncio.Event()
+        self.ended: SessionEnded | None = None
+        self.high_water_mark = -1
+        self.low_water_mark = -1
+        self.replica_detail: dict[str, str] = dict.fromkeys(self.replicas, "connecting")
+
+    # ----------------------------------------------------------------------------------- lifecycle
+
+    @property
+    def usable(self) -> bool:
+        return self.ready.is_set() and self.ended is None and not self._stop.done()
+
+    @property
+    def restarting(self) -> bool:
+        """A planned end was requested (checkpoint, reassignment, generation): a new session follows at once."""
+        return self._stop.done() and isinstance(self._stop.result(), SessionRestart)
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return tuple(sorted(self._members))
+
+    def request_end(self, reason: SessionEnded) -> None:
+        """End the session soon (the first reason wins); it takes no new appends from now on."""
+        if not self._stop.done():
+            self._stop.set_result(reason)
+            self._on_change()
+
+    async def run(self) -> None:
+        """Run the session until it ends; raises the SessionEnded reason (or CancelledError)."""
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                for replica in self.replicas:
+                    tasks.create_task(self._replica_task(replica), name=f"replica {replica} p{self.partition_id}")
+                tasks.create_task(self._coordinate())
+                tasks.create_task(self._until_stopped())
+        except BaseExceptionGroup as group:
+            reason = _reason(group)
+            self._end(reason)
+            raise reason from None
+        finally:
+            self._end(SessionRestart("store session closed"))
+        raise SessionFailed("store session tasks ended")  # unreachable: the tasks never return
+
+    def _end(self, reason: SessionEnded) -> None:
+        if self.ended is not None:
+            return
+        self.ended = reason
+        batch = self._inflight
+        if batch is not None and not batch.done.done():
+            batch.done.set_exception(reason)
+        self._progress.notify()
+        self._changed.notify()
+        self._on_change()
+
+    async def drain(self) -> None:
+        """Wait until every member acknowledged every batch sent to it (or the session ended)."""
+        await self._wait_until(
+            self._progress, lambda: self.ended is not None or all(m.outstanding == 0 for m in self._members.values())
+        )
+
+    async def _until_stopped(self) -> None:
+        raise await self._stop
+
+    async def _wait_until(self, signal: Signal, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            await signal.wait_past(signal.version)
+
+    # ----------------------------------------------------------------------------------- replicas
+
+    async def _replica_task(self, replica: str) -> None:
+        connection = self._connections.get(replica)
+        backoff = Backoff(self._settings)
+        while True:
+            epoch = await connection.wait_connected()
+            session = ReplicaSession(connection, epoch, self.partition_id, self.session_id)
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    tasks.create_task(session.wait_lost())
+                    tasks.create_task(self._serve_replica(replica, session))
+            except BaseExceptionGroup as group:
+                errors = [e for e in _leaves(group) if not isinstance(e, asyncio.CancelledError)]
+                error = errors[0] if errors else SessionFailed(f"replica {replica} stopped")
+                self._online.pop(replica, None)
+                reason = _classify(error)
+                if not isinstance(reason, SessionFailed) or not isinstance(error, StorageError):
+                    raise reason from None
+                if replica in self._members:
+                    raise SessionFailed(f"replica {replica} failed: {error}") from None
+                log.info(
+                    "partition %d session %d: replica %s offline: %s",
+                    self.partition_id,
+                    self.session_id,
+                    replica,
+                    error,
+                )
+                self.replica_detail[replica] = f"offline: {error}"
+                if replica not in self._recovered:
+                    self._manager.replica_offline(replica)
+                    self._changed.notify()
+                await asyncio.sleep(backoff.next_delay())
+
+    async def _serve_replica(self, replica: str, session: ReplicaSession) -> None:
+        info = await session.last_session_info()
+        max_id = await session.max_transaction_id()
+        self._online[replica] = session
+        held = self.low_water_mark
+        if replica in self._recovered:
+            # Reconnected after recovery in this session: what it holds was copied from the write set.
+            if info.session_id != self.session_id or max_id < self.low_water_mark:
+                raise SessionFailed(f"replica {replica} lost what this session recovered on it")
+            held = max_id
+        else:
+            facts = ReplicaFacts(info.session_id, info.low_water_mark, info.local_low_water_mark, max_id)
+            self._manager.replica_online(replica, facts)
+            self._changed.notify()
+            await self._recover_replica(replica, session)
+            self._recovered.add(replica)
+            held = self._manager.high_water_mark if self._manager.high_water_mark is not None else held
+        self.replica_detail[replica] = "recovered"
+        await self._wait_until(self._changed, lambda: self.ready.is_set())
+        if replica not in self._members:
+            await self._catch_up_and_join(replica, session, held)
+        self.replica_detail[replica] = "in the write set"
+        await self._serve_member(self._members[replica])
+
+    async def _recover_replica(self, replica: str, session: ReplicaSession) -> None:
+        """Carry out the recovery core's actions for replica until it says Recovered."""
+        while True:
+            version = self._changed.version
+            action = self._manager.decide().actions[replica]
+            if isinstance(action, Recovered):
+                return
+            if isinstance(action, Wait):
+                self.replica_detail[replica] = f"waiting: {action.reason.value}"
+                await self._changed.wait_past(version)
+                continue
+            self.replica_detail[replica] = f"recovering: {action}"
+            if isinstance(action, Truncate):
+                self._manager.replica_progress(replica, await session.truncate(action.transaction_id))
+            elif isinstance(action, SetLowWaterMark):
+                await session.set_low_water_mark(action.low_water_mark)
+                self._manager.low_water_mark_set(replica)
+            elif isinstance(action, CatchUp):
+                copied_to = await self._copy_from(self._online.get(action.source), session, action.first, action.last)
+                if copied_to is None:
+                    await asyncio.sleep(SOURCE_RETRY_S)
+                    continue
+                self._manager.replica_progress(replica, copied_to)
+            self._changed.notify()
+
+    async def _copy_from(
+        self, source: ReplicaSession | None, target: ReplicaSession, first: int, last: int
+    ) -> int | None:
+        """Copy one batch of first..last from source to target; the new max id, or None if source failed."""
+        if source is None or not source.alive:
+            return None
+        count = min(self._settings.catch_up_batch_size, last - first + 1)
+        try:
+            records = await source.records(first, count)
+        except StorageError as e:
+            log.info("partition %d: catch-up read from %s failed: %s", self.partition_id, source.replica, e)
+            return None
+        if not records or records[0].transaction_id != first:
+            return None
+        await target.append(records)
+        return int(records[-1].transaction_id)
+
+    async def _catch_up_and_join(self, replica: str, session: ReplicaSession, held: int) -> None:
+        """Copy committed transactions from the write set until replica holds the high-water mark, then join."""
+        while True:
+            if self.ended is not None:
+                raise self.ended
+            if held == self.high_water_mark:
+                async with self._append_lock:  # no batch in flight: the next one goes to this replica too
+                    if held == self.high_water_mark and self.ended is None:
+                        self._members[replica] = _Member(session, asyncio.Queue(), acked=held)
+                        log.info(
+                            "partition %d session %d: replica %s caught up at %d and joined the write set",
+                            self.partition_id,
+                            self.session_id,
+                            replica,
+                            held,
+                        )
+                        self._changed.notify()
+                        return
+                continue
+            self.replica_detail[replica] = f"catching up: holds {held}, high-water mark {self.high_water_mark}"
+            # Only committed transactions (at or below the high-water mark) are copied.
+            sources = sorted(self._members.values(), key=lambda m: -m.acked)
+            limit = min(sources[0].acked, self.high_water_mark) if sources else held
+            if limit <= held:
+                await self._wait_until(self._progress, partial(self._moved_past, held))
+                if self.ended is not None:
+                    raise self.ended
+                continue
+            copied_to = await self._copy_from(sources[0].session, session, held + 1, limit)
+            if copied_to is None:
+                await asyncio.sleep(SOURCE_RETRY_S)
+            else:
+                held = copied_to
+
+    def _moved_past(self, held: int) -> bool:
+        return self.ended is not None or self.high_water_mark > held
+
+    async def _serve_member(self, member: _Member) -> None:
+        while True:
+            batch = await member.queue.get()
+            await member.session.append_request(batch.request)
+            member.acked = batch.last
+            member.outstanding -= 1
+            batch.votes += 1
+            if batch.votes >= self.quorum and not batch.done.done():
+                batch.done.set_result(None)
+            self._progress.notify()
+
+    async def _coordinate(self) -> None:
+        """Write the replica states the core decides; open the session for appends once recovery completes."""
+        written: dict[str, ReplicaState] | None = None
+        while True:
+            version = self._changed.version
+            decision = self._manager.decide()
+            if decision.replica_states is not None and dict(decision.replica_states) != written:
+                states = dict(decision.replica_states)
+                await self._write_states(states)
+                written = states
+            if decision.complete and not self.ready.is_set():
+                online = [r for r in decision.recovered if r in self._online and self._online[r].alive]
+                if len(online) >= self.quorum and decision.high_water_mark is not None:
+                    self.high_water_mark = self.low_water_mark = decision.high_water_mark
+                    for replica in online:
+                        self._members[replica] = _Member(
+                            self._online[replica], asyncio.Queue(), acked=self.high_water_mark
+                        )
+                    self.ready.set()
+                    log.info(
+                        "partition %d: store session %d open at high-water mark %d with %s",
+                        self.partition_id,
+                        self.session_id,
+                        self.high_water_mark,
+                        sorted(online),
+                    )
+                    self._changed.notify()
+                    self._on_change()
+                    continue
+            await self._changed.wait_past(version)
+
+    # ----------------------------------------------------------------------------------- appends
+
+    def _check_usable(self) -> None:
+        if self.ended is not None:
+            raise StoreUnavailable(f"store session {self.session_id} ended: {self.ended}")
+        if self._stop.done():
+            raise StoreUnavailable(f"store session {self.session_id} is ending: {self._stop.result()}")
+        if not self.ready.is_set():
+            raise StoreUnavailable(f"store session {self.session_id} is recovering")
+
+    async def append(self, records: list[PendingRecord]) -> int:
+        """Append at a majority of all replicas; returns the first id. See StorePartition.append."""
+        if not records:
+            raise ValueError("an append needs at least one record")
+        async with self._append_lock:
+            self._check_usable()
+            first = self.high_water_mark + 1
+            protos = [pending_to_proto(first + i, r) for i, r in enumerate(records)]
+            request = append_request(self.session_id, self.partition_id, protos)
+            await self._wait_until(
+                self._progress,
+                lambda: (
+                    self.ended is not None
+                    or all(m.outstanding < MAX_OUTSTANDING_BATCHES for m in self._members.values())
+                ),
+            )
+            if self.ended is not None:
+                raise AppendFailed(f"store session {self.session_id} ended: {self.ended}", first, first - 1)
+            batch = _Batch(first, first + len(records) - 1, request, asyncio.get_running_loop().create_future())
+            self._inflight = batch
+            for member in self._members.values():
+                member.queue.put_nowait(batch)
+                member.outstanding += 1
+            try:
+                await batch.done
+            except SessionEnded as e:
+                raise AppendFailed(f"store session {self.session_id} ended: {e}", first) from None
+            except asyncio.CancelledError:
+                # The batch may still commit: only the next session's recovery can tell, so end this one.
+                self.request_end(SessionFailed(f"append of {first}..{batch.last} was cancelled"))
+                raise
+            finally:
+                self._inflight = None
+            self.high_water_mark = batch.last
+            self._progress.notify()
+            if self.high_water_mark - self.low_water_mark >= self._settings.checkpoint_interval:
+                await self.drain()
+                self.request_end(SessionRestart(f"checkpoint: {self._settings.checkpoint_interval} transactions"))
+            return first
+
+    # ----------------------------------------------------------------------------------- reads
+
+    def _readers(self, last: int) -> list[tuple[str, _Member]]:
+        """Members holding last first (the one that answered last time first of all), then the others."""
+        preferred = self._preferred_reader
+        return sorted(self._members.items(), key=lambda kv: (kv[1].acked < last, kv[0] != preferred, kv[0]))
+
+    async def _read(
+        self, first: int, max_records: int, headers: bool
+    ) -> list[common_pb2.Record] | list[common_pb2.RecordHeader]:
+        self._check_usable()
+        count = min(max_records, self.high_water_mark - first + 1)
+        if count <= 0 or first < 0:
+            return []
+        errors = []
+        for replica, member in self._readers(first + count - 1):
+            try:
+                if headers:
+                    found: list[common_pb2.Record] | list[common_pb2.RecordHeader] = await member.session.headers(
+                        first, count
+                    )
+                else:
+                    found = await member.session.records(first, count)
+            except StorageError as e:
+                errors.append(str(e))
+                continue
+            if len(found) == count:
+                self._preferred_reader = replica
+                return found
+            errors.append(f"{replica}: {len(found)} of {count} records from {first}")
+        raise StoreUnavailable(f"partition {self.partition_id}: no replica could serve {first}..: {'; '.join(errors)}")
+
+    async def records(self, first: int, max_records: int) -> list[Record]:
+        return [record_from_proto(p) for p in await self._read(first, max_records, headers=False)]  # type: ignore[arg-type]
+
+    async def headers(self, first: int, max_records: int) -> list[RecordHeader]:
+        return [header_from_proto(p) for p in await self._read(first, max_records, headers=True)]  # type: ignore[arg-type]
+
+    # ----------------------------------------------------------------------------------- status
+
+    def describe(self) -> str:
+        if self.ended is not None:
+            return f"store session {self.session_id} ended: {self.ended}"
+        if self.ready.is_set():
+            return (
+                f"store session {self.session_id} open: write set {', '.join(self.members)} "
+                f"({len(self._members)}/{len(self.replicas)}), high-water mark {self.high_water_mark}"
+            )
+        replicas = "; ".join(f"{r}: {d}" for r, d in sorted(self.replica_detail.items()))
+        return f"store session {self.session_id} recovering ({self._manager.decide().resolution.value}): {replicas}"

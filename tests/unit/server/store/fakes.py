@@ -1,0 +1,158 @@
+"""In-memory storage replicas behind fake connections, to drive StoreSession without sockets or files."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from waltz.v1 import common_pb2, storage_pb2
+from waltz_common.types import crc32
+from waltz_server.store.connection import Code, StorageConnectionLost, StorageConnections, StorageRpcError
+from waltz_server.store.wire import request_body
+
+
+def record(transaction_id: int, tag: str = "r") -> common_pb2.Record:
+    data = f"{tag}{transaction_id}".encode()
+    return common_pb2.Record(
+        transaction_id=transaction_id,
+        req_id=common_pb2.ReqId(client_id=1, generation=1, partition_id=0, seq_num=transaction_id),
+        header=0,
+        data_length=len(data),
+        data=data,
+        checksum=crc32(data),
+    )
+
+
+class FakeReplica:
+    """One storage partition: its records, last session info and session fence."""
+
+    def __init__(self, max_transaction_id: int = -1, session_id: int = -1, low_water_mark: int = -1, tag: str = "r"):
+        self.records = [record(i, tag) for i in range(max_transaction_id + 1)]
+        self.session_id = session_id
+        self.low_water_mark = low_water_mark
+        self.fence = session_id
+        self.hold_appends = False  # appends wait (unanswered) while True
+        self.released = asyncio.Event()
+        self.fail_reads = False
+
+    @property
+    def max_transaction_id(self) -> int:
+        return len(self.records) - 1
+
+    async def handle(self, kind: str, msg: Any) -> storage_pb2.StorageResponse:
+        if msg.session_id < self.fence:
+            raise StorageRpcError(Code.STALE_SESSION, f"stale session {msg.session_id} < {self.fence}")
+        self.fence = msg.session_id
+        if kind == "last_session_info":
+            info = storage_pb2.LastSessionInfoResponse(
+                last_session_id=self.session_id, low_water_mark=self.low_water_mark, local_low_water_mark=-1
+            )
+            return storage_pb2.StorageResponse(last_session_info=info)
+        if kind in ("max_transaction_id", "truncate"):
+            if kind == "truncate":
+                del self.records[msg.transaction_id + 1 :]
+            answer = storage_pb2.MaxTransactionIdResponse(transaction_id=self.max_transaction_id)
+            return storage_pb2.StorageResponse(max_transaction_id=answer)
+        if kind == "set_low_water_mark":
+            if self.max_transaction_id > msg.low_water_mark:
+                raise StorageRpcError(Code.INVALID_REQUEST, "dirty data above the low-water mark")
+            self.session_id, self.low_water_mark = msg.session_id, msg.low_water_mark
+            return storage_pb2.StorageResponse(success=storage_pb2.SuccessResponse())
+        if kind == "append":
+            while self.hold_appends:
+                self.released.clear()
+                await self.released.wait()
+            for r in msg.records:
+                if r.transaction_id != self.max_transaction_id + 1:
+                    raise StorageRpcError(Code.INVALID_REQUEST, f"non-consecutive {r.transaction_id}")
+                copy = common_pb2.Record()
+                copy.CopyFrom(r)
+                self.records.append(copy)
+            return storage_pb2.StorageResponse(success=storage_pb2.SuccessResponse())
+        if self.fail_reads:
+            raise StorageRpcError(Code.IO_ERROR, "read failed")
+        found = self.records[msg.transaction_id : msg.transaction_id + msg.max_records]
+        if kind == "record_list":
+            return storage_pb2.StorageResponse(record_list=storage_pb2.RecordListResponse(records=found))
+        headers = [common_pb2.RecordHeader(transaction_id=r.transaction_id, req_id=r.req_id) for r in found]
+        return storage_pb2.StorageResponse(
+            record_header_list=storage_pb2.RecordHeaderListResponse(record_headers=headers)
+        )
+
+    def release(self) -> None:
+        self.hold_appends = False
+        self.released.set()
+
+
+class FakeConnection:
+    """The StorageConnection surface StoreSession uses; down() loses the stream, up() opens a new epoch."""
+
+    def __init__(self, connect_string: str, replica: FakeReplica, online: bool = True) -> None:
+        self.connect_string = connect_string
+        self.replica = replica
+        self.epoch = 1 if online else 0
+        self.online = online
+        self._changed = asyncio.Event()
+        self._pending: set[asyncio.Task[Any]] = set()
+
+    @property
+    def connected(self) -> bool:
+        return self.online
+
+    def epoch_alive(self, epoch: int) -> bool:
+        return self.online and epoch == self.epoch
+
+    async def wait_connected(self) -> int:
+        while not self.online:
+            self._changed.clear()
+            await self._changed.wait()
+        return self.epoch
+
+    async def wait_lost(self, epoch: int) -> None:
+        while self.epoch_alive(epoch):
+            self._changed.clear()
+            await self._changed.wait()
+
+    def down(self) -> None:
+        self.online = False
+        for work in self._pending:
+            work.cancel()
+        self._changed.set()
+
+    def up(self) -> None:
+        self.online = True
+        self.epoch += 1
+        self._changed.set()
+
+    async def request(
+        self, message: storage_pb2.StorageRequest, *, epoch: int | None = None, timeout: float | None = None
+    ) -> storage_pb2.StorageResponse:
+        if not self.online or (epoch is not None and epoch != self.epoch):
+            raise StorageConnectionLost(f"{self.connect_string}: not connected")
+        kind = message.WhichOneof("request")
+        msg = request_body(message)
+        work = asyncio.ensure_future(self.replica.handle(kind or "", msg))
+        self._pending.add(work)
+        try:
+            return await work
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            raise StorageConnectionLost(f"{self.connect_string}: lost") from None
+        finally:
+            self._pending.discard(work)
+
+
+class FakeConnections:
+    def __init__(self, replicas: dict[str, FakeReplica], offline: tuple[str, ...] = ()) -> None:
+        self.connections = {name: FakeConnection(name, r, name not in offline) for name, r in replicas.items()}
+
+    def get(self, connect_string: str) -> FakeConnection:
+        return self.connections[connect_string]
+
+    def is_connected(self, connect_string: str) -> bool:
+        return self.connections[connect_string].online
+
+    def as_pool(self) -> StorageConnections:
+        return cast(StorageConnections, self)

@@ -1,0 +1,87 @@
+"""The store layer's small pure parts: settings and keys, backoff, Signal, metadata payloads, wire conversions."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from waltz.v1 import metadata_pb2
+from waltz_common.config import Config
+from waltz_common.types import Record, ReqId, crc32
+from waltz_server.store.api import PendingRecord
+from waltz_server.store.events import Signal
+from waltz_server.store.metadata import groups_of, replicas_of
+from waltz_server.store.settings import STORE_KEYS, Backoff, StoreSettings
+from waltz_server.store.wire import append_request, pending_to_proto, record_from_proto, request_body
+
+
+def test_store_keys_defaults_are_the_settings_defaults() -> None:
+    assert StoreSettings.from_config(Config(STORE_KEYS, {})) == StoreSettings()
+    names = {k.name for k in STORE_KEYS}
+    assert names == {
+        "storage.initialRetryInterval",
+        "storage.maxRetryInterval",
+        "storage.checkpointInterval",
+        "storage.requestTimeoutSeconds",
+        "storage.catchUpBatchSize",
+    }
+
+
+def test_settings_from_config_converts_milliseconds_and_rejects_nonsense() -> None:
+    config = Config(
+        STORE_KEYS, {"storage": {"initialRetryInterval": 50, "maxRetryInterval": 400, "checkpointInterval": 9}}
+    )
+    settings = StoreSettings.from_config(config)
+    assert (settings.initial_retry_interval_s, settings.max_retry_interval_s, settings.checkpoint_interval) == (
+        0.05,
+        0.4,
+        9,
+    )
+    with pytest.raises(ValueError):
+        StoreSettings(initial_retry_interval_s=1.0, max_retry_interval_s=0.5)
+    with pytest.raises(ValueError):
+        StoreSettings(checkpoint_interval=0)
+
+
+def test_backoff_doubles_up_to_the_max_and_resets() -> None:
+    backoff = Backoff(StoreSettings(initial_retry_interval_s=0.1, max_retry_interval_s=0.5))
+    assert [backoff.next_delay() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
+    backoff.reset()
+    assert backoff.next_delay() == 0.1
+
+
+def test_signal_wakes_waiters_and_never_misses_a_notify_before_the_wait() -> None:
+    async def test() -> None:
+        signal = Signal()
+        version = signal.version
+        signal.notify()
+        await asyncio.wait_for(signal.wait_past(version), 1)  # already past: returns at once
+        waiter = asyncio.create_task(signal.wait_past(signal.version))
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        signal.notify()
+        await asyncio.wait_for(waiter, 1)
+
+    asyncio.run(test())
+
+
+def test_replicas_and_groups_come_from_the_zookeeper_payloads() -> None:
+    assignments = metadata_pb2.ReplicaAssignments()
+    assignments.storage_replicas.add(connect_string="a:1", replica_ids=[0, 1])
+    assignments.storage_replicas.add(connect_string="b:1", replica_ids=[1])
+    data = assignments.SerializeToString()
+    assert replicas_of(data, 1) == {"a:1", "b:1"} and replicas_of(data, 0) == {"a:1"} and replicas_of(data, 2) == set()
+    assert replicas_of(None, 0) == set()
+    groups = metadata_pb2.GroupDescriptor()
+    groups.groups.add(connect_string="a:1", group_id=3)
+    assert groups_of(groups.SerializeToString()) == {"a:1": 3} and groups_of(b"") == {}
+
+
+def test_records_round_trip_through_the_append_request() -> None:
+    pending = PendingRecord(ReqId(1, 2, 3, 4), 5, b"data", crc32(b"data"))
+    request = append_request(7, 3, [pending_to_proto(10, pending)])
+    body = request_body(request)
+    assert (body.session_id, body.partition_id, body.record_list_length) == (7, 3, 1)
+    assert body.records[0].data_length == 4
+    assert record_from_proto(body.records[0]) == Record(10, ReqId(1, 2, 3, 4), 5, b"data", crc32(b"data"))

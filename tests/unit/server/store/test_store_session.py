@@ -1,0 +1,280 @@
+"""StoreSession over in-memory replicas: recovery driven through the core, quorum appends, catch-up, reads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import pytest
+
+from waltz_common.types import ReqId, crc32
+from waltz_server.recovery import UNRESOLVED, ReplicaState
+from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
+from waltz_server.store.metadata import SessionStart
+from waltz_server.store.settings import StoreSettings
+from waltz_server.store.store_session import (
+    MAX_OUTSTANDING_BATCHES,
+    SessionEnded,
+    SessionFailed,
+    SessionFenced,
+    SessionRestart,
+    StoreSession,
+)
+
+from .fakes import FakeConnections, FakeReplica
+
+FAST = StoreSettings(initial_retry_interval_s=0.01, max_retry_interval_s=0.05, catch_up_batch_size=3)
+A, B, C = "a:1", "b:1", "c:1"
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    async def bounded() -> None:
+        async with asyncio.timeout(30):
+            await test()
+
+    asyncio.run(bounded())
+
+
+def pending(count: int, tag: str = "p") -> list[PendingRecord]:
+    return [
+        PendingRecord(ReqId(2, 1, 0, i), 0, f"{tag}{i}".encode(), crc32(f"{tag}{i}".encode())) for i in range(count)
+    ]
+
+
+class Harness:
+    def __init__(
+        self,
+        replicas: dict[str, FakeReplica],
+        *,
+        offline: tuple[str, ...] = (),
+        session_id: int = 0,
+        previous: Mapping[str, ReplicaState] | None = None,
+        settings: StoreSettings = FAST,
+    ) -> None:
+        self.replicas = replicas
+        self.pool = FakeConnections(replicas, offline)
+        self.written: list[dict[str, ReplicaState]] = []
+        start = SessionStart(0, 1, session_id, previous or {}, version=0)
+        self.session = StoreSession(start, replicas, self.pool.as_pool(), settings, self._write)
+
+    async def _write(self, states: Mapping[str, ReplicaState]) -> None:
+        self.written.append(dict(states))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[asyncio.Task[None]]:
+        task = asyncio.create_task(self.session.run())
+        try:
+            yield task
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, SessionEnded):
+                await task
+
+    def log(self, replica: str) -> list[bytes]:
+        return [r.data for r in self.replicas[replica].records]
+
+
+async def until(predicate: Callable[[], Any]) -> None:
+    while not predicate():
+        await asyncio.sleep(0.005)
+
+
+async def ended(task: asyncio.Task[None]) -> SessionEnded:
+    with pytest.raises(SessionEnded) as info:
+        await task
+    return info.value
+
+
+def in_session(session_id: int, *replicas: str) -> dict[str, ReplicaState]:
+    return {r: ReplicaState(session_id, UNRESOLVED) for r in replicas}
+
+
+def test_fresh_replicas_open_at_minus_one_and_an_append_commits_at_a_majority() -> None:
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
+        async with h.running():
+            await h.session.ready.wait()
+            assert h.session.high_water_mark == -1
+            await until(lambda: len(h.session.members) == 3)
+            assert h.written[-1] == in_session(0, A, B, C)
+            h.replicas[C].hold_appends = True
+            assert await h.session.append(pending(3)) == 0  # A and B acknowledged; C has not answered yet
+            assert h.session.high_water_mark == 2 and h.log(A) == h.log(B) == [b"p0", b"p1", b"p2"]
+            assert h.log(C) == []
+            h.replicas[C].release()
+            await h.session.drain()
+            assert h.log(C) == h.log(A)
+            assert await h.session.append(pending(1, "q")) == 3
+
+    run(test)
+
+
+def test_a_member_lost_during_an_append_without_quorum_fails_it_and_ends_the_session() -> None:
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
+        async with h.running() as task:
+            await until(lambda: len(h.session.members) == 3)
+            h.replicas[B].hold_appends = h.replicas[C].hold_appends = True
+            append = asyncio.create_task(h.session.append(pending(2)))
+            await until(lambda: len(h.log(A)) == 2)
+            h.pool.get(C).down()
+            with pytest.raises(AppendFailed) as failure:
+                await append
+            assert failure.value.first_transaction_id == 0 and failure.value.committed_up_to is None
+            assert isinstance(await ended(task), SessionFailed)
+            with pytest.raises(StoreUnavailable):
+                await h.session.append(pending(1))
+
+    run(test)
+
+
+def test_an_idle_member_lost_ends_the_session() -> None:
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
+        async with h.running() as task:
+            await until(lambda: len(h.session.members) == 3)
+            h.pool.get(B).down()
+            reason = await ended(task)
+            assert isinstance(reason, SessionFailed) and B in str(reason)
+
+    run(test)
+
+
+def test_storage_fencing_a_newer_session_ends_this_one_as_fenced() -> None:
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
+        async with h.running() as task:
+            await until(lambda: len(h.session.members) == 3)
+            for replica in h.replicas.values():
+                replica.fence = 1  # another server's session 1 has talked to every replica
+            with pytest.raises(AppendFailed):
+                await h.session.append(pending(1))
+            assert isinstance(await ended(task), SessionFenced)
+
+    run(test)
+
+
+def test_a_dirty_tail_above_the_majority_is_truncated_and_states_are_written() -> None:
+    async def test() -> None:
+        replicas = {A: FakeReplica(6, 0, -1), B: FakeReplica(4, 0, -1), C: FakeReplica(4, 0, -1)}
+        h = Harness(replicas, session_id=1, previous=in_session(0, A, B, C))
+        async with h.running():
+            await h.session.ready.wait()
+            assert h.session.high_water_mark == 4
+            await until(lambda: len(h.session.members) == 3)
+            assert replicas[A].max_transaction_id == 4
+            assert all(r.session_id == 1 and r.low_water_mark == 4 for r in replicas.values())
+            assert h.written[-1] == in_session(1, A, B, C)
+
+    run(test)
+
+
+def test_undecidable_waits_and_a_returning_replica_follows_the_usher_until_decidable() -> None:
+    async def test() -> None:
+        replicas = {A: FakeReplica(5, 0, -1), B: FakeReplica(3, 0, -1), C: FakeReplica(1, 0, -1)}
+        h = Harness(replicas, offline=(B, C), session_id=1, previous=in_session(0, A, B, C))
+        async with h.running():
+            await asyncio.sleep(0.2)
+            assert not h.session.ready.is_set() and "undecidable" in h.session.describe()
+            h.pool.get(B).up()  # 5 has one vote, 3 has two, but C could still vote for 5: B copies 4..5 from A
+            await h.session.ready.wait()
+            assert h.session.high_water_mark == 5 and h.log(B) == h.log(A)
+            assert h.written[0][C] == ReplicaState(0, 5)  # C, offline, keeps its session with the closing mark
+            assert await h.session.append(pending(1)) == 6
+            h.pool.get(C).up()
+            await until(lambda: len(h.session.members) == 3)
+            assert h.log(C) == h.log(A) and h.written[-1] == in_session(1, A, B, C)
+
+    run(test)
+
+
+def test_a_lagging_replica_catches_up_from_the_write_set_while_appends_go_on_and_then_joins() -> None:
+    async def test() -> None:
+        replicas = {A: FakeReplica(9, 0, -1), B: FakeReplica(9, 0, -1), C: FakeReplica(4, 0, -1)}
+        h = Harness(replicas, offline=(C,), session_id=1, previous=in_session(0, A, B, C))
+        async with h.running():
+            await h.session.ready.wait()
+            assert h.session.members == (A, B) and h.session.high_water_mark == 9
+            for i in range(4):
+                await h.session.append(pending(2, f"x{i}-"))
+            h.pool.get(C).up()
+            for i in range(4):
+                await h.session.append(pending(2, f"y{i}-"))
+            await until(lambda: len(h.session.members) == 3)
+            await h.session.append(pending(1, "z"))
+            await h.session.drain()
+            assert len(h.log(A)) == 27 and h.log(A) == h.log(B) == h.log(C)
+
+    run(test)
+
+
+def test_reads_are_clamped_to_the_high_water_mark_and_fall_back_to_another_member() -> None:
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
+        async with h.running():
+            await until(lambda: len(h.session.members) == 3)
+            await h.session.append(pending(5))
+            await h.session.drain()
+            h.replicas[A].fail_reads = True
+            h.replicas[B].records.append(h.replicas[B].records[-1])  # beyond the mark: never served
+            got = await h.session.records(3, 10)
+            assert [r.transaction_id for r in got] == [3, 4] and got[0].data == b"p3"
+            assert [x.transaction_id for x in await h.session.headers(0, 2)] == [0, 1]
+            assert await h.session.records(5, 1) == []
+            for replica in h.replicas.values():
+                replica.fail_reads = True
+            with pytest.raises(StoreUnavailable):
+                await h.session.records(0, 1)
+
+    run(test)
+
+
+def test_the_checkpoint_interval_ends_the_session_as_a_planned_restart() -> None:
+    async def test() -> None:
+        settings = StoreSettings(initial_retry_interval_s=0.01, max_retry_interval_s=0.05, checkpoint_interval=4)
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()}, settings=settings)
+        async with h.running() as task:
+            await h.session.ready.wait()
+            await h.session.append(pending(3))
+            assert h.session.usable
+            await h.session.append(pending(2))
+            assert not h.session.usable and h.session.restarting
+            assert isinstance(await ended(task), SessionRestart)
+
+    run(test)
+
+
+def test_a_slow_member_holds_appends_back_after_a_bounded_number_of_batches() -> None:
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
+        async with h.running():
+            await until(lambda: len(h.session.members) == 3)
+            h.replicas[C].hold_appends = True
+            for i in range(MAX_OUTSTANDING_BATCHES):
+                assert await h.session.append(pending(1, f"b{i}")) == i
+            blocked = asyncio.create_task(h.session.append(pending(1, "late")))
+            await asyncio.sleep(0.1)
+            assert not blocked.done() and len(h.log(A)) == MAX_OUTSTANDING_BATCHES
+            h.replicas[C].release()
+            assert await blocked == MAX_OUTSTANDING_BATCHES
+            await h.session.drain()
+            assert h.log(C) == h.log(A)
+
+    run(test)
+
+
+def test_a_cancelled_append_ends_the_session_so_recovery_decides_its_fate() -> None:
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
+        async with h.running() as task:
+            await until(lambda: len(h.session.members) == 3)
+            for replica in h.replicas.values():
+                replica.hold_appends = True
+            append = asyncio.create_task(h.session.append(pending(1)))
+            await asyncio.sleep(0.05)
+            append.cancel()
+            assert isinstance(await ended(task), SessionFailed)
+
+    run(test)
