@@ -192,7 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"waltz-ingest: {one_line(exc)}", file=sys.stderr)
         return 1
     spark = None
+    owned = False
     try:
+        from pyspark.sql import SparkSession
+
+        owned = SparkSession.getActiveSession() is None  # in-process callers keep their session
         spark = spark_session(args.master, conf)
         spark.sparkContext.setLogLevel(args.spark_log_level)
         query = start_query(spark, plan, args)
@@ -203,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"waltz-ingest: {one_line(exc)}", file=sys.stderr)
         return 1
     finally:
-        if spark is not None:
+        if spark is not None and owned:
             spark.stop()
 
 
