@@ -1,0 +1,187 @@
+"""StorageConnection over real gRPC: Open, sequence-matched requests, Failure, loss, reconnect, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from waltz.v1 import common_pb2, storage_pb2, storage_pb2_grpc
+from waltz_common.types import crc32
+from waltz_server.store.connection import (
+    Code,
+    StorageConnectionLost,
+    StorageConnections,
+    StorageRpcError,
+    StorageTimeout,
+)
+from waltz_server.store.replica_session import ReplicaSession
+from waltz_server.store.settings import StoreSettings
+from waltz_storage import server
+from waltz_storage.dispatch import Limits
+from waltz_storage.node import StorageNode
+from waltz_storage.storage_manager import StorageManager
+
+KEY = str(uuid.UUID(int=42))
+FAST = StoreSettings(initial_retry_interval_s=0.02, max_retry_interval_s=0.2, request_timeout_s=20.0)
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    async def bounded() -> None:
+        async with asyncio.timeout(60):
+            await test()
+
+    asyncio.run(bounded())
+
+
+async def start_node(directory: Path, port: int = 0, partitions: tuple[int, ...] = (0, 1)) -> server.NodeServers:
+    with StorageManager(directory, uuid.UUID(KEY), 2) as manager:
+        for pid in partitions:
+            manager.assign(pid)
+    node = StorageNode.open(
+        directory, uuid.UUID(KEY), 2, limits=Limits(1 << 20, 8 << 20), segment_size_threshold=1 << 30
+    )
+    return await server.start(node, "127.0.0.1", port, 0)
+
+
+def record(transaction_id: int) -> common_pb2.Record:
+    data = b"d%d" % transaction_id
+    return common_pb2.Record(
+        transaction_id=transaction_id, req_id=common_pb2.ReqId(), data_length=len(data), data=data, checksum=crc32(data)
+    )
+
+
+def test_requests_on_one_stream_are_matched_to_their_answers_across_partitions(tmp_path: Path) -> None:
+    async def test() -> None:
+        node = await start_node(tmp_path)
+        pool = StorageConnections(KEY, 2, FAST)
+        try:
+            connection = pool.get(f"127.0.0.1:{node.storage_port}")
+            assert pool.get(connection.connect_string) is connection
+            epoch = await connection.wait_connected()
+            replicas = [ReplicaSession(connection, epoch, pid, 0) for pid in (0, 1)]
+            for pid, replica in enumerate(replicas):
+                await replica.set_low_water_mark(-1)
+                await replica.append([record(i) for i in range(10 * (pid + 1))])
+            answers = await asyncio.gather(*(replicas[i % 2].records(i // 2, 3) for i in range(40)))
+            for i, got in enumerate(answers):
+                first = i // 2
+                expected = [t for t in range(first, first + 3) if t < 10 * (i % 2 + 1)]
+                assert [r.transaction_id for r in got] == expected
+            assert await replicas[1].max_transaction_id() == 19
+            assert (await replicas[0].last_session_info()).session_id == 0
+            assert await pool.check_connectivity() == {connection.connect_string: (True, "connected")}
+        finally:
+            await pool.close()
+            await node.stop(0)
+
+    run(test)
+
+
+def test_a_failure_answer_raises_storage_rpc_error_with_its_code(tmp_path: Path) -> None:
+    async def test() -> None:
+        node = await start_node(tmp_path, partitions=(0,))
+        pool = StorageConnections(KEY, 2, FAST)
+        try:
+            connection = pool.get(f"127.0.0.1:{node.storage_port}")
+            epoch = await connection.wait_connected()
+            with pytest.raises(StorageRpcError) as unknown:
+                await ReplicaSession(connection, epoch, 1, 0).max_transaction_id()
+            assert unknown.value.code == Code.UNKNOWN_PARTITION
+            await ReplicaSession(connection, epoch, 0, 5).max_transaction_id()
+            with pytest.raises(StorageRpcError) as stale:
+                await ReplicaSession(connection, epoch, 0, 4).max_transaction_id()
+            assert stale.value.code == Code.STALE_SESSION and "STALE_SESSION" in str(stale.value)
+            assert connection.connected  # a Failure is an answer, not a broken stream
+        finally:
+            await pool.close()
+            await node.stop(0)
+
+    run(test)
+
+
+def test_a_wrong_cluster_key_never_connects_and_says_why(tmp_path: Path) -> None:
+    async def test() -> None:
+        node = await start_node(tmp_path)
+        pool = StorageConnections(str(uuid.UUID(int=7)), 2, FAST)
+        try:
+            connection = pool.get(f"127.0.0.1:{node.storage_port}")
+            while "CLUSTER_KEY_MISMATCH" not in connection.last_error:
+                await asyncio.sleep(0.02)
+            connected, why = (await pool.check_connectivity())[connection.connect_string]
+            assert not connected and "cluster key" in why
+            with pytest.raises(StorageConnectionLost):
+                await connection.request(
+                    storage_pb2.StorageRequest(max_transaction_id=storage_pb2.MaxTransactionIdRequest())
+                )
+        finally:
+            await pool.close()
+            await node.stop(0)
+
+    run(test)
+
+
+def test_stream_loss_fails_the_epoch_and_the_connection_comes_back_with_a_new_one(tmp_path: Path) -> None:
+    async def test() -> None:
+        node = await start_node(tmp_path)
+        port = node.storage_port
+        pool = StorageConnections(KEY, 2, FAST)
+        try:
+            connection = pool.get(f"127.0.0.1:{port}")
+            epoch = await connection.wait_connected()
+            replica = ReplicaSession(connection, epoch, 0, 0)
+            assert await replica.max_transaction_id() == -1
+            watcher = asyncio.create_task(connection.wait_lost(epoch))
+            await node.stop(0)
+            await asyncio.wait_for(watcher, 30)
+            assert not replica.alive
+            with pytest.raises(StorageConnectionLost):
+                await replica.max_transaction_id()
+            node = await start_node(tmp_path / "again", port)
+            new_epoch = await connection.wait_connected()
+            assert new_epoch > epoch
+            with pytest.raises(StorageConnectionLost):
+                await replica.max_transaction_id()  # bound to the lost stream for good
+            assert await ReplicaSession(connection, new_epoch, 0, 0).max_transaction_id() == -1
+        finally:
+            await pool.close()
+            await node.stop(0)
+
+    run(test)
+
+
+class SilentStorage(storage_pb2_grpc.WaltzStorageServicer):
+    """Answers Open, then never answers anything."""
+
+    async def Session(self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        async for request in request_iterator:
+            if request.WhichOneof("request") == "open":
+                yield storage_pb2.StorageResponse(success=storage_pb2.SuccessResponse(seq_num=-1))
+
+
+def test_an_unanswered_request_times_out_and_the_stream_stays_usable() -> None:
+    async def test() -> None:
+        silent = grpc.aio.server()
+        storage_pb2_grpc.add_WaltzStorageServicer_to_server(SilentStorage(), silent)
+        port = silent.add_insecure_port("127.0.0.1:0")
+        await silent.start()
+        pool = StorageConnections(KEY, 2, StoreSettings(request_timeout_s=0.2))
+        try:
+            connection = pool.get(f"127.0.0.1:{port}")
+            await connection.wait_connected()
+            request = storage_pb2.StorageRequest(max_transaction_id=storage_pb2.MaxTransactionIdRequest())
+            with pytest.raises(StorageTimeout):
+                await connection.request(request)
+            assert connection.connected
+        finally:
+            await pool.close()
+            await silent.stop(None)
+        with pytest.raises(StorageConnectionLost):
+            pool.get("127.0.0.1:1")
+
+    run(test)
