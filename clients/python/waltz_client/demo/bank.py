@@ -25,6 +25,7 @@ from waltz_client.mock import MockServer
 from waltz_client.sqlite_callbacks import GuardedConnection, SqliteClientCallbacks
 
 SERIALIZER = JsonSerializer()
+BANK_HEADER = 0x42414E4B  # "BANK": the log may hold other applications' transactions too
 
 
 class BankDatabase(SqliteClientCallbacks):
@@ -38,6 +39,8 @@ class BankDatabase(SqliteClientCallbacks):
                            "PRIMARY KEY (partition_id, transaction_id))")
 
     def apply(self, transaction: Transaction, connection: GuardedConnection) -> None:
+        if transaction.header != BANK_HEADER:
+            return  # not ours: only the high-water mark moves
         op = transaction.data(SERIALIZER)
         delta = op["amount"] if op["action"] == "deposit" else -op["amount"]
         connection.execute("INSERT OR IGNORE INTO accounts (account_id, balance) VALUES (?, 0)", (op["account"],))
@@ -56,6 +59,7 @@ class BankDatabase(SqliteClientCallbacks):
 class Tally:
     """What the contexts of one run heard (thread-safe counters)."""
 
+    sent: set[str] = field(default_factory=set)  # op ids that reached an append
     committed: dict[str, tuple[int, int]] = field(default_factory=dict)  # op id -> (account, delta)
     declined: int = 0
     lock_failures: int = 0
@@ -71,8 +75,12 @@ class _Operation(TransactionContext):
     def partition_id(self, num_partitions: int) -> int:
         return self.account % num_partitions
 
-    def _data(self, action: str) -> dict[str, Any]:
-        return {"op": self.op_id, "action": action, "account": self.account, "amount": self.amount}
+    def _build(self, builder: TransactionBuilder, action: str) -> None:
+        builder.set_header(BANK_HEADER)
+        builder.set_data({"op": self.op_id, "action": action, "account": self.account, "amount": self.amount},
+                         SERIALIZER)
+        with self.tally.lock:
+            self.tally.sent.add(self.op_id)
 
     def on_completion(self, committed: bool) -> None:
         with self.tally.lock:
@@ -95,7 +103,7 @@ class Deposit(_Operation):
     """Deposits need no lock: they only make a later withdrawal's check more conservative."""
 
     def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self._data("deposit"), SERIALIZER)
+        self._build(builder, "deposit")
         return True
 
 
@@ -109,7 +117,7 @@ class Withdrawal(_Operation):
     def execute(self, builder: TransactionBuilder) -> bool:
         if self.database.balance(self.account) < self.amount:
             return False  # insufficient funds: declined
-        builder.set_data(self._data("withdrawal"), SERIALIZER)
+        self._build(builder, "withdrawal")
         builder.set_write_locks([PartitionLocalLock("withdrawal", self.account)])
         builder.set_read_locks([PartitionLocalLock("account", self.account)])
         return True
@@ -248,9 +256,12 @@ def _report(clients: list[WaltzClient], databases: list[BankDatabase], tally: Ta
     missing = [op for op in tally.committed if op not in journaled]
     if missing:
         problems.append(f"{len(missing)} committed operations were never applied")
-    total = sum(h + 1 for h in hwms.values())
-    if len(journal) != total:
-        problems.append(f"{len(journal)} journal rows for {total} transactions in the log")
+    phantom = (tally.sent - set(tally.committed)) & journaled
+    if phantom:
+        problems.append(f"{len(phantom)} operations applied although the client reported them not committed")
+    stored = dict(db.query_all(f"SELECT partition_id, high_water_mark FROM {db.table}"))
+    if stored != hwms:
+        problems.append(f"database high-water marks {stored} differ from the log's {hwms}")
     behind = [(c.client_id, p) for c in clients for p, h in hwms.items() if c.client_high_water_mark(p) != h]
     if behind:
         problems.append(f"clients not caught up: {behind}")

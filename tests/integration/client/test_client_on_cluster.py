@@ -1,0 +1,106 @@
+"""The client against a real local cluster: ZooKeeper, 3 storage nodes and a server as processes."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.component.client.helpers import Ctx, MemoryCallbacks, eventually, run
+from waltz_client import AsyncWaltzClient, PartitionLocalLock
+from waltz_client.demo.bank import run_demo
+from waltz_common.testing.zookeeper import ZooKeeperProcess
+
+local_cluster = pytest.importorskip("waltz_common.testing.local_cluster")
+
+FAST = {"client.longWaitThreshold": 500, "client.mountTimeout": 60, "client.requestTimeout": 60}
+
+
+@pytest.fixture(scope="module")
+def cluster(zookeeper: ZooKeeperProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    root = f"/test/{uuid.uuid4().hex[:12]}"
+    workdir: Path = tmp_path_factory.mktemp("client-cluster")
+    with local_cluster.LocalCluster(workdir, storage_nodes=3, servers=1, partitions=2,
+                                    cluster_root=root, zookeeper=zookeeper.connect_string) as c:
+        yield c
+
+
+def test_commits_feed_other_clients_and_data_is_fetched_by_rpc(cluster: object) -> None:
+    config = {**cluster.client_config(), **FAST}  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        writer_cb, reader_cb = MemoryCallbacks(), MemoryCallbacks()
+        async with AsyncWaltzClient(writer_cb, config) as writer, AsyncWaltzClient(reader_cb, config) as reader:
+            await writer.wait_mounted()
+            await reader.wait_mounted()
+            base = {p: await writer.high_water_mark(p) for p in (0, 1)}
+            futures = [await writer.submit(Ctx(b"t%d" % i, partition=i)) for i in range(20)]
+            assert await asyncio.gather(*futures) == [True] * 20
+            for p in (0, 1):
+                assert await writer.high_water_mark(p) == base[p] + 10
+            await eventually(lambda: all(reader.client_high_water_mark(p) == base[p] + 10 for p in (0, 1)), 30)
+        for p in (0, 1):
+            assert reader_cb.applied[p] == writer_cb.applied[p]  # the reader fetched data by RPC
+        mine = {d for p in (0, 1) for _, d in writer_cb.applied[p] if d.startswith(b"t")}
+        assert mine == {b"t%d" % i for i in range(20)}
+
+    run(main())
+
+
+def test_a_lock_conflict_between_clients_is_retried_and_commits(cluster: object) -> None:
+    config = {**cluster.client_config(), **FAST}  # type: ignore[attr-defined]
+    lock = PartitionLocalLock("row", 7)
+
+    async def main() -> None:
+        async with AsyncWaltzClient(MemoryCallbacks(), config) as a, AsyncWaltzClient(MemoryCallbacks(), config) as b:
+            await a.wait_mounted()
+            await b.wait_mounted()
+            contexts = [Ctx(b"%s%d" % (name, i), write=[lock]) for i in range(10) for name in (b"a", b"b")]
+            futures = [await (a if i % 2 == 0 else b).submit(ctx) for i, ctx in enumerate(contexts)]
+            assert await asyncio.gather(*futures) == [True] * 20
+            assert a.stats.lock_failures + b.stats.lock_failures > 0
+            for ctx in contexts:
+                assert ctx.hooks[-2:] == [("completion", True), ("application",)]
+
+    run(main())
+
+
+def test_bank_demo_on_the_cluster(cluster: object) -> None:
+    lines: list[str] = []
+    report = run_demo(cluster.client_config(), num_clients=3, num_transactions=90,  # type: ignore[attr-defined]
+                      client_config=FAST, out=lines.append)
+    assert report.ok, (report.problems, lines)
+    assert report.lowest_balance >= 0
+
+
+def test_server_killed_mid_stream_nothing_lost_or_applied_twice(cluster: object) -> None:
+    """Last in this module: it kills and restarts the cluster's server (kill -9)."""
+    config = {**cluster.client_config(), **FAST}  # type: ignore[attr-defined]
+    server = cluster.servers[0]  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        callbacks = MemoryCallbacks()
+        async with AsyncWaltzClient(callbacks, config) as c:
+            await c.wait_mounted()
+            contexts = [Ctx(b"k%d" % i, partition=i) for i in range(30)]
+            futures = [await c.submit(ctx) for ctx in contexts[:10]]
+            server.kill()
+            later = asyncio.ensure_future(asyncio.gather(*[_submit(c, ctx) for ctx in contexts[10:]]))
+            await asyncio.to_thread(server.start)
+            futures += await later
+            assert await asyncio.gather(*futures) == [True] * 30
+            ends = {p: await c.high_water_mark(p) for p in (0, 1)}
+            await eventually(lambda: all(c.client_high_water_mark(p) == ends[p] for p in (0, 1)), 30)
+        applied = [d for p in (0, 1) for _, d in callbacks.applied[p]]
+        for ctx in contexts:
+            assert applied.count(ctx.data) == 1, ctx.data  # every one committed once, applied once
+            assert ctx.hooks[-2:] == [("completion", True), ("application",)]
+
+    run(main())
+
+
+async def _submit(c: AsyncWaltzClient, ctx: Ctx) -> asyncio.Future[bool]:
+    return await c.submit(ctx)
