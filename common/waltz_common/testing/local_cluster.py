@@ -1,0 +1,298 @@
+"""LocalCluster: ZooKeeper, storage nodes and servers as real processes on loopback ports."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from waltz_common import cluster_admin
+from waltz_common import zk as zkmeta
+from waltz_common.testing.zookeeper import ZooKeeperProcess
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ManagedProcess:
+    """A service process with its config file and log; started and stopped by LocalCluster."""
+
+    name: str
+    command: list[str]
+    config_path: Path
+    log_path: Path
+    ready_marker: str
+    process: subprocess.Popen[bytes] | None = None
+    _log_offset: int = 0
+
+    def start(self, timeout: float = 60.0) -> None:
+        if self.running:
+            raise RuntimeError(f"{self.name} is already running")
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        log = self.log_path.open("ab")
+        try:
+            self.process = subprocess.Popen(
+                [*self.command, str(self.config_path)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        finally:
+            log.close()
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ready_marker in self.new_log():
+                return
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.new_log()[-3000:]}")
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} not ready within {timeout:g} s:\n{self.new_log()[-3000:]}")
+
+    def new_log(self) -> str:
+        """What the process logged since its last start."""
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as log:
+            log.seek(self._log_offset)
+            return log.read().decode(errors="replace")
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send sig (kill -9 by default) and wait for the process to go."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM, wait for a graceful exit (SIGKILL after timeout); returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
+        return self.process.returncode
+
+
+@dataclass
+class StorageNode(ManagedProcess):
+    port: int = 0
+    admin_port: int = 0
+    metrics_port: int = 0
+    directory: Path = field(default_factory=Path)
+
+    @property
+    def connect_string(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class ServerNode(ManagedProcess):
+    port: int = 0
+    metrics_port: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+class LocalCluster:
+    """A whole Waltz cluster in a work directory; a context manager that always cleans up.
+
+    ``LocalCluster(workdir, storage_nodes=3, servers=1, partitions=1).start()`` starts ZooKeeper,
+    creates the cluster, starts the storage nodes (each its own replica group, every partition on
+    every node), assigns the replicas on each node and starts the servers. ``server_overrides``
+    and ``storage_overrides`` add or replace configuration keys.
+    """
+
+    def __init__(
+        self,
+        workdir: str | Path,
+        *,
+        storage_nodes: int = 3,
+        servers: int = 1,
+        partitions: int = 1,
+        cluster_root: str = "/waltz/local",
+        name: str = "local",
+        zookeeper: str | None = None,
+        server_overrides: dict[str, Any] | None = None,
+        storage_overrides: dict[str, Any] | None = None,
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.num_storage = storage_nodes
+        self.num_servers = servers
+        self.num_partitions = partitions
+        self.paths = zkmeta.ZkPaths(cluster_root)
+        self.name = name
+        self.server_overrides = server_overrides or {}
+        self.storage_overrides = storage_overrides or {}
+        self._own_zookeeper = zookeeper is None
+        self.zookeeper_process = ZooKeeperProcess(self.workdir / "zookeeper") if zookeeper is None else None
+        self.zookeeper = zookeeper or ""
+        self.cluster_key = ""
+        self.storage: list[StorageNode] = []
+        self.servers: list[ServerNode] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> LocalCluster:
+        try:
+            if self.zookeeper_process is not None:
+                self.zookeeper = self.zookeeper_process.start()
+            zk = zkmeta.connect(self.zookeeper)
+            try:
+                self.cluster_key = cluster_admin.create_cluster(zk, self.paths, self.name, self.num_partitions)
+                for index in range(self.num_storage):
+                    node = self._storage_node(index)
+                    self.storage.append(node)
+                    cluster_admin.add_storage_node(zk, self.paths, node.connect_string, node.admin_port, group=index)
+                    cluster_admin.assign_partitions(zk, self.paths, node.connect_string, range(self.num_partitions))
+            finally:
+                zk.stop()
+                zk.close()
+            for node in self.storage:
+                node.start()
+                self.assign_storage_partitions(node)
+            for index in range(self.num_servers):
+                self.add_server(index)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def add_server(self, index: int | None = None) -> ServerNode:
+        server = self._server_node(len(self.servers) if index is None else index)
+        self.servers.append(server)
+        server.start()
+        return server
+
+    def assign_storage_partitions(self, node: StorageNode, partitions: range | None = None) -> None:
+        """Create the partitions' files on a storage node through its admin port."""
+        from waltz_storage.admin_client import StorageAdminClient
+
+        with StorageAdminClient("127.0.0.1", node.admin_port, self.cluster_key, self.num_partitions) as client:
+            existing = {p.partition_id for p in client.list_partitions()}
+            for pid in partitions if partitions is not None else range(self.num_partitions):
+                if pid not in existing:
+                    client.assign(pid)
+
+    def stop(self) -> None:
+        """Stop servers, then storage nodes, then ZooKeeper; never leaves a process behind."""
+        for process in [*self.servers, *self.storage]:
+            try:
+                process.stop(timeout=15)
+            except Exception:  # cleanup must reach every process
+                process.kill()
+        if self.zookeeper_process is not None:
+            self.zookeeper_process.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- configuration -----------------------------------------------------------------------
+    def client_config(self, **overrides: Any) -> dict[str, Any]:
+        """Configuration keys for a client of this cluster (dotted names)."""
+        return {
+            "zookeeper.connectString": self.zookeeper,
+            "cluster.root": self.paths.root,
+            **overrides,
+        }
+
+    def write_client_config(self, name: str = "client.yaml", **overrides: Any) -> Path:
+        path = self.workdir / name
+        path.write_text(yaml.safe_dump(self.client_config(**overrides)))
+        return path
+
+    def _common(self) -> dict[str, Any]:
+        return {"zookeeper.connectString": self.zookeeper, "cluster.root": self.paths.root}
+
+    def _storage_node(self, index: int) -> StorageNode:
+        name = f"storage-{index}"
+        port, admin_port, metrics_port = free_port(), free_port(), free_port()
+        directory = self.workdir / name / "data"
+        directory.mkdir(parents=True, exist_ok=True)
+        config = {
+            **self._common(),
+            "storage.host": "127.0.0.1",
+            "storage.port": port,
+            "storage.admin.port": admin_port,
+            "storage.metrics.port": metrics_port,
+            "storage.directory": str(directory),
+            **self.storage_overrides,
+        }
+        config_path = self.workdir / name / "storage.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        return StorageNode(
+            name=name,
+            command=[str(BIN / "waltz-storage")],
+            config_path=config_path,
+            log_path=self.workdir / name / "storage.log",
+            ready_marker="waltz-storage ready",
+            port=port,
+            admin_port=admin_port,
+            metrics_port=metrics_port,
+            directory=directory,
+        )
+
+    def _server_node(self, index: int) -> ServerNode:
+        name = f"server-{index}"
+        (self.workdir / name).mkdir(parents=True, exist_ok=True)
+        port, metrics_port = free_port(), free_port()
+        config = {
+            **self._common(),
+            "server.host": "127.0.0.1",
+            "server.port": port,
+            "server.metrics.port": metrics_port,
+            **self.server_overrides,
+        }
+        config_path = self.workdir / name / "server.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        return ServerNode(
+            name=name,
+            command=[str(BIN / "waltz-server")],
+            config_path=config_path,
+            log_path=self.workdir / name / "server.log",
+            ready_marker="waltz-server ready",
+            port=port,
+            metrics_port=metrics_port,
+        )
+
+    def pids(self) -> dict[str, int]:
+        """Live process ids by name (for memory measurements)."""
+        found = {p.name: p.pid for p in [*self.servers, *self.storage] if p.running and p.pid}
+        if self.zookeeper_process is not None and self.zookeeper_process.pid is not None:
+            found["zookeeper"] = self.zookeeper_process.pid
+        return {k: v for k, v in found.items() if v is not None}
+
