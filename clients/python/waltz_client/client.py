@@ -164,6 +164,8 @@ class AsyncWaltzClient:
                     return
                 if partition.error is not None:
                     raise partition.error
+                if pending.error is not None:
+                    raise pending.error
                 attempts += 1
                 if 0 <= self.config.max_retries < attempts:
                     raise RetriesExhaustedError(

@@ -36,6 +36,10 @@ class RetriesExhaustedError(WaltzError):
     """A transaction context failed client.maxRetries + 1 times and was given up."""
 
 
+class TransactionRejectedError(WaltzError):
+    """The server refused the transaction itself (too large, bad checksum): retrying cannot help."""
+
+
 class TransactionDataError(WaltzError):
     """A transaction's data could not be fetched (or kept failing its checksum)."""
 

@@ -59,6 +59,7 @@ class MockServer:
         self._corrupt_data = 0
         self._fault_rate = 0.0
         self.max_delay = 0.0
+        self.max_transaction_bytes = 4 * 1024 * 1024
         self.held = False
         self._feed_suspended = False
         self._random = random.Random(0)
@@ -238,6 +239,9 @@ class MockServer:
             return reject(server_pb2.AppendRejected.PARTITION_NOT_READY, f"partition {pid} is not available")
         if request.data_length != len(request.data) or crc32(request.data) != request.checksum:
             return reject(server_pb2.AppendRejected.INVALID, "checksum or data length mismatch")
+        if len(request.data) > self.max_transaction_bytes:
+            return reject(server_pb2.AppendRejected.INVALID,
+                          f"{len(request.data)} bytes of data, more than the limit {self.max_transaction_bytes}")
         if self._fail_appends or self._random.random() < self._fault_rate:
             self._fail_appends = max(0, self._fail_appends - 1)
             return None  # lost without a word, as a crashed server would

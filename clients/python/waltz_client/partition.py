@@ -14,7 +14,7 @@ from waltz_client.api import Transaction, TransactionBuilder, TransactionContext
 from waltz_client.config import ClientConfig
 from waltz_client.connection import ConnectionManager, ServerConnection
 from waltz_client.driver import Ownership
-from waltz_client.errors import ClientAheadError, StreamClosedError, WaltzTimeoutError
+from waltz_client.errors import ClientAheadError, StreamClosedError, TransactionRejectedError, WaltzTimeoutError
 from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
 from waltz_client.partition_state import ClientPartitionState, FeedDecision, MountResult, MountState
 from waltz_client.wire import append_request, feed_request, flush_request, mount_request, req_id_from_proto
@@ -44,6 +44,7 @@ class PendingAppend:
     context: TransactionContext
     data: bytes
     outcome: asyncio.Future[Outcome]
+    error: BaseException | None = None  # set when the failure must not be retried
 
 
 @dataclass
@@ -267,7 +268,11 @@ class ClientPartition:
             rejected = message.append_rejected
             log.warning("partition %d: append rejected: %s", self.partition_id, rejected.message)
             reason = server_pb2.AppendRejected.Reason.Name(rejected.reason)
-            await self._fire(self.monitor.on_rejected(req_id_from_proto(rejected.req_id), reason))
+            outcomes = self.monitor.on_rejected(req_id_from_proto(rejected.req_id), reason)
+            if rejected.reason == server_pb2.AppendRejected.INVALID:
+                for token, _ in outcomes:
+                    token.error = TransactionRejectedError(f"partition {self.partition_id}: {rejected.message}")
+            await self._fire(outcomes)
             if rejected.reason in _REMOUNT_REJECTIONS:
                 return _Verdict.REMOUNT
         return None

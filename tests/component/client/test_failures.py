@@ -12,6 +12,7 @@ from waltz_client import (
     PartitionLocalLock,
     RetriesExhaustedError,
     TransactionDataError,
+    TransactionRejectedError,
     WaltzTimeoutError,
 )
 
@@ -207,5 +208,19 @@ def test_a_feed_that_stops_is_requested_again() -> None:
             server.end_feeds()
             assert await (await c.submit(Ctx(b"second"))) is True  # after two flush answers ahead
         assert payloads(server) == [b"first", b"second"]
+
+    run(main())
+
+
+def test_a_transaction_the_server_refuses_is_an_error_not_a_retry() -> None:
+    async def main() -> None:
+        server = MockServer(1)
+        server.max_transaction_bytes = 10
+        async with client(server) as c:
+            big = Ctx(b"x" * 11)
+            with pytest.raises(TransactionRejectedError, match="more than the limit"):
+                await (await c.submit(big))
+            assert len(big.executed_at) == 1 and big.hooks[0][0] == "exception"
+            assert await (await c.submit(Ctx(b"small"))) is True
 
     run(main())
