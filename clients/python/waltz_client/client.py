@@ -218,6 +218,8 @@ class AsyncWaltzClient:
         timeout = self.config.request_timeout_s
         problem = "not tried"
         for attempt in range(DATA_ATTEMPTS):
+            if self._closed:
+                raise WaltzClosedError(f"the client was closed while fetching transaction {transaction_id}")
             if attempt:
                 await asyncio.sleep(0.01 * 3**attempt)
             owner = self._topology.get(partition_id)
@@ -258,7 +260,7 @@ class AsyncWaltzClient:
         if hasattr(self, "_connections"):
             await self._connections.close()
         await self._driver.close()
-        self._callback_thread.shutdown()
+        await asyncio.to_thread(self._callback_thread.shutdown)  # a callback may need the loop
 
     # ---- internals ------------------------------------------------------------------------
 

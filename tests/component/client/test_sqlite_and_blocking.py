@@ -119,3 +119,26 @@ def test_bank_demo_survives_lost_appends_and_cut_streams() -> None:
     report = run_demo(server, num_clients=2, num_transactions=80, client_config=FAST, out=None)
     assert report.ok, report.problems
     assert report.retries > 0
+
+
+def test_close_while_an_apply_waits_for_data_does_not_deadlock(tmp_path: Path) -> None:
+    import threading
+
+    server = MockServer(1)
+    entered, release = threading.Event(), threading.Event()
+
+    class Slow(Journal):
+        def apply(self, transaction: Transaction, connection: GuardedConnection) -> None:
+            entered.set()
+            release.wait(10)
+            super().apply(transaction, connection)  # fetches the data through the closing client
+
+    with WaltzClient(Journal(tmp_path / "a.db"), FAST, driver=server) as writer:
+        assert writer.submit(Ctx(b"x")).result(timeout=30)
+    reader = WaltzClient(Slow(tmp_path / "b.db"), FAST, driver=server)
+    assert entered.wait(10)
+    closer = threading.Thread(target=reader.close)
+    closer.start()
+    release.set()
+    closer.join(30)
+    assert not closer.is_alive()
