@@ -1,36 +1,54 @@
-"""The quick start: bring up a local cluster on loopback, show its state, and stop it cleanly."""
+"""The quick start: a local cluster on loopback (ZooKeeper, 3 storage nodes, a server) and the bank demo."""
 
 from __future__ import annotations
 
 import argparse
-import socket
+import logging
 import sys
 import tempfile
+import time
+from pathlib import Path
 
-from waltz_common.testing.zookeeper import ZooKeeperProcess
-
-
-def four_letter_word(connect_string: str, word: str) -> str:
-    host, port = connect_string.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as conn:
-        conn.sendall(word.encode())
-        chunks = []
-        while chunk := conn.recv(4096):
-            chunks.append(chunk)
-    return b"".join(chunks).decode()
+from waltz_common.testing.local_cluster import LocalCluster
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="quickstart", description=__doc__)
-    parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="waltz-quickstart-") as workdir:
-        print(f"starting ZooKeeper in {workdir} ...", flush=True)
-        with ZooKeeperProcess(workdir) as zookeeper:
-            print(f"ZooKeeper is up at {zookeeper.connect_string} (pid {zookeeper.pid})")
-            print(four_letter_word(zookeeper.connect_string, "srvr").rstrip())
-            print("stopping ZooKeeper ...", flush=True)
-        print("done: everything stopped")
-    return 0
+    parser.add_argument("--storage-nodes", type=int, default=3, help="storage nodes (replicas of every partition)")
+    parser.add_argument("--servers", type=int, default=1, help="servers")
+    parser.add_argument("--partitions", type=int, default=2, help="partitions")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent bank application instances")
+    parser.add_argument("--transactions", type=int, default=400, help="bank operations to submit")
+    parser.add_argument("--accounts", type=int, default=6, help="bank accounts")
+    parser.add_argument("--workdir", type=Path, help="keep logs, configs and data here (default: a temp dir)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.ERROR)  # it warns about connections we close on purpose
+
+    from waltz_client.demo.bank import run_demo  # the client library is a heavier import
+
+    with tempfile.TemporaryDirectory(prefix="waltz-quickstart-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        started = time.monotonic()
+        print(f"quickstart: starting ZooKeeper, {args.storage_nodes} storage nodes and {args.servers} server(s) "
+              f"with {args.partitions} partitions in {workdir} ...", flush=True)
+        cluster = LocalCluster(workdir, storage_nodes=args.storage_nodes, servers=args.servers,
+                               partitions=args.partitions, name="quickstart")
+        with cluster:
+            print(f"quickstart: cluster up in {time.monotonic() - started:.1f} s", flush=True)
+            print(f"  zookeeper   {cluster.zookeeper}   root {cluster.paths.root}   key {cluster.cluster_key}")
+            for node in cluster.storage:
+                print(f"  storage     {node.connect_string}   admin {node.admin_port}   "
+                      f"metrics http://127.0.0.1:{node.metrics_port}/metrics")
+            for server in cluster.servers:
+                print(f"  server      {server.address}   metrics http://127.0.0.1:{server.metrics_port}/metrics")
+            print("quickstart: running the bank demo (deposits; withdrawals guarded by locks) ...", flush=True)
+            report = run_demo(cluster.client_config(), num_clients=args.clients,
+                              num_transactions=args.transactions, num_accounts=args.accounts)
+            print("quickstart: stopping everything ...", flush=True)
+        print(f"quickstart: {'done' if report.ok else 'FAILED'}; everything stopped "
+              f"({time.monotonic() - started:.1f} s in all)")
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":
