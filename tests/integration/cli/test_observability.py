@@ -3,9 +3,12 @@ gRPC health and reflection on each of its gRPC ports."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.integration.cli import observability as obs
+from waltz_cli.main import main
 from waltz_common.testing.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.skipif(
@@ -14,22 +17,46 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def storage_only(make_cluster) -> LocalCluster:
-    return make_cluster(storage_nodes=1, servers=0, partitions=2)
+def cluster(make_cluster) -> LocalCluster:
+    """One storage node and one server, after some traffic (so histograms and labelled series exist)."""
+    cluster = make_cluster(storage_nodes=1, servers=1, partitions=2)
+    run = None
+    for _ in range(60):
+        run = cli_main(cluster, "client", "validate", "-p", "1", "-n", "5", "--producers", "2")
+        if run == 0:
+            break
+        time.sleep(1)
+    assert run == 0, "client validate did not pass"
+    return cluster
 
 
-def test_storage_node_metrics_health_and_reflection(storage_only):
-    node = storage_only.storage[0]
-    exposition = obs.scrape(node.metrics_port)
+def cli_main(cluster: LocalCluster, *argv: str) -> int:
+    return main(["--zookeeper", cluster.zookeeper, "--root", cluster.paths.root, *argv])
+
+
+def _check_endpoint(metrics_port: int, prefix: str, grpc_ports: dict[int, str]) -> None:
+    exposition = obs.scrape(metrics_port)
     assert obs.promtool_problems(exposition) == ""
-    assert obs.naming_problems(exposition, "waltz_storage_") == []
-    assert "waltz_storage_fsync_duration_seconds_bucket" in exposition
-    for port, service in ((node.port, "waltz.v1.WaltzStorage"), (node.admin_port, "waltz.v1.WaltzStorageAdmin")):
+    assert obs.naming_problems(exposition, prefix) == []
+    for port, service in grpc_ports.items():
         target = f"127.0.0.1:{port}"
-        assert obs.health_status(target) == "SERVING"
-        assert {service, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= (
-            obs.reflected_services(target)
-        )
+        assert obs.health_status(target) == "SERVING", target
+        expected = {service, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
+        assert expected <= obs.reflected_services(target), target
+
+
+def test_storage_node_metrics_health_and_reflection(cluster):
+    node = cluster.storage[0]
+    services = {node.port: "waltz.v1.WaltzStorage", node.admin_port: "waltz.v1.WaltzStorageAdmin"}
+    _check_endpoint(node.metrics_port, "waltz_storage_", services)
+    assert "waltz_storage_fsync_duration_seconds_count" in obs.scrape(node.metrics_port)
+
+
+def test_server_metrics_health_and_reflection(cluster):
+    server = cluster.servers[0]
+    _check_endpoint(server.metrics_port, "waltz_server_", {server.port: "waltz.v1.WaltzServer"})
+    exposition = obs.scrape(server.metrics_port)
+    assert 'waltz_server_append_requests_total{partition="1",result="ok"} 10.0' in exposition
 
 
 def test_naming_check_catches_bad_names():

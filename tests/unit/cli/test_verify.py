@@ -101,11 +101,11 @@ def test_unreachable_server_and_no_servers():
 
 def test_server_storage_connectivity():
     facts = healthy()
-    facts.servers[1].storage = {"h:1": (True, ""), "h:2": (False, "connection refused")}
+    facts.servers[1].storage = {"h:1": (True, ""), "h:2": (False, "connection refused"), "h:9": (False, "gone")}
     reasons = failures(facts)["servers reach their storage nodes"]
     assert reasons == [
         "server 1 (s:1) cannot reach storage node h:2: connection refused",
-        "server 1 (s:1) has no connection to storage node h:3",
+        "server 1 (s:1) cannot reach storage node h:3: no connection",
     ]
 
 
