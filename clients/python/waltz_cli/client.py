@@ -11,7 +11,7 @@ from waltz.v1 import common_pb2, server_pb2
 from waltz_cli import rpc, validate
 from waltz_cli.context import Context
 from waltz_cli.errors import UsageError
-from waltz_cli.output import Result, emit_line, table
+from waltz_cli.output import Result, data_text, emit_line, table
 
 
 def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -37,17 +37,6 @@ def high_water_mark_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     return Result({str(p): m for p, m in marks.items()}, table(["partition", "high-water mark"], sorted(marks.items())))
 
 
-def _printable(data: bytes, limit: int = 60) -> str:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = ""
-    if text and text.isprintable():
-        return text if len(text) <= limit else text[: limit - 3] + "..."
-    hexed = data.hex()
-    return "0x" + (hexed if len(hexed) <= limit else hexed[: limit - 5] + "...")
-
-
 def record_data(record: common_pb2.Record) -> dict[str, Any]:
     """A committed record as plain data (data in base64)."""
     r = record.req_id
@@ -71,18 +60,20 @@ def record_line(record: common_pb2.Record) -> str:
     r = record.req_id
     return (
         f"{record.transaction_id:>8}  client {r.client_id} gen {r.generation} seq {r.seq_num}  header {record.header}  "
-        f"{len(record.data)} bytes  {_printable(record.data)}"
+        f"{len(record.data)} bytes  {data_text(record.data, 60)}"
     )
+
+
+READ_CHUNK = 5000  # transactions per ReadTransactions call, so each call ends well within its deadline
 
 
 def read_range(ctx: Context, pid: int, first: int, last: int, as_json: bool) -> int:
     """Print transactions first..last of a partition as they stream in; returns how many."""
     target = rpc.owner_address(ctx, pid)
-    request = server_pb2.ReadTransactionsRequest(partition_id=pid, from_transaction_id=first, to_transaction_id=last)
-    count = 0
 
-    def stream() -> int:
+    def stream(start: int, end: int) -> int:
         n = 0
+        request = server_pb2.ReadTransactionsRequest(partition_id=pid, from_transaction_id=start, to_transaction_id=end)
         with rpc.server_stub(target) as stub:
             for reply in stub.ReadTransactions(request, timeout=max(ctx.rpc_timeout_s, 60.0)):
                 for record in reply.records:
@@ -90,8 +81,10 @@ def read_range(ctx: Context, pid: int, first: int, last: int, as_json: bool) -> 
                     n += 1
         return n
 
-    count = rpc.call(f"server {target} (partition {pid})", stream)
-    return count
+    printed = 0
+    for start in range(first, last + 1, READ_CHUNK):
+        printed += rpc.call(f"server {target} (partition {pid})", stream, start, min(last, start + READ_CHUNK - 1))
+    return printed
 
 
 def tail_cmd(ctx: Context, args: argparse.Namespace) -> Result:

@@ -11,7 +11,7 @@ from waltz_cli import diskread
 from waltz_cli.context import Context
 from waltz_cli.diskread import DiskError
 from waltz_cli.errors import CliError, UsageError
-from waltz_cli.output import Result, progress, table
+from waltz_cli.output import Result, data_text, progress, table
 from waltz_common.cluster_admin import parse_partitions
 
 
@@ -142,7 +142,7 @@ def dump_segment_cmd(ctx: Context, args: argparse.Namespace) -> Result:
                         "checksum": r.checksum,
                     }
                     if args.data:
-                        entry["data"] = _data_text(r.data)
+                        entry["data"] = data_text(r.data)
                     records.append(entry)
     except DiskError as exc:
         raise CliError(str(exc)) from None
@@ -175,22 +175,12 @@ def dump_segment_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     return Result(data, f"{head}\n{body}{problems}", 1 if report.problems else 0)
 
 
-def _data_text(data: bytes) -> str:
-    try:
-        text = data.decode("utf-8")
-        if text.isprintable():
-            return text
-    except UnicodeDecodeError:
-        pass
-    return "0x" + data.hex()
-
-
 def verify_segment_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     """Verify segments; exit 1 if any has a problem."""
     try:
         files = diskread.segment_files(args.paths)
         if not files:
-            raise CliError(f"no {''.join('.seg')} files under {', '.join(map(str, args.paths))}")
+            raise CliError(f"no .seg files under {', '.join(map(str, args.paths))}")
         reports = [diskread.verify_segment(f) for f in progress(files, len(files), "verify", ctx.show_progress)]
     except DiskError as exc:
         raise CliError(str(exc)) from None

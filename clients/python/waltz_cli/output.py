@@ -65,6 +65,17 @@ def ranges(ids: Sequence[int]) -> str:
     return ",".join(parts)
 
 
+def data_text(data: bytes, limit: int | None = None) -> str:
+    """Transaction data for people: printable UTF-8 as is, anything else as 0x-hex; cut at limit characters."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = ""
+    if not (text and text.isprintable()):
+        text = "0x" + data.hex() if data else ""
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
+
+
 def section(title: str, body: str) -> str:
     """A titled block of text."""
     return f"{title}\n{body}"

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from waltz_cli.errors import CliError, one_line, rpc_message
-from waltz_cli.output import Result, ranges, table
+from waltz_cli.output import Result, data_text, ranges, table
 from waltz_common.cluster_admin import parse_partitions
 
 
@@ -67,3 +67,17 @@ def test_rpc_messages_name_the_target():
 def test_one_line_squeezes_multi_line_messages():
     assert one_line(CliError("first\n  second")) == "first second"
     assert one_line(KeyError("k")) == "KeyError: 'k'"
+
+
+@pytest.mark.parametrize(
+    ("data", "limit", "text"),
+    [
+        (b"17", None, "17"),
+        (b"", None, ""),
+        (b"\x00\xff", None, "0x00ff"),
+        (b"line\nbreak", None, "0x6c696e650a627265616b"),
+        (b"abcdefghij", 6, "abc..."),
+    ],
+)
+def test_data_text(data, limit, text):
+    assert data_text(data, limit) == text
