@@ -12,7 +12,9 @@ import grpc
 import pytest
 
 from waltz.v1 import common_pb2, storage_pb2, storage_pb2_grpc
+from waltz_common import cluster_admin
 from waltz_common.types import crc32
+from waltz_common.zk import ZkPaths
 from waltz_server.store.connection import (
     Code,
     StorageConnectionLost,
@@ -79,6 +81,31 @@ def test_requests_on_one_stream_are_matched_to_their_answers_across_partitions(t
         finally:
             await pool.close()
             await node.stop(0)
+
+    run(test)
+
+
+def test_the_pool_takes_the_cluster_key_and_partition_count_from_zookeeper(
+    tmp_path: Path, zk: Any, cluster_root: str
+) -> None:
+    async def test() -> None:
+        paths = ZkPaths(cluster_root)
+        key = cluster_admin.create_cluster(zk, paths, "pool", 2)
+        directory = tmp_path / "node"
+        with StorageManager(directory, uuid.UUID(key), 2) as manager:
+            manager.assign(0)
+        node = StorageNode.open(
+            directory, uuid.UUID(key), 2, limits=Limits(1 << 20, 1 << 23), segment_size_threshold=1 << 30
+        )
+        servers = await server.start(node, "127.0.0.1", 0, 0)
+        pool = await StorageConnections.from_zookeeper(zk, paths, FAST)
+        try:
+            connection = pool.get(f"127.0.0.1:{servers.storage_port}")
+            epoch = await connection.wait_connected()
+            assert await ReplicaSession(connection, epoch, 0, 0).max_transaction_id() == -1
+        finally:
+            await pool.close()
+            await servers.stop(0)
 
     run(test)
 

@@ -166,6 +166,10 @@ async def append_retrying(store: ReplicatedStorePartition, records: list[Pending
             assert store.high_water_mark < failure.first_transaction_id, "a batch committed only in part"
 
 
+async def append_many(store: ReplicatedStorePartition, tag: str, batches: int, size: int) -> list[int]:
+    return [await append_retrying(store, pending(f"{tag}{i}", size)) for i in range(batches)]
+
+
 async def close_settled(store: ReplicatedStorePartition, replicas: int) -> None:
     """Close once every replica is in the write set (a session opens with a majority; others join later)."""
     await eventually(lambda: len(store.write_set()) == replicas, f"{replicas} replicas in the write set")
@@ -220,20 +224,20 @@ def test_dead_replica_ends_session_appends_go_on_with_two_and_it_catches_up_on_r
         store = c.partition()
         await store.start(1)
         await store.wait_ready(60)
-        for i in range(5):
-            await append_retrying(store, pending(f"a{i}", 3))
+        await eventually(lambda: len(store.write_set()) == 3, "every replica in the write set")
         dead = nodes[2]
-        await dead.stop()
-        for i in range(10):
-            await append_retrying(store, pending(f"b{i}", 4))
-        assert store.high_water_mark == 5 * 3 + 10 * 4 - 1
+        writer = asyncio.create_task(append_many(store, "a", batches=40, size=3))
+        await eventually(lambda: store.high_water_mark >= 20, "appends under way")
+        await dead.stop()  # mid-stream: its session ends, the next one recovers and appends go on
+        firsts = await writer
+        assert firsts == list(range(0, 120, 3)) and store.high_water_mark == 119  # dense, none used twice
         session = store.status().session_id
         assert session >= 1 and c.metadata().session_id == session
         states = c.replica_states()
         assert states[nodes[0].address] == states[nodes[1].address] == (session, UNRESOLVED)
         # the dead replica keeps its old session, with the closing high-water mark recovery resolved
         dead_state = states[dead.address]
-        assert dead_state[0] < session and 14 <= dead_state[1] <= store.high_water_mark
+        assert dead_state[0] < session and 20 <= dead_state[1] <= store.high_water_mark
 
         await dead.start()
         await eventually(lambda: store.status().replicas_connected == 3, "the node is back")

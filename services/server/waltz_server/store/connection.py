@@ -8,8 +8,11 @@ from dataclasses import dataclass, field
 
 import grpc
 import grpc.aio
+from kazoo.client import KazooClient
 
 from waltz.v1 import storage_pb2
+from waltz_common import zk as zkmeta
+from waltz_common.zk import ZkPaths
 from waltz_server.store.settings import Backoff, StoreSettings
 from waltz_server.store.wire import open_request, request_body, response_body
 
@@ -252,6 +255,14 @@ class StorageConnections:
         self.settings = settings or StoreSettings()
         self._connections: dict[str, StorageConnection] = {}
         self._closed = False
+
+    @classmethod
+    async def from_zookeeper(
+        cls, zk: KazooClient, paths: ZkPaths, settings: StoreSettings | None = None
+    ) -> StorageConnections:
+        """A pool for the cluster at paths: its cluster key and partition count come from <root>/store."""
+        params = await asyncio.to_thread(zkmeta.store_params, zk, paths)
+        return cls(params.cluster_key, params.num_partitions, settings)
 
     def get(self, connect_string: str) -> StorageConnection:
         """The connection to connect_string, started on first use (call from the event loop)."""

@@ -7,8 +7,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
-from waltz.v1 import common_pb2, storage_pb2
+from waltz.v1 import storage_pb2
 from waltz_common.types import Record, RecordHeader
 from waltz_server.recovery import (
     CatchUp,
@@ -36,6 +37,8 @@ MAX_OUTSTANDING_BATCHES = 8
 SOURCE_RETRY_S = 0.05
 
 WriteStates = Callable[[Mapping[str, ReplicaState]], Awaitable[None]]
+T = TypeVar("T")
+Fetch = Callable[[ReplicaSession, int, int], Awaitable[list[T]]]
 
 
 class SessionEnded(Exception):
@@ -441,36 +444,37 @@ class StoreSession:
         preferred = self._preferred_reader
         return sorted(self._members.items(), key=lambda kv: (kv[1].acked < last, kv[0] != preferred, kv[0]))
 
-    async def _read(
-        self, first: int, max_records: int, headers: bool
-    ) -> list[common_pb2.Record] | list[common_pb2.RecordHeader]:
+    async def _read(self, first: int, max_records: int, fetch: Fetch[T]) -> list[T]:
+        """Consecutive committed items from first (at most max_records), from the first member that has them.
+
+        A storage node answers long lists in parts, so a short, non-empty answer is followed up."""
         self._check_usable()
         count = min(max_records, self.high_water_mark - first + 1)
         if count <= 0 or first < 0:
             return []
         errors = []
         for replica, member in self._readers(first + count - 1):
+            found: list[T] = []
             try:
-                if headers:
-                    found: list[common_pb2.Record] | list[common_pb2.RecordHeader] = await member.session.headers(
-                        first, count
-                    )
-                else:
-                    found = await member.session.records(first, count)
+                while len(found) < count:
+                    part = await fetch(member.session, first + len(found), count - len(found))
+                    if not part:
+                        break
+                    found.extend(part)
             except StorageError as e:
                 errors.append(str(e))
                 continue
-            if len(found) == count:
+            if len(found) >= count:
                 self._preferred_reader = replica
-                return found
-            errors.append(f"{replica}: {len(found)} of {count} records from {first}")
+                return found[:count]
+            errors.append(f"{replica}: {len(found)} of {count} from {first}")
         raise StoreUnavailable(f"partition {self.partition_id}: no replica could serve {first}..: {'; '.join(errors)}")
 
     async def records(self, first: int, max_records: int) -> list[Record]:
-        return [record_from_proto(p) for p in await self._read(first, max_records, headers=False)]  # type: ignore[arg-type]
+        return [record_from_proto(p) for p in await self._read(first, max_records, ReplicaSession.records)]
 
     async def headers(self, first: int, max_records: int) -> list[RecordHeader]:
-        return [header_from_proto(p) for p in await self._read(first, max_records, headers=True)]  # type: ignore[arg-type]
+        return [header_from_proto(p) for p in await self._read(first, max_records, ReplicaSession.headers)]
 
     # ----------------------------------------------------------------------------------- status
 

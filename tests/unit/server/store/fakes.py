@@ -34,6 +34,7 @@ class FakeReplica:
         self.hold_appends = False  # appends wait (unanswered) while True
         self.released = asyncio.Event()
         self.fail_reads = False
+        self.max_list = 10_000  # a storage node answers long lists in parts
 
     @property
     def max_transaction_id(self) -> int:
@@ -71,7 +72,7 @@ class FakeReplica:
             return storage_pb2.StorageResponse(success=storage_pb2.SuccessResponse())
         if self.fail_reads:
             raise StorageRpcError(Code.IO_ERROR, "read failed")
-        found = self.records[msg.transaction_id : msg.transaction_id + msg.max_records]
+        found = self.records[msg.transaction_id : msg.transaction_id + min(msg.max_records, self.max_list)]
         if kind == "record_list":
             return storage_pb2.StorageResponse(record_list=storage_pb2.RecordListResponse(records=found))
         headers = [common_pb2.RecordHeader(transaction_id=r.transaction_id, req_id=r.req_id) for r in found]

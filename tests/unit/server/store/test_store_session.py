@@ -223,6 +223,8 @@ def test_reads_are_clamped_to_the_high_water_mark_and_fall_back_to_another_membe
             assert [r.transaction_id for r in got] == [3, 4] and got[0].data == b"p3"
             assert [x.transaction_id for x in await h.session.headers(0, 2)] == [0, 1]
             assert await h.session.records(5, 1) == []
+            h.replicas[B].max_list = 2
+            assert [r.transaction_id for r in await h.session.records(0, 5)] == [0, 1, 2, 3, 4]
             for replica in h.replicas.values():
                 replica.fail_reads = True
             with pytest.raises(StoreUnavailable):
