@@ -28,7 +28,7 @@ from waltz_server.store.events import Signal
 from waltz_server.store.metadata import MetadataConflict, SessionStart
 from waltz_server.store.replica_session import ReplicaSession
 from waltz_server.store.settings import Backoff, StoreSettings
-from waltz_server.store.wire import append_request, header_from_proto, pending_to_proto, record_from_proto
+from waltz_server.store.wire import append_pending_request, header_from_proto, record_from_proto
 
 log = logging.getLogger(__name__)
 
@@ -404,8 +404,7 @@ class StoreSession:
         async with self._append_lock:
             self._check_usable()
             first = self.high_water_mark + 1
-            protos = [pending_to_proto(first + i, r) for i, r in enumerate(records)]
-            request = append_request(self.session_id, self.partition_id, protos)
+            request = append_pending_request(self.session_id, self.partition_id, first, records)
             await self._wait_until(
                 self._progress,
                 lambda: (

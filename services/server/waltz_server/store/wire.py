@@ -10,25 +10,8 @@ from waltz_common.types import Record, RecordHeader, ReqId
 from waltz_server.store.api import PendingRecord
 
 
-def req_id_to_proto(r: ReqId) -> common_pb2.ReqId:
-    return common_pb2.ReqId(
-        client_id=r.client_id, generation=r.generation, partition_id=r.partition_id, seq_num=r.seq_num
-    )
-
-
 def req_id_from_proto(p: common_pb2.ReqId) -> ReqId:
     return ReqId(p.client_id, p.generation, p.partition_id, p.seq_num)
-
-
-def pending_to_proto(transaction_id: int, r: PendingRecord) -> common_pb2.Record:
-    return common_pb2.Record(
-        transaction_id=transaction_id,
-        req_id=req_id_to_proto(r.req_id),
-        header=r.header,
-        data_length=len(r.data),
-        data=r.data,
-        checksum=r.checksum,
-    )
 
 
 def record_from_proto(p: common_pb2.Record) -> Record:
@@ -47,6 +30,31 @@ def append_request(
             session_id=session_id, partition_id=partition_id, record_list_length=len(records), records=records
         )
     )
+
+
+def append_pending_request(
+    session_id: int, partition_id: int, first: int, records: Sequence[PendingRecord]
+) -> storage_pb2.StorageRequest:
+    """The append of records with ids first.., built in place (no per-record message copies)."""
+    request = storage_pb2.StorageRequest()
+    append = request.append
+    append.session_id = session_id
+    append.partition_id = partition_id
+    append.record_list_length = len(records)
+    add = append.records.add
+    for i, r in enumerate(records):
+        q = r.req_id
+        add(
+            transaction_id=first + i,
+            req_id=common_pb2.ReqId(
+                client_id=q.client_id, generation=q.generation, partition_id=q.partition_id, seq_num=q.seq_num
+            ),
+            header=r.header,
+            data_length=len(r.data),
+            data=r.data,
+            checksum=r.checksum,
+        )
+    return request
 
 
 def open_request(cluster_key: str, num_partitions: int) -> storage_pb2.StorageRequest:
