@@ -95,23 +95,31 @@ def recover_one(ctx: Context, source: str, destination: str, pid: int, batch: in
         if d is None or d.error:
             raise CliError(f"destination {destination}: partition {pid} is not usable: {d.error if d else 'missing'}")
         dst.set_writable(pid, False)
-        session_id = max(d.session_id, s.session_id, _current_session(ctx, pid))
-        with StorageSession(destination, params.cluster_key, params.num_partitions, ctx.rpc_timeout_s) as session:
-            kept = session.truncate(pid, session_id, min(d.local_low_water_mark, d.max_transaction_id))
-            safe_end = _committed_end(ctx, pid, source, s.session_id, s.low_water_mark)
-            plan = plan_copy(kept + 1, s.max_transaction_id, safe_end)
-            txn = plan.start
-            with Counter(
-                plan.end - plan.start + 1 if plan.end >= plan.start else 0, f"partition {pid}", ctx.show_progress
-            ) as bar:
-                while txn <= plan.end:
-                    records = list(src.record_list(pid, txn, min(batch, plan.end - txn + 1)))
-                    if not records:
-                        raise CliError(f"source {source} returned no records from transaction {txn} of partition {pid}")
-                    session.append(pid, session_id, records)
-                    txn += len(records)
-                    bar.update(len(records))
-            session.set_low_water_mark(pid, session_id, plan.low_water_mark)
+        try:
+            session_id = max(d.session_id, s.session_id, _current_session(ctx, pid))
+            with StorageSession(destination, params.cluster_key, params.num_partitions, ctx.rpc_timeout_s) as session:
+                kept = session.truncate(pid, session_id, min(d.local_low_water_mark, d.max_transaction_id))
+                safe_end = _committed_end(ctx, pid, source, s.session_id, s.low_water_mark)
+                plan = plan_copy(kept + 1, s.max_transaction_id, safe_end)
+                txn = plan.start
+                with Counter(
+                    plan.end - plan.start + 1 if plan.end >= plan.start else 0, f"partition {pid}", ctx.show_progress
+                ) as bar:
+                    while txn <= plan.end:
+                        records = list(src.record_list(pid, txn, min(batch, plan.end - txn + 1)))
+                        if not records:
+                            raise CliError(
+                                f"source {source} returned no records from transaction {txn} of partition {pid}"
+                            )
+                        session.append(pid, session_id, records)
+                        txn += len(records)
+                        bar.update(len(records))
+                session.set_low_water_mark(pid, session_id, plan.low_water_mark)
+        except CliError as exc:
+            raise CliError(
+                f"{exc}; partition {pid} on {destination} is left unwritable: fix the cause and run "
+                "recover-partition again"
+            ) from None
         dst.set_writable(pid, True)
         dst.set_readable(pid, True)
     cluster_admin.assign_partitions(ctx.zk, ctx.paths, destination, [pid])

@@ -100,27 +100,47 @@ def _check_listening(host: str, port: int, where: str, timeout_s: float) -> None
         raise CliError(f"{where}: cannot connect to its admin port {host}:{port}: {exc}") from None
 
 
+class NamedAdmin:
+    """Forwards calls to a StorageAdminClient; each failure becomes a CliError naming this node."""
+
+    def __init__(self, client: StorageAdminClient, where: str) -> None:
+        self._client = client
+        self._where = where
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._client, name)
+
+        def named(*args: Any, **kwargs: Any) -> Any:
+            return _admin_call(self._where, method, *args, **kwargs)
+
+        return named
+
+
+def _admin_call(where: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    from waltz_storage.admin_client import StorageAdminError
+
+    try:
+        return fn(*args, **kwargs)
+    except StorageAdminError as exc:
+        raise CliError(f"{where}: {exc}") from None
+    except grpc.RpcError as exc:
+        raise CliError(rpc_message(exc, where)) from None
+
+
 @contextmanager
-def storage_admin(ctx: Context, node: str) -> Iterator[StorageAdminClient]:
-    """An open admin client for a registered storage node; its failures name the node."""
-    from waltz_storage.admin_client import StorageAdminClient, StorageAdminError
+def storage_admin(ctx: Context, node: str) -> Iterator[Any]:
+    """An open admin client (a NamedAdmin) for a registered storage node; its failures name the node."""
+    from waltz_storage.admin_client import StorageAdminClient
 
     port = ctx.admin_port(node)
     host = node.rpartition(":")[0]
     params = ctx.store_params()
     where = f"storage node {node}"
     _check_listening(host, port, where, ctx.rpc_timeout_s)
+    client = _admin_call(
+        where, StorageAdminClient, host, port, params.cluster_key, params.num_partitions, ctx.rpc_timeout_s
+    )
     try:
-        client = StorageAdminClient(host, port, params.cluster_key, params.num_partitions, ctx.rpc_timeout_s)
-    except StorageAdminError as exc:
-        raise CliError(f"{where}: {exc}") from None
-    except grpc.RpcError as exc:
-        raise CliError(rpc_message(exc, where)) from None
-    try:
-        yield client
-    except StorageAdminError as exc:
-        raise CliError(f"{where}: {exc}") from None
-    except grpc.RpcError as exc:
-        raise CliError(rpc_message(exc, where)) from None
+        yield NamedAdmin(client, where)
     finally:
         client.close()

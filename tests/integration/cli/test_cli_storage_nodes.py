@@ -124,6 +124,9 @@ def test_recover_refuses_a_source_behind_the_destination(nodes, cli):
     _write(nodes, 1, 0, 1, _records(0, 0, 20), lwm=20)
     run = cli("storage", "recover-partition", "-s", src, "-d", dst, "-p", "0")
     assert run.code == 1 and "choose a more advanced source" in run.err
+    assert f"partition 0 on {dst} is left unwritable" in run.err and len(run.err.strip().splitlines()) == 1
+    state = cli("storage", "list", "-s", dst, "--json").json()["partitions"][0]
+    assert (state["writable"], state["max_transaction_id"]) == (False, 20)
     same = cli("storage", "recover-partition", "-s", src, "-d", src, "-p", "0")
     assert same.code == 2 and "same node" in same.err
 
