@@ -275,6 +275,10 @@ class StorageConnections:
             connection.start()
         return connection
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def is_connected(self, connect_string: str) -> bool:
         connection = self._connections.get(connect_string)
         return connection is not None and connection.connected

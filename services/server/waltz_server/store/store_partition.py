@@ -180,6 +180,9 @@ class ReplicatedStorePartition:
                 await asyncio.sleep(backoff.next_delay())
         await self._state_until(lambda: len(self._seen) == 2)
         while not self._closed:
+            if self._connections.closed:
+                self._detail = "the storage connections are closed"
+                return
             if self._fenced is not None:
                 await self._state_until(lambda: self._fenced is None)
                 continue
@@ -201,7 +204,11 @@ class ReplicatedStorePartition:
                 log.warning("partition %d: %s", self.partition_id, self._detail)
                 await asyncio.sleep(backoff.next_delay())
                 continue
-            reason = await self._run_session(start, replica_groups)
+            try:
+                reason = await self._run_session(start, replica_groups)
+            except Exception as e:  # a bug: say so, and let the next session recover
+                log.exception("partition %d: store session %d failed", self.partition_id, start.session_id)
+                reason = SessionFailed(f"unexpected {type(e).__name__}: {e}")
             self._detail = f"store session {start.session_id} ended: {reason}"
             if self._closed:
                 return

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
+from kazoo.exceptions import KazooException
+
 from waltz.v1 import storage_pb2
 from waltz_common.types import Record, RecordHeader
 from waltz_server.recovery import (
@@ -92,6 +94,8 @@ def _classify(error: BaseException) -> SessionEnded:
         return SessionFenced(str(error))
     if isinstance(error, StorageError):
         return SessionFailed(str(error))
+    if isinstance(error, KazooException):
+        return SessionFailed(f"ZooKeeper: {type(error).__name__} {error}")
     log.error("store session task failed unexpectedly", exc_info=error)
     return SessionFailed(f"unexpected {type(error).__name__}: {error}")
 
