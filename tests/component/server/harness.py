@@ -10,7 +10,7 @@ from waltz_common.types import Record, ReqId, crc32
 from waltz_server.config import PartitionSettings
 from waltz_server.partition import Partition
 
-from .fakes import FakeStore
+from .fakes import FakeStore, FakeStream
 
 SMALL = PartitionSettings(feed_cache_size=1000, feed_batch_size=1000, feed_fetch_size=5000)
 
@@ -41,3 +41,16 @@ async def settle(rounds: int = 20) -> None:
     """Let every ready task run a few times."""
     for _ in range(rounds):
         await asyncio.sleep(0)
+
+
+async def mounted_client(
+    store: FakeStore | None = None, settings: PartitionSettings = SMALL, generation: int = 1
+) -> tuple[Partition, FakeStore, FakeStream]:
+    """An open partition with client 1 mounted on a fresh stream (its mount answered)."""
+    from .helpers import mount
+
+    partition, store = await opened(store, settings, generation)
+    stream = FakeStream()
+    partition.mount(stream, mount(generation=generation))
+    await stream.wait_for(lambda s: s.of("mount"))
+    return partition, store, stream

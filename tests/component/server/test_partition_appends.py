@@ -5,7 +5,7 @@ from __future__ import annotations
 from waltz.v1 import server_pb2
 
 from .fakes import FakeStream
-from .harness import opened, run, settle
+from .harness import mounted_client, opened, run, settle
 from .helpers import append, mount
 
 Reason = server_pb2.AppendRejected.Reason
@@ -13,10 +13,7 @@ Reason = server_pb2.AppendRejected.Reason
 
 def test_appends_commit_with_dense_ids_in_batches():
     async def scenario():
-        partition, store = await opened()
-        stream = FakeStream()
-        partition.mount(stream, mount())
-        await stream.wait_for(lambda s: s.of("mount"))
+        partition, store, stream = await mounted_client()
         store.gate.clear()
         await partition.submit(stream, [append(seq=1)])
         await settle()
@@ -136,9 +133,7 @@ def test_full_append_queue_holds_the_submitter_back():
 
 def test_close_refuses_queued_appends():
     async def scenario():
-        partition, store = await opened()
-        stream = FakeStream()
-        partition.mount(stream, mount())
+        partition, store, stream = await mounted_client()
         store.gate.clear()
         await partition.submit(stream, [append(seq=1)])
         await settle()

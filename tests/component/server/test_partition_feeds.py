@@ -7,7 +7,7 @@ from dataclasses import replace
 from waltz.v1 import server_pb2
 
 from .fakes import Failure, FakeStore, FakeStream
-from .harness import SMALL, opened, run, settle, stored
+from .harness import SMALL, mounted_client, opened, run, settle, stored
 from .helpers import append, mount, req
 
 State = server_pb2.MountResponse
@@ -19,9 +19,7 @@ def kinds(stream: FakeStream) -> list[str]:
 
 def test_flush_answers_once_every_earlier_append_resolved():
     async def scenario():
-        partition, store = await opened()
-        stream = FakeStream()
-        partition.mount(stream, mount())
+        partition, store, stream = await mounted_client()
         store.gate.clear()
         await partition.submit(stream, [append(seq=1)])
         await settle()
@@ -223,9 +221,7 @@ def test_a_newer_stream_of_the_client_makes_the_old_one_stale():
 
 def test_append_failed_with_known_outcome_commits_the_prefix_only():
     async def scenario():
-        partition, store = await opened()
-        stream = FakeStream()
-        partition.mount(stream, mount())
+        partition, store, stream = await mounted_client()
         store.gate.clear()
         store.failures.append(Failure(commit=2, known=True))
         await partition.submit(stream, [append(seq=s) for s in range(1, 6)])
@@ -245,9 +241,7 @@ def test_append_failed_with_known_outcome_commits_the_prefix_only():
 
 def test_append_failed_with_outcome_known_only_after_recovery():
     async def scenario():
-        partition, store = await opened()
-        stream = FakeStream()
-        partition.mount(stream, mount())
+        partition, store, stream = await mounted_client()
         store.gate.clear()
         await partition.submit(stream, [append(seq=1, write=(7,))])
         await settle()
@@ -273,9 +267,7 @@ def test_append_failed_with_outcome_known_only_after_recovery():
 
 def test_store_unavailable_before_sending_retries_the_batch():
     async def scenario():
-        partition, store = await opened()
-        stream = FakeStream()
-        partition.mount(stream, mount())
+        partition, store, stream = await mounted_client()
         store.unavailable_once = True
         await partition.submit(stream, [append(seq=1)])
         await stream.wait_for(lambda s: len(s.fed()) == 1)

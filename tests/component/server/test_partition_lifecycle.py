@@ -11,7 +11,7 @@ from waltz_server.metrics import ServerMetrics
 from waltz_server.partition import Partition
 
 from .fakes import FakeStore, FakeStream
-from .harness import SMALL, opened, run, settle
+from .harness import SMALL, mounted_client, run, settle
 from .helpers import append, mount
 
 Reason = server_pb2.AppendRejected.Reason
@@ -48,9 +48,7 @@ def test_metrics_follow_appends_and_disappear_with_the_partition():
 
 def test_a_new_generation_refuses_queued_appends_of_the_old_one():
     async def scenario():
-        partition, store = await opened()
-        stream = FakeStream()
-        partition.mount(stream, mount())
+        partition, store, stream = await mounted_client()
         store.gate.clear()
         await partition.submit(stream, [append(seq=1)])
         await settle()
@@ -69,9 +67,7 @@ def test_a_new_generation_refuses_queued_appends_of_the_old_one():
 
 def test_paused_partition_holds_appends_until_resumed():
     async def scenario():
-        partition, _ = await opened()
-        stream = FakeStream()
-        partition.mount(stream, mount())
+        partition, _, stream = await mounted_client()
         partition.pause()
         submitting = asyncio.create_task(partition.submit(stream, [append(seq=1)]))
         await settle(50)
