@@ -46,13 +46,13 @@ async def start_node(directory: Path, port: int = 0, partitions: tuple[int, ...]
         for pid in partitions:
             manager.assign(pid)
     node = StorageNode.open(
-        directory, uuid.UUID(KEY), 2, limits=Limits(1 << 20, 8 << 20), segment_size_threshold=1 << 30
+        directory, uuid.UUID(KEY), 2, limits=Limits(4 << 20, 16 << 20), segment_size_threshold=1 << 30
     )
     return await server.start(node, "127.0.0.1", port, 0)
 
 
-def record(transaction_id: int) -> common_pb2.Record:
-    data = b"d%d" % transaction_id
+def record(transaction_id: int, size: int = 0) -> common_pb2.Record:
+    data = b"d%d" % transaction_id + bytes(size)
     return common_pb2.Record(
         transaction_id=transaction_id, req_id=common_pb2.ReqId(), data_length=len(data), data=data, checksum=crc32(data)
     )
@@ -106,6 +106,24 @@ def test_the_pool_takes_the_cluster_key_and_partition_count_from_zookeeper(
         finally:
             await pool.close()
             await servers.stop(0)
+
+    run(test)
+
+
+def test_messages_larger_than_grpcs_default_limit_go_both_ways(tmp_path: Path) -> None:
+    async def test() -> None:
+        node = await start_node(tmp_path)
+        pool = StorageConnections(KEY, 2, FAST)
+        try:
+            connection = pool.get(f"127.0.0.1:{node.storage_port}")
+            epoch = await connection.wait_connected()
+            replica = ReplicaSession(connection, epoch, 0, 0)
+            await replica.append([record(i, 2 << 20) for i in range(3)])  # 6 MiB in one request
+            got = await replica.records(0, 3)  # and in one answer
+            assert [len(r.data) for r in got] == [(2 << 20) + 2] * 3
+        finally:
+            await pool.close()
+            await node.stop(0)
 
     run(test)
 

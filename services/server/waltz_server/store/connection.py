@@ -21,6 +21,12 @@ log = logging.getLogger(__name__)
 Code = storage_pb2.StorageRpcException.ErrorCode
 _SESSION_METHOD = f"/{storage_pb2.DESCRIPTOR.services_by_name['WaltzStorage'].full_name}/Session"
 OUTGOING_QUEUE_SIZE = 1024
+# Storage bounds its answers by its own batch limit (storage.maxBatchBytes, 64 MiB by default), far above
+# gRPC's 4 MiB default: the server takes whatever size the storage node sends.
+CHANNEL_OPTIONS: tuple[tuple[str, int | str], ...] = (
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+)
 
 
 class StorageError(Exception):
@@ -86,7 +92,7 @@ class StorageConnection:
         num_partitions: int,
         settings: StoreSettings,
         *,
-        channel_options: tuple[tuple[str, int | str], ...] = (),
+        channel_options: tuple[tuple[str, int | str], ...] = CHANNEL_OPTIONS,
     ) -> None:
         self.connect_string = connect_string
         self._cluster_key = cluster_key
