@@ -8,6 +8,7 @@ from typing import Protocol
 from waltz.v1 import common_pb2, server_pb2
 from waltz_common.types import RecordHeader
 from waltz_server.feed_cursor import FeedCursor, Source
+from waltz_server.store.api import StoreUnavailable
 from waltz_server.validation import req_id_message
 
 
@@ -93,10 +94,8 @@ class FeedContext:
                     cursor.sent(len(entries))
             else:
                 headers = await source.stored_headers(step.first, step.count)
-                if not headers or headers[0].transaction_id != step.first:
-                    raise RuntimeError(
-                        f"partition {source.partition_id}: the store returned no headers from {step.first}"
-                    )
+                if not headers or headers[0].transaction_id != step.first:  # between sessions: read again
+                    raise StoreUnavailable(f"partition {source.partition_id}: no headers from {step.first} yet")
                 for start in range(0, len(headers), self._batch_size):
                     chunk = headers[start : start + self._batch_size]
                     await self.stream.send_feed(feed_message([feed_data(h) for h in chunk]))

@@ -17,6 +17,7 @@ from waltz_server.client_stream import ClientStream, StreamAborted
 from waltz_server.config import PartitionSettings
 from waltz_server.ownership import PartitionManager
 from waltz_server.partition import Partition
+from waltz_server.store.api import StoreUnavailable
 from waltz_server.transaction_data import RangeError, batch_size, read_range, record_message, transaction_data
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,10 @@ class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
         self, request: server_pb2.TransactionDataRequest, context: grpc.aio.ServicerContext
     ) -> server_pb2.TransactionDataResponse:
         partition = await self._partition(request.req_id.partition_id, context)
-        return await transaction_data(partition, request)
+        try:
+            return await transaction_data(partition, request)
+        except StoreUnavailable as exc:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"partition {partition.partition_id}: {exc}")
 
     async def GetHighWaterMark(
         self, request: server_pb2.HighWaterMarkRequest, context: grpc.aio.ServicerContext
@@ -92,6 +96,8 @@ class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
         except RangeError as exc:
             code = grpc.StatusCode.NOT_FOUND if exc.missing else grpc.StatusCode.INVALID_ARGUMENT
             await context.abort(code, str(exc))
+        except StoreUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"partition {partition.partition_id}: {exc}")
 
     async def GetServerPartitions(
         self, request: server_pb2.ServerPartitionsRequest, context: grpc.aio.ServicerContext

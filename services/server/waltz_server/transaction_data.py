@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from waltz.v1 import common_pb2, server_pb2
 from waltz_common.types import Record
 from waltz_server.partition import Partition
+from waltz_server.store.api import StoreUnavailable
 from waltz_server.validation import req_id_message
 
 
@@ -78,6 +79,6 @@ async def read_range(partition: Partition, first: int, last: int, size: int) -> 
     while next_id <= last:
         records = await partition.store.get_records(next_id, min(size, last - next_id + 1))
         if not records or records[0].transaction_id != next_id:
-            raise RangeError(f"partition {partition.partition_id}: the store returned nothing from {next_id}")
+            raise StoreUnavailable(f"the store returned nothing from transaction {next_id}")
         yield records
         next_id += len(records)

@@ -117,3 +117,26 @@ def test_server_partitions_connectivity_and_health():
             assert status.status == health_pb2.HealthCheckResponse.SERVING
 
     run(scenario)
+
+
+def test_store_between_sessions_answers_unavailable():
+    async def scenario():
+        from waltz_server.store.api import StoreUnavailable
+
+        async with served() as s:
+            await commit(s, 2)
+            s.manager.get(0).data_cache.clear()
+
+            async def no_session(*_args):
+                raise StoreUnavailable("recovering")
+
+            s.stores[0].get_record = no_session
+            s.stores[0].get_records = no_session
+            request = server_pb2.TransactionDataRequest(req_id=req(), transaction_id=1)
+            code, details = await status_of(s.stub.GetTransactionData(request))
+            assert code == grpc.StatusCode.UNAVAILABLE and "recovering" in details
+            read = server_pb2.ReadTransactionsRequest(partition_id=0, from_transaction_id=0, to_transaction_id=1)
+            code, _ = await status_of(_drain(s.stub.ReadTransactions(read)))
+            assert code == grpc.StatusCode.UNAVAILABLE
+
+    run(scenario)
