@@ -294,7 +294,8 @@ def test_recovery_waits_while_undecidable_and_decides_when_a_replica_returns(clu
         await store.start(1)
         with pytest.raises(StoreUnavailable):
             await store.wait_ready(1.0)  # one voter of three cannot decide
-        assert not store.status().healthy and "undecidable" in store.status().detail
+        await eventually(lambda: "undecidable" in store.status().detail, "recovery says why it waits")
+        assert not store.status().healthy
         await nodes[2].start()
         await store.wait_ready(60)
         assert store.high_water_mark == 2
