@@ -2,11 +2,11 @@
 
 import pytest
 
-from tests.unit.spark.fake_server import FakeWaltzServer, register
 from waltz_common import cluster_admin
 from waltz_common import zk as zkmeta
 from waltz_common.zk import MetadataError
 from waltz_spark.cluster import ClusterDirectory, PartitionUnavailable
+from waltz_spark.testing import FakeWaltzServer, register
 
 
 @pytest.fixture

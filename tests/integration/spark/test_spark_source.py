@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Iterator
 
 import pytest
 
 from tests.integration.spark.appender import append
-from tests.unit.spark.fake_server import FakeWaltzServer, register
 from waltz_common import cluster_admin
 from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_spark import ingest
+from waltz_spark.testing import FakeWaltzServer, local_spark, register
 
 pytestmark = pytest.mark.spark
 PARTITIONS = 3
@@ -22,21 +21,7 @@ PARTITIONS = 3
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator:
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    from waltz_spark.source import WaltzDataSource
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("waltz-spark-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    session.dataSource.register(WaltzDataSource)
+    session = local_spark("waltz-spark-tests")
     try:
         yield session
     finally:

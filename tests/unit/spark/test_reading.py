@@ -4,9 +4,9 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from tests.unit.spark.fake_server import FakeWaltzServer, record
 from waltz_spark.cluster import PartitionUnavailable
 from waltz_spark.reading import ARROW_SCHEMA, BatchBuilder, BrokenRange, ChecksumMismatch, ReadTask, check, read_task
+from waltz_spark.testing import FakeWaltzServer, record
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
-"""A fake WaltzServer over real gRPC on loopback: GetHighWaterMark and ReadTransactions over in-memory logs."""
+"""An in-memory WaltzServer on loopback (GetHighWaterMark, ReadTransactions) for tests and benchmarks."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
 from concurrent import futures
+from typing import Any
 
 import grpc
 
@@ -67,18 +68,22 @@ class FakeWaltzServer(server_pb2_grpc.WaltzServerServicer):
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def GetHighWaterMark(self, request, context):
+    def GetHighWaterMark(
+        self, request: server_pb2.HighWaterMarkRequest, context: grpc.ServicerContext
+    ) -> server_pb2.HighWaterMarkResponse:
         if request.partition_id not in self.logs:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"partition {request.partition_id} is not here")
         return server_pb2.HighWaterMarkResponse(
             partition_id=request.partition_id, high_water_mark=len(self.logs[request.partition_id]) - 1
         )
 
-    def ReadTransactions(self, request, context) -> Iterator[server_pb2.ReadTransactionsResponse]:
+    def ReadTransactions(
+        self, request: server_pb2.ReadTransactionsRequest, context: grpc.ServicerContext
+    ) -> Iterator[server_pb2.ReadTransactionsResponse]:
         self.requests.append(request)
-        log = self.logs.get(request.partition_id)
-        if log is None:
+        if request.partition_id not in self.logs:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"partition {request.partition_id} is not here")
+        log = self.logs[request.partition_id]
         first, last = request.from_transaction_id, request.to_transaction_id
         if first < 0 or last >= len(log):
             context.abort(grpc.StatusCode.OUT_OF_RANGE, f"{first}..{last} is beyond high-water mark {len(log) - 1}")
@@ -93,7 +98,7 @@ class FakeWaltzServer(server_pb2_grpc.WaltzServerServicer):
             yield server_pb2.ReadTransactionsResponse(partition_id=request.partition_id, records=chunk)
 
 
-def register(zk, root: str, server: FakeWaltzServer, server_id: int = 0) -> None:
+def register(zk: Any, root: str, server: FakeWaltzServer, server_id: int = 0) -> None:
     """Make the fake server the live owner of every partition of the cluster at root (which must exist)."""
     paths = zkmeta.ZkPaths(root)
     host, port = server.address.rsplit(":", 1)
@@ -108,3 +113,26 @@ def register(zk, root: str, server: FakeWaltzServer, server_id: int = 0) -> None
         ]
     )
     zkmeta.write(zk, paths.server_assignment, assignment)
+
+
+def local_spark(app_name: str) -> Any:
+    """A small `local[2]` session for tests and benchmarks (no UI, this interpreter), the waltz source registered."""
+    import os
+    import sys
+
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from waltz_spark.source import WaltzDataSource
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.dataSource.register(WaltzDataSource)
+    return session
