@@ -53,7 +53,8 @@ def read_task(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = No
     """The task's records as Arrow batches; after a retryable failure resumes at the next id from the current owner."""
     locate = locate or locate_owner
     builder = BatchBuilder(task.partition)
-    next_id, address = task.first, task.address
+    next_id = task.first
+    address = task.address or locate(task, "")  # no owner when planned: look again before the first try
     deadline = time.monotonic() + task.timeout_s
     delay = 0.05
     while next_id <= task.last:

@@ -64,6 +64,12 @@ def test_a_cut_stream_resumes_at_the_next_id_without_duplicates(server):
     assert looked_up == [server.address]
 
 
+def test_a_task_planned_without_an_owner_looks_it_up_first(server):
+    planned = ReadTask(zookeeper="127.0.0.1:1", root="/none", partition=1, first=0, last=9, address="")
+    got = rows(read_task(planned, lambda t, previous: server.address))
+    assert [r["transaction_id"] for r in got] == list(range(10))
+
+
 def test_a_checksum_mismatch_fails_with_the_transaction(server):
     server.corrupt(1, 6)
     with pytest.raises(ChecksumMismatch, match="partition 1 transaction 6"):
