@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -73,6 +73,15 @@ class PartitionEnv:
     topology_changed: Callable[[], asyncio.Event]
     make_transaction: Callable[[int, server_pb2.FeedData, bytes | None], Transaction]
     stats: Stats = field(default_factory=Stats)
+
+
+@dataclass(slots=True, eq=False)
+class _FeedStep:
+    """The application's side of one fed transaction: this client's append it commits, the apply."""
+
+    transaction_id: int
+    mine: PendingAppend | None
+    transaction: Transaction | None  # None: applied already (fed again after a reconnect)
 
 
 class _Verdict(Enum):
@@ -251,10 +260,8 @@ class ClientPartition:
             return _Verdict.REMOUNT  # reconnect procedure step 1: appends are blocked from here
         kind = message.WhichOneof("message")
         if kind == "feed":
-            for entry in message.feed.transactions:
-                if await self._on_feed(entry) is _Verdict.REMOUNT:
-                    return _Verdict.REMOUNT
-        elif kind == "mount":
+            return await self._on_feed(message.feed.transactions)
+        if kind == "mount":
             return await self._on_mount(message.mount)
         elif kind == "lock_failure":
             req_id = req_id_from_proto(message.lock_failure.req_id)
@@ -305,46 +312,96 @@ class ClientPartition:
         self._notify()  # step 6: appends are unblocked; the server's feed goes on from here
         return None
 
-    async def _on_feed(self, entry: server_pb2.FeedData) -> _Verdict | None:
-        txn_id = entry.transaction_id
-        decision = self.state.accept_feed(txn_id, self.client_high_water_mark)
-        if decision is FeedDecision.GAP:
+    async def _on_feed(self, entries: Sequence[server_pb2.FeedData]) -> _Verdict | None:
+        """Apply a feed batch in order: the decisions here, the application's side in one callback-thread call."""
+        steps: list[_FeedStep] = []
+        superseded: list[tuple[PendingAppend, Outcome]] = []
+        hwm = self.client_high_water_mark
+        gap_at: int | None = None
+        for entry in entries:
+            txn_id = entry.transaction_id
+            if txn_id > hwm + 1:
+                gap_at = txn_id
+                break
+            mine = None
+            for token, outcome in self.monitor.on_feed(req_id_from_proto(entry.req_id), txn_id):
+                if outcome.kind is OutcomeKind.COMMITTED:
+                    mine = token
+                else:  # older appends this commit proves lost: resolved after the apply, so retries see it
+                    superseded.append((token, outcome))
+            transaction = None
+            if txn_id == hwm + 1:
+                transaction = self.env.make_transaction(self.partition_id, entry, mine.data if mine else None)
+                hwm = txn_id
+            if mine is not None or transaction is not None:
+                steps.append(_FeedStep(txn_id, mine, transaction))
+        await self._apply_steps(steps)
+        await self._fire(superseded)
+        if gap_at is not None and self.state.accept_feed(gap_at, self.client_high_water_mark) is FeedDecision.GAP:
             log.warning("partition %d: feed skipped to %d past %d; remounting",
-                        self.partition_id, txn_id, self.client_high_water_mark)
+                        self.partition_id, gap_at, self.client_high_water_mark)
             return _Verdict.REMOUNT
-        outcomes = self.monitor.on_feed(req_id_from_proto(entry.req_id), txn_id)
-        own = [token for token, outcome in outcomes if outcome.kind is OutcomeKind.COMMITTED]
-        # older appends this commit proves lost: resolved after the apply, so retries see it
-        superseded = [(t, o) for t, o in outcomes if o.kind is not OutcomeKind.COMMITTED]
-        mine = own[0] if own else None
-        if mine is not None:
-            await self._hook(mine.context.on_completion, txn_id, True)
-        if decision is FeedDecision.APPLY:
-            await self._apply(self.env.make_transaction(self.partition_id, entry, mine.data if mine else None))
-            released = self.monitor.on_client_high_water_mark(txn_id)
-        else:
-            released = []
-        if mine is not None:
-            await self._hook(mine.context.on_application, txn_id)
-            self.env.stats.committed += 1
-            self._resolve([(mine, Outcome.committed(txn_id))])
-        await self._fire(superseded + released)
         return None
 
-    async def _apply(self, transaction: Transaction) -> None:
-        """Apply, retrying with backoff while the application raises (skipping would lose it)."""
-        delay = 0.1
-        while True:
-            try:
-                await self.env.call(self.env.callbacks.apply_transaction, transaction)
-                self.env.stats.applied += 1
+    async def _apply_steps(self, steps: list[_FeedStep]) -> None:
+        """Run the steps on the callback thread; an apply that raises is retried with backoff (skipping
+        it would lose it), and the steps before it are settled first."""
+        index, delay = 0, 0.1
+        retrying = False
+        while index < len(steps):
+            reached, error = await self.env.call(self._run_steps, steps, index, retrying)
+            self._settle(steps[index:reached])
+            index = reached
+            if error is None:
                 return
-            except Exception as exc:
-                log.error("partition %d: applying transaction %d failed; retrying in %.1f s",
-                          self.partition_id, transaction.transaction_id, delay, exc_info=exc)
-                await self._report(transaction.transaction_id, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, APPLY_RETRY_MAX_S)
+            failed = steps[index]
+            log.error("partition %d: applying transaction %d failed; retrying in %.1f s",
+                      self.partition_id, failed.transaction_id, delay, exc_info=error)
+            await self._report(failed.transaction_id, error)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, APPLY_RETRY_MAX_S)
+            retrying = True
+
+    def _run_steps(self, steps: list[_FeedStep], index: int, retrying: bool) -> tuple[int, BaseException | None]:
+        """On the callback thread, from steps[index] (retrying: its on_completion already ran): on_completion,
+        apply_transaction, on_application, in feed order. Stops at an apply that raises: (its index, the error)."""
+        apply = self.env.callbacks.apply_transaction
+        for i in range(index, len(steps)):
+            step = steps[i]
+            if step.mine is not None and not (retrying and i == index):
+                self._call_hook(step.mine.context.on_completion, step.transaction_id, True)
+            if step.transaction is not None:
+                try:
+                    apply(step.transaction)
+                except Exception as exc:
+                    return i, exc
+            if step.mine is not None:
+                self._call_hook(step.mine.context.on_application, step.transaction_id)
+        return len(steps), None
+
+    def _call_hook(self, hook: Callable[..., None], txn_id: int, *args: Any) -> None:
+        """A context hook, on the callback thread; what it raises goes to uncaught_exception."""
+        try:
+            hook(*args)
+        except Exception as exc:
+            log.error("partition %d: context hook %s raised", self.partition_id, hook.__name__, exc_info=exc)
+            try:
+                self.env.callbacks.uncaught_exception(self.partition_id, txn_id, exc)
+            except Exception:
+                log.exception("uncaught_exception callback raised")
+
+    def _settle(self, steps: list[_FeedStep]) -> None:
+        """These steps ran: count them, move the client high-water mark, resolve their appends."""
+        if not steps:
+            return
+        stats = self.env.stats
+        applied = [s.transaction_id for s in steps if s.transaction is not None]
+        stats.applied += len(applied)
+        mine = [(s.mine, Outcome.committed(s.transaction_id)) for s in steps if s.mine is not None]
+        stats.committed += len(mine)
+        self._resolve(mine)
+        if applied:
+            self._resolve(self.monitor.on_client_high_water_mark(applied[-1]))
 
     async def _hook(self, hook: Callable[..., None], txn_id: int, *args: Any) -> None:
         try:

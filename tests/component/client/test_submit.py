@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from tests.component.client.helpers import Ctx, MemoryCallbacks, client, eventually, payloads, run
-from waltz_client import MockServer, WaltzClosedError, WaltzError
+from waltz_client import MockServer, Transaction, WaltzClosedError, WaltzError
 
 
 def test_commits_are_applied_in_order_with_hooks_around_own_applies() -> None:
@@ -158,5 +158,31 @@ def test_not_ready_partition_is_retried_until_it_mounts() -> None:
             assert not submit.done()
             server.set_partition_available(0, True)
             assert await (await submit) is True
+
+    run(main())
+
+
+def test_an_apply_failing_inside_a_feed_batch_is_retried_alone_and_hooks_run_once() -> None:
+    class FailThirdOnce(MemoryCallbacks):
+        def apply_transaction(self, transaction: Transaction) -> None:
+            if transaction.transaction_id == 2 and not self.exceptions:
+                raise RuntimeError("application database is down")
+            super().apply_transaction(transaction)
+
+    async def main() -> None:
+        server = MockServer(1)
+        callbacks = FailThirdOnce()
+        async with client(server, callbacks) as c:
+            await c.wait_mounted()
+            server.suspend_feed()
+            contexts = [Ctx(b"t%d" % i) for i in range(5)]
+            futures = [await c.submit(ctx) for ctx in contexts]
+            await eventually(lambda: server.high_water_mark(0) == 4)
+            server.resume_feed()  # the five commits arrive in one feed batch
+            assert await asyncio.gather(*futures) == [True] * 5
+        assert [d for _, d in callbacks.applied[0]] == [ctx.data for ctx in contexts]
+        assert [e[:2] for e in callbacks.exceptions] == [(0, 2)]
+        for ctx in contexts:
+            assert ctx.hooks == [("completion", True), ("application",)]
 
     run(main())
