@@ -9,6 +9,7 @@ import grpc
 
 from waltz.v1 import storage_admin_pb2, storage_admin_pb2_grpc
 from waltz_storage import protocol
+from waltz_storage.codec import RecordFields
 from waltz_storage.errors import InvalidRequest, StorageError
 from waltz_storage.node import StorageNode, StreamReader
 
@@ -116,19 +117,18 @@ class AdminConnection:
         )
 
     async def _record_list(self, msg: Any) -> storage_admin_pb2.AdminResponse:
-        def read() -> list[Any]:
+        def read() -> list[RecordFields]:
             partition = self.node.manager.partition(msg.partition_id)
-            return self.node.executor.read_records(partition, msg.transaction_id, msg.max_records)
+            return self.node.executor.read_fields(partition, msg.transaction_id, msg.max_records)
 
         records = await self.node.run(msg.partition_id, read)
-        return storage_admin_pb2.AdminResponse(
-            record_list=storage_admin_pb2.AdminRecordListResponse(
-                seq_num=msg.seq_num,
-                partition_id=msg.partition_id,
-                record_list_length=len(records),
-                records=[protocol.record_to_proto(r) for r in records],
-            )
-        )
+        response = storage_admin_pb2.AdminResponse()
+        answer = response.record_list
+        answer.seq_num = msg.seq_num
+        answer.partition_id = msg.partition_id
+        answer.record_list_length = len(records)
+        protocol.add_records(answer.records, records)
+        return response
 
 
 class StorageAdminService(storage_admin_pb2_grpc.WaltzStorageAdminServicer):

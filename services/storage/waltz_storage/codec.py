@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import struct
 import uuid
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -36,6 +38,7 @@ _SEGMENT_HEADER = struct.Struct(">iq16siq")
 _INT32 = struct.Struct(">i")
 _INFO_BODY = struct.Struct(">qqq")
 _RECORD_PREFIX = struct.Struct(">q4iiii")
+_UINT32 = struct.Struct(">I")
 
 assert _RECORD_PREFIX.size == RECORD_PREFIX_SIZE
 assert 4 + 2 * PARTITION_INFO_STRUCT_SIZE == PARTITION_INFO_SIZE
@@ -315,6 +318,58 @@ def decode_record(buf: bytes, offset: int, expected_transaction_id: int | None, 
         raise ChecksumError(f"{where}: data checksum {prefix.data_checksum} does not match computed {crc32(data)}")
     record = Record(prefix.transaction_id, prefix.req_id, prefix.header, data, prefix.data_checksum)
     return record, end
+
+
+RecordFields = tuple[int, int, int, int, int, int, bytes, int]
+"""A decoded record as plain values: transaction id, client id, generation, partition id, seq num, header,
+data, data checksum (the read path builds its messages from these without a Record in between)."""
+
+
+def decode_records(buf: bytes, offsets: Sequence[int], first_transaction_id: int) -> list[RecordFields]:
+    """Decode and fully validate consecutive records in one pass: buf holds the file's bytes from
+    offsets[0] to offsets[-1], and record i lies between offsets[i] and offsets[i + 1] (the index).
+
+    Each record's CRC32 and its data checksum are verified, its transaction id must follow its
+    predecessor's and it must fill its slot exactly; anything else raises the CorruptionError that
+    decode_record names (offsets in messages are file offsets).
+    """
+    base = offsets[0]
+    if len(buf) != offsets[-1] - base:
+        raise TornRecordError(
+            f"records at offset {base}: {len(buf)} bytes present of the {offsets[-1] - base} the index spans"
+        )
+    view = memoryview(buf)
+    unpack_prefix = _RECORD_PREFIX.unpack_from
+    unpack_crc = _UINT32.unpack_from
+    crc = zlib.crc32
+    out: list[RecordFields] = []
+    append = out.append
+    txn = first_transaction_id
+    start = 0
+    for i in range(1, len(offsets)):
+        end = offsets[i] - base
+        size = end - start
+        if size >= RECORD_OVERHEAD:
+            t, client_id, generation, partition_id, seq_num, header, length, checksum = unpack_prefix(buf, start)
+            data = buf[start + RECORD_PREFIX_SIZE : end - 4]
+            if (
+                t == txn
+                and length == len(data)
+                and unpack_crc(buf, end - 4)[0] == crc(view[start : end - 4])
+                and not (crc(data) - checksum) & 0xFFFFFFFF
+            ):
+                append((t, client_id, generation, partition_id, seq_num, header, data, checksum))
+                txn += 1
+                start = end
+                continue
+        _fail_record(buf, start, end, txn, base)
+    return out
+
+
+def _fail_record(buf: bytes, start: int, end: int, txn: int, origin: int) -> None:
+    """Raise the error that the record in buf[start:end] (expected to hold txn) deserves."""
+    decode_record(buf[:end], start, txn, origin)
+    raise CorruptionError(f"record at offset {origin + start}: it does not fill its {end - start} bytes in the index")
 
 
 def check_record(record: Record, max_data_size: int) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from waltz.v1 import storage_pb2
 from waltz_common.types import Record
 from waltz_storage import protocol
-from waltz_storage.codec import RECORD_OVERHEAD, encoded_record_size
+from waltz_storage.codec import RECORD_OVERHEAD, RecordFields
 from waltz_storage.errors import InvalidRequest
 from waltz_storage.metrics import StorageMetrics
 from waltz_storage.partition import StoragePartition
@@ -20,7 +20,6 @@ from waltz_storage.storage_manager import StorageManager
 READS = frozenset({"record_header", "record", "record_header_list", "record_list"})
 WRITES = frozenset({"truncate", "set_low_water_mark", "append"})
 MAX_LIST_LENGTH = 10_000  # records or headers in one list response, whatever was asked
-_READ_CHUNK = 1000
 
 log = logging.getLogger(__name__)
 
@@ -126,25 +125,10 @@ class RequestExecutor:
         protocol.check_list_request(msg.transaction_id, msg.max_records)
         return min(msg.max_records, self.limits.max_list_length)
 
-    def read_records(self, partition: StoragePartition, txn: int, max_n: int) -> list[Record]:
+    def read_fields(self, partition: StoragePartition, txn: int, max_n: int) -> list[RecordFields]:
         """Up to max_n records from txn (capped at max_list_length) within max_batch_bytes, at least one."""
         protocol.check_list_request(txn, max_n)
-        max_n = min(max_n, self.limits.max_list_length)
-        result: list[Record] = []
-        budget = self.limits.max_batch_bytes
-        largest = encoded_record_size(self.limits.max_record_bytes)
-        while len(result) < max_n and budget > 0:
-            chunk = max(1, min(max_n - len(result), budget // largest, _READ_CHUNK))
-            got = partition.records(txn + len(result), chunk)
-            for record in got:
-                size = encoded_record_size(len(record.data))
-                if result and size > budget:
-                    return result
-                result.append(record)
-                budget -= size
-            if len(got) < chunk:
-                break
-        return result
+        return partition.record_fields(txn, min(max_n, self.limits.max_list_length), self.limits.max_batch_bytes)
 
     # ------------------------------------------------------------------ one method per request kind
 
@@ -218,13 +202,12 @@ class RequestExecutor:
         )
 
     def _record_list(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
-        records = self.read_records(p, m.transaction_id, m.max_records)
-        return storage_pb2.StorageResponse(
-            record_list=storage_pb2.RecordListResponse(
-                session_id=m.session_id,
-                seq_num=m.seq_num,
-                partition_id=m.partition_id,
-                record_list_length=len(records),
-                records=[protocol.record_to_proto(r) for r in records],
-            )
-        )
+        records = self.read_fields(p, m.transaction_id, m.max_records)
+        response = storage_pb2.StorageResponse()
+        answer = response.record_list
+        answer.session_id = m.session_id
+        answer.seq_num = m.seq_num
+        answer.partition_id = m.partition_id
+        answer.record_list_length = len(records)
+        protocol.add_records(answer.records, records)
+        return response

@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 from waltz_common.types import Record, RecordHeader
-from waltz_storage.codec import FRESH_PARTITION_INFO, PartitionInfoStruct, check_record, encoded_record_size
+from waltz_storage.codec import (
+    FRESH_PARTITION_INFO,
+    PartitionInfoStruct,
+    RecordFields,
+    check_record,
+    encoded_record_size,
+)
 from waltz_storage.control_file import ControlFile
 from waltz_storage.errors import (
     BatchTooLarge,
@@ -310,6 +316,26 @@ class StoragePartition:
             if not got:
                 break
             result.extend(got)
+        return result
+
+    def record_fields(self, transaction_id: int, max_n: int, max_bytes: int) -> list[RecordFields]:
+        """Up to max_n consecutive records from transaction_id taking at most max_bytes on disk (but at least
+        one, whatever its size), as plain values, checksums verified; shorter or empty past the end."""
+        self._check_open()
+        result: list[RecordFields] = []
+        budget = max_bytes
+        while len(result) < max_n:
+            txn = transaction_id + len(result)
+            segment = self._segment_for(txn)
+            if segment is None:
+                break
+            got, size = segment.record_fields(txn, max_n - len(result), budget, not result)
+            if not got:
+                break
+            result.extend(got)
+            budget -= size
+            if budget <= 0:
+                break
         return result
 
     def records(self, transaction_id: int, max_n: int) -> list[Record]:

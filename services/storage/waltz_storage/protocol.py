@@ -7,9 +7,11 @@ import sys
 import traceback
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 from waltz.v1 import common_pb2, storage_pb2
 from waltz_common.types import Record, RecordHeader, ReqId
+from waltz_storage.codec import RecordFields
 from waltz_storage.errors import (
     ClusterKeyMismatch,
     CorruptionError,
@@ -148,6 +150,23 @@ def record_to_proto(r: Record) -> common_pb2.Record:
         data=r.data,
         checksum=r.checksum,
     )
+
+
+def add_records(target: Any, records: Iterable[RecordFields]) -> None:
+    """Append records to a repeated Record field, each built in place (the read hot path)."""
+    add = target.add
+    for transaction_id, client_id, generation, partition_id, seq_num, header, data, checksum in records:
+        r = add()
+        r.transaction_id = transaction_id
+        q = r.req_id
+        q.client_id = client_id
+        q.generation = generation
+        q.partition_id = partition_id
+        q.seq_num = seq_num
+        r.header = header
+        r.data_length = len(data)
+        r.data = data
+        r.checksum = checksum
 
 
 def header_to_proto(h: RecordHeader) -> common_pb2.RecordHeader:

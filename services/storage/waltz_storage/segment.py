@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import time
@@ -9,16 +10,18 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from waltz_common.types import Record, RecordHeader
+from waltz_common.types import Record, RecordHeader, ReqId
 from waltz_storage.codec import (
     FILE_HEADER_SIZE,
     FORMAT_VERSION,
     INDEX_ENTRY_SIZE,
     RECORD_PREFIX_SIZE,
+    RecordFields,
     SegmentFileHeader,
     decode_index_entries,
     decode_record,
     decode_record_prefix,
+    decode_records,
     encode_index_entries,
     encode_record,
     index_entry_offset,
@@ -281,20 +284,46 @@ class Segment:
             return 0
         return min(max_n, self._max - txn + 1)
 
-    def records(self, txn: int, max_n: int) -> list[Record]:
-        """Up to max_n records from txn (fewer at the end of the segment), checksums verified."""
+    def _bounds(self, txn: int, n: int) -> list[int]:
+        """The n records' offsets from txn and the offset just past the last (n + 1 entries)."""
+        if txn + n <= self._max:
+            return self._index_entries(txn, n + 1)
+        offsets = self._index_entries(txn, n)
+        offsets.append(self._data_size)
+        return offsets
+
+    def record_fields(
+        self, txn: int, max_n: int, max_bytes: int, at_least_one: bool = True
+    ) -> tuple[list[RecordFields], int]:
+        """Up to max_n records from txn taking at most max_bytes on disk (fewer at the end of the segment),
+        checksums verified, and the bytes they take; the first record even past max_bytes if at_least_one.
+
+        One index read, one data read of the contiguous range, one decoding pass."""
         n = self._count(txn, max_n)
         if n == 0:
-            return []
-        offsets = self._index_entries(txn, n)
-        end = self._index_entries(txn + n, 1)[0] if txn + n <= self._max else self._data_size
+            return [], 0
+        offsets = self._bounds(txn, n)
+        fit = bisect.bisect_right(offsets, offsets[0] + max_bytes) - 1
+        if fit < n:
+            if fit == 0 and not at_least_one:
+                return [], 0
+            del offsets[max(fit, 1) + 1 :]
+        size = offsets[-1] - offsets[0]
         data_fd, _ = self._fds()
-        base = offsets[0]
-        buf = pread_upto(data_fd, end - base, base)
+        buf = pread_upto(data_fd, size, offsets[0])
         try:
-            return [decode_record(buf, off - base, txn + i, base)[0] for i, off in enumerate(offsets)]
+            return decode_records(buf, offsets, txn), size
         except CorruptionError as e:
             raise type(e)(f"{self.data_path}: {e}") from e
+
+    def records(self, txn: int, max_n: int) -> list[Record]:
+        """Up to max_n records from txn (fewer at the end of the segment), checksums verified."""
+        return [
+            Record(t, ReqId(client_id, generation, partition_id, seq_num), header, data, checksum)
+            for t, client_id, generation, partition_id, seq_num, header, data, checksum in self.record_fields(
+                txn, max_n, self._data_size
+            )[0]
+        ]
 
     def record_headers(self, txn: int, max_n: int) -> list[RecordHeader]:
         """Up to max_n record headers from txn, read without the data."""

@@ -6,9 +6,10 @@ import pytest
 
 from tests.component.storage.helpers import make_record, make_records, open_manager, snapshot
 from waltz_common.types import Record, ReqId, crc32
-from waltz_storage.codec import RECORD_OVERHEAD
+from waltz_storage.codec import FILE_HEADER_SIZE, RECORD_OVERHEAD
 from waltz_storage.errors import (
     BatchTooLarge,
+    ChecksumError,
     DataChecksumMismatch,
     DirtyDataError,
     InvalidRequest,
@@ -87,6 +88,58 @@ def test_segments_roll_at_the_threshold_and_reopen(tmp_path):
         assert partition.records(2, 7) == make_records(2, 7, 60)
         assert [partition.record(t) for t in (9, 0, 5, 1)] == [make_record(t, 60) for t in (9, 0, 5, 1)]
         assert partition.append([make_record(10, 60)]) == 10
+
+
+def as_fields(records):
+    fields = []
+    for r in records:
+        q = r.req_id
+        fields.append(
+            (r.transaction_id, q.client_id, q.generation, q.partition_id, q.seq_num, r.header, r.data, r.checksum)
+        )
+    return fields
+
+
+@pytest.mark.parametrize(
+    ("start", "max_n", "max_bytes", "expected"),
+    [
+        (0, 100, 10_000, 10),  # across three segments
+        (2, 5, 10_000, 5),
+        (1, 100, 3 * (RECORD_OVERHEAD + 60), 3),  # exactly three records' bytes, across a segment boundary
+        (1, 100, 3 * (RECORD_OVERHEAD + 60) - 1, 2),
+        (3, 100, 1, 1),  # at least one, whatever its size
+        (4, 100, 0, 1),
+        (10, 100, 10_000, 0),
+        (0, 0, 10_000, 0),
+    ],
+)
+def test_record_fields_cap_by_count_and_bytes_across_segments(tmp_path, start, max_n, max_bytes, expected):
+    record_size = RECORD_OVERHEAD + 60
+    with open_manager(tmp_path, segment_size_threshold=128 + 3 * record_size) as manager:
+        partition = manager.assign(0)
+        for txn in range(10):
+            partition.append([make_record(txn, 60)])
+        got = partition.record_fields(start, max_n, max_bytes)
+        assert got == as_fields(make_records(start, expected, 60))
+
+
+def test_a_damaged_record_fails_the_read_loudly(tmp_path):
+    with open_manager(tmp_path) as manager:
+        partition = manager.assign(0)
+        partition.append(make_records(0, 10))
+        data_file = tmp_path / "0" / f"{0:019d}.seg"
+        damaged = bytearray(data_file.read_bytes())
+        damaged[FILE_HEADER_SIZE + 4 * (RECORD_OVERHEAD + 20) + 40] ^= 0x01  # a data byte of record 4
+        data_file.write_bytes(bytes(damaged))
+        assert partition.records(0, 4) == make_records(0, 4)
+        for read in (
+            lambda: partition.records(0, 10),
+            lambda: partition.record_fields(2, 5, 10_000),
+            lambda: partition.record(4),
+        ):
+            with pytest.raises(ChecksumError, match=f"{data_file}: record at offset .*: record checksum"):
+                read()
+        assert partition.records(5, 10) == make_records(5, 5)
 
 
 @pytest.mark.parametrize(

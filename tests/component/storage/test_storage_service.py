@@ -403,3 +403,22 @@ def test_record_list_responses_are_capped_in_bytes(node):
             assert list(msg.records) == records(0, msg.record_list_length, size=900)
 
     node.call(scenario())
+
+
+def test_a_damaged_record_is_answered_corrupted_never_served(node, tmp_path):
+    async def scenario():
+        async with SessionClient(node.address) as c:
+            await c.open()
+            await c.append(0, records(0, 6, size=50))
+            data_file = tmp_path / "storage" / "0" / f"{0:019d}.seg"
+            damaged = bytearray(data_file.read_bytes())
+            damaged[-10] ^= 0x40  # inside the data of the last record
+            data_file.write_bytes(bytes(damaged))
+            kind, msg = await c.ask("record_list", transaction_id=0, max_records=5)
+            assert kind == "record_list" and list(msg.records) == records(0, 5, size=50)
+            for ask in ("record_list", "record"):
+                fields = {"transaction_id": 5} if ask == "record" else {"transaction_id": 2, "max_records": 10}
+                answer = await c.ask(ask, **fields)
+                assert_failure(answer, Code.CORRUPTED, "record checksum")
+
+    node.call(scenario())
