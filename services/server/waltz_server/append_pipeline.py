@@ -69,9 +69,9 @@ class ClientPending(Generic[T]):
         self._waiters.setdefault(client_id, []).append((self._offered[client_id], waiter))
         return False
 
-    def resolved(self, client_id: int) -> list[T]:
-        """One more append of the client resolved; returns the waiters that are now done."""
-        done = self._resolved.get(client_id, 0) + 1
+    def resolved(self, client_id: int, count: int = 1) -> list[T]:
+        """count more appends of the client resolved; returns the waiters that are now done."""
+        done = self._resolved.get(client_id, 0) + count
         self._resolved[client_id] = done
         waiters = self._waiters.get(client_id)
         reached: list[T] = []

@@ -202,12 +202,23 @@ class Partition:
 
     async def submit(self, stream: StreamPort, requests: list[server_pb2.AppendRequest]) -> None:
         """Queue appends in order; waits while the append queue is full (back-pressure)."""
+        arrived = self._clock()
         for request in requests:
-            await self._wait_for_room()
-            self._submit_one(stream, request)
+            if self._must_wait():
+                await self._wait_for_room()
+                arrived = self._clock()
+            self._submit_one(stream, request, arrived)
         if self._pipeline is not None:
             self._answer_lock_failures(self._pipeline.poll())
             self._work.set()
+
+    def _must_wait(self) -> bool:
+        pipeline = self._pipeline
+        if self._closed:
+            return False
+        return not self._accepting.is_set() or (
+            pipeline is not None and len(pipeline) >= self.settings.append_queue_size
+        )
 
     async def _wait_for_room(self) -> None:
         while not self._closed:
@@ -221,9 +232,9 @@ class Partition:
             else:
                 return
 
-    def _submit_one(self, stream: StreamPort, request: server_pb2.AppendRequest) -> None:
+    def _submit_one(self, stream: StreamPort, request: server_pb2.AppendRequest, arrived: float) -> None:
         req_id = request.req_id
-        origin = _Origin(stream, request, self._clock())
+        origin = _Origin(stream, request, arrived)
         if self._closed or self._pipeline is None:
             self._reject(origin, Reason.PARTITION_NOT_READY, f"partition {self.partition_id} is not ready here")
             return
@@ -243,7 +254,8 @@ class Partition:
         if request.write_locks or request.read_locks or request.append_locks:
             locks = LockRequest(tuple(request.write_locks), tuple(request.read_locks), tuple(request.append_locks))
         origin.req_id = req_id_of(req_id)
-        item = QueuedAppend(req_id.client_id, request.client_high_water_mark, locks, len(request.data), origin)
+        # append_problem checked that data_length is the data's size (reading the data would copy it)
+        item = QueuedAppend(req_id.client_id, request.client_high_water_mark, locks, request.data_length, origin)
         self._pending.offered(req_id.client_id)
         self._pipeline.offer(item)
 
@@ -398,27 +410,36 @@ class Partition:
     def _apply(self, resolved: Resolved[_Origin]) -> None:
         """Publish committed appends to caches and feeds, then release what waited for them."""
         now = self._clock()
-        if resolved.committed:
-            entries = []
-            cache = self.data_cache
-            for item, transaction_id in resolved.committed:
-                r, req_id = item.origin.request, item.origin.req_id or req_id_of(item.origin.request.req_id)
-                entries.append(server_pb2.FeedData(req_id=r.req_id, transaction_id=transaction_id, header=r.header))
-                cache.put(Record(transaction_id, req_id, r.header, r.data, r.checksum))
-            first_id = resolved.committed[0][1]
-            self._feed_cache.append(first_id, entries)
-            self._high_water_mark = max(self._high_water_mark, resolved.committed[-1][1])
+        committed = resolved.committed
+        if committed:
+            entries: list[server_pb2.FeedData] = []
+            add_entry = entries.append
+            feed_data = server_pb2.FeedData
+            put = self.data_cache.put
+            for item, transaction_id in committed:
+                origin = item.origin
+                r = origin.request
+                header = r.header
+                add_entry(feed_data(req_id=r.req_id, transaction_id=transaction_id, header=header))
+                put(Record(transaction_id, origin.req_id or req_id_of(r.req_id), header, r.data, r.checksum))
+            self._feed_cache.append(committed[0][1], entries)
+            self._high_water_mark = max(self._high_water_mark, committed[-1][1])
             self._wake_feeds()
         if self.metrics is not None:
             m = self.metrics
-            m.appends["ok"].inc(len(resolved.committed))
+            m.appends["ok"].inc(len(committed))
             m.appends["failed"].inc(len(resolved.failed))
-            for item, _ in resolved.committed:
-                m.commit_latency.observe(now - item.origin.arrived)
-        for item, _ in resolved.committed:
-            self._resolved(item)
+            observe = m.commit_latency.observe
+            for item, _ in committed:
+                observe(now - item.origin.arrived)
+        per_client: dict[int, int] = {}  # a client's appends resolve in order: count them, resolve once
+        for item, _ in committed:
+            per_client[item.client_id] = per_client.get(item.client_id, 0) + 1
         for item in resolved.failed:
-            self._resolved(item)
+            per_client[item.client_id] = per_client.get(item.client_id, 0) + 1
+        for client_id, count in per_client.items():
+            for waiter in self._pending.resolved(client_id, count):
+                waiter()
         self._room.set()
         self._update_gauges()
 

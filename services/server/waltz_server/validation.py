@@ -21,11 +21,12 @@ def req_id_message(req_id: ReqId) -> common_pb2.ReqId:
 
 def append_problem(request: server_pb2.AppendRequest, max_transaction_bytes: int) -> str | None:
     """Why the request is malformed (a message a person can act on), or None when it is fine."""
-    if len(request.data) > max_transaction_bytes:
-        size = len(request.data)
+    data = request.data  # each access copies the bytes: read them once (the append hot path)
+    size = len(data)
+    if size > max_transaction_bytes:
         return f"transaction data of {size} bytes exceeds server.maxTransactionBytes={max_transaction_bytes}"
-    if request.data_length != len(request.data):
-        return f"data_length {request.data_length} does not match the {len(request.data)} bytes of data"
+    if request.data_length != size:
+        return f"data_length {request.data_length} does not match the {size} bytes of data"
     for name, length, values in (
         ("write", request.write_lock_request_length, request.write_locks),
         ("read", request.read_lock_request_length, request.read_locks),
@@ -33,6 +34,6 @@ def append_problem(request: server_pb2.AppendRequest, max_transaction_bytes: int
     ):
         if length != len(values):
             return f"{name}_lock_request_length {length} does not match the {len(values)} {name} locks"
-    if request.checksum != crc32(request.data):
-        return f"checksum {request.checksum} is not the CRC-32 of the data ({crc32(request.data)})"
+    if request.checksum != crc32(data):
+        return f"checksum {request.checksum} is not the CRC-32 of the data ({crc32(data)})"
     return None

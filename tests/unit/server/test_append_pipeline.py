@@ -141,3 +141,17 @@ def test_client_pending_flush_waiters_fire_in_order():
     pending.offered(1)
     assert pending.add_waiter(1, "again") is False
     assert pending.drop_waiters() == ["again"]
+
+
+def test_client_pending_resolves_several_appends_at_once():
+    pending: ClientPending[str] = ClientPending()
+    for _ in range(5):
+        pending.offered(1)
+    assert pending.add_waiter(1, "after five") is False
+    pending.offered(2)
+    assert pending.add_waiter(2, "client two") is False
+    assert pending.resolved(1, 3) == []
+    assert pending.pending(1) == 2
+    assert pending.resolved(1, 2) == ["after five"]
+    assert pending.pending(1) == 0 and pending.pending(2) == 1
+    assert pending.resolved(2, 1) == ["client two"]
