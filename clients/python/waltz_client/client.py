@@ -311,9 +311,11 @@ class AsyncWaltzClient:
         if partition is not None:
             await partition.deliver(conn, message)
 
-    def _make_transaction(self, pid: int, entry: server_pb2.FeedData, data: bytes | None) -> Transaction:
-        fetch = functools.partial(self._fetch_blocking, pid, entry.transaction_id)
-        return Transaction(pid, entry.transaction_id, req_id_from_proto(entry.req_id), entry.header, fetch, data)
+    def _make_transaction(self, pid: int, entry: server_pb2.FeedData, data: bytes | None,
+                          req_id: ReqId | None = None) -> Transaction:
+        txn_id = entry.transaction_id
+        fetch = functools.partial(self._fetch_blocking, pid, txn_id)
+        return Transaction(pid, txn_id, req_id or req_id_from_proto(entry.req_id), entry.header, fetch, data)
 
     def _fetch_blocking(self, pid: int, transaction_id: int) -> bytes:
         if threading.current_thread() is self._loop_thread or self._loop is None:

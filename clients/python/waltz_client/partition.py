@@ -18,6 +18,7 @@ from waltz_client.errors import ClientAheadError, StreamClosedError, Transaction
 from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
 from waltz_client.partition_state import ClientPartitionState, FeedDecision, MountResult, MountState
 from waltz_client.wire import append_request, feed_request, flush_request, mount_request, req_id_from_proto
+from waltz_common.types import ReqId
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class PartitionEnv:
     connections: ConnectionManager
     ownership: Callable[[int], Ownership | None]
     topology_changed: Callable[[], asyncio.Event]
-    make_transaction: Callable[[int, server_pb2.FeedData, bytes | None], Transaction]
+    make_transaction: Callable[[int, server_pb2.FeedData, bytes | None, ReqId | None], Transaction]
     stats: Stats = field(default_factory=Stats)
 
 
@@ -318,20 +319,24 @@ class ClientPartition:
         superseded: list[tuple[PendingAppend, Outcome]] = []
         hwm = self.client_high_water_mark
         gap_at: int | None = None
+        client_id, make_transaction = self.env.client_id, self.env.make_transaction
         for entry in entries:
             txn_id = entry.transaction_id
             if txn_id > hwm + 1:
                 gap_at = txn_id
                 break
             mine = None
-            for token, outcome in self.monitor.on_feed(req_id_from_proto(entry.req_id), txn_id):
-                if outcome.kind is OutcomeKind.COMMITTED:
-                    mine = token
-                else:  # older appends this commit proves lost: resolved after the apply, so retries see it
-                    superseded.append((token, outcome))
+            req_id = None
+            if entry.req_id.client_id == client_id:  # only this client's own appends are in the monitor
+                req_id = req_id_from_proto(entry.req_id)
+                for token, outcome in self.monitor.on_feed(req_id, txn_id):
+                    if outcome.kind is OutcomeKind.COMMITTED:
+                        mine = token
+                    else:  # older appends this commit proves lost: resolved after the apply, so retries see it
+                        superseded.append((token, outcome))
             transaction = None
             if txn_id == hwm + 1:
-                transaction = self.env.make_transaction(self.partition_id, entry, mine.data if mine else None)
+                transaction = make_transaction(self.partition_id, entry, mine.data if mine else None, req_id)
                 hwm = txn_id
             if mine is not None or transaction is not None:
                 steps.append(_FeedStep(txn_id, mine, transaction))

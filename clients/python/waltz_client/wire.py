@@ -45,6 +45,12 @@ def message_partitions(message: server_pb2.ServerMessage) -> list[tuple[int, ser
     """Split a server message by partition (a feed batch may in principle mix partitions)."""
     kind = message.WhichOneof("message")
     if kind == "feed":
+        entries = message.feed.transactions
+        if not entries:
+            return []
+        first = entries[0].req_id.partition_id
+        if all(entry.req_id.partition_id == first for entry in entries):
+            return [(first, message)]  # as the server sends them: no copy
         parts: list[tuple[int, server_pb2.ServerMessage]] = []
         for entry in message.feed.transactions:
             pid = entry.req_id.partition_id

@@ -56,6 +56,8 @@ def test_server_messages_are_split_by_partition_in_order() -> None:
     flush = server_pb2.ServerMessage(flush=server_pb2.FlushResponse(req_id=req_id_to_proto(ReqId(1, 0, 4, 2))))
     assert message_partitions(flush) == [(4, flush)]
     assert message_partitions(server_pb2.ServerMessage()) == []
+    one = server_pb2.ServerMessage(feed=server_pb2.FeedDataBatch(transactions=[entry(2, 1), entry(2, 2)]))
+    assert message_partitions(one) == [(2, one)] and message_partitions(one)[0][1] is one  # not copied
 
 
 def test_transaction_data_is_fetched_once_even_from_several_threads() -> None:
