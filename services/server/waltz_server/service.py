@@ -18,7 +18,7 @@ from waltz_server.config import PartitionSettings
 from waltz_server.ownership import PartitionManager
 from waltz_server.partition import Partition
 from waltz_server.store.api import StoreUnavailable
-from waltz_server.transaction_data import RangeError, batch_size, read_range, record_message, transaction_data
+from waltz_server.transaction_data import RangeError, batch_size, read_range, transaction_data
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +90,9 @@ class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
         size = batch_size(request.batch_size, self._settings.read_batch_size)
         try:
             async for records in read_range(partition, request.from_transaction_id, request.to_transaction_id, size):
-                yield server_pb2.ReadTransactionsResponse(
-                    partition_id=partition.partition_id, records=[record_message(r) for r in records]
-                )
+                response = server_pb2.ReadTransactionsResponse(partition_id=partition.partition_id)
+                response.records.extend(records)  # the storage's messages, copied once in C
+                yield response
         except RangeError as exc:
             code = grpc.StatusCode.NOT_FOUND if exc.missing else grpc.StatusCode.INVALID_ARGUMENT
             await context.abort(code, str(exc))

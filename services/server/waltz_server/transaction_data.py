@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from waltz.v1 import common_pb2, server_pb2
-from waltz_common.types import Record
 from waltz_server.partition import Partition
 from waltz_server.store.api import StoreUnavailable
-from waltz_server.validation import req_id_message
 
 
 class RangeError(ValueError):
@@ -17,17 +15,6 @@ class RangeError(ValueError):
     def __init__(self, message: str, missing: bool = False) -> None:
         super().__init__(message)
         self.missing = missing
-
-
-def record_message(record: Record) -> common_pb2.Record:
-    return common_pb2.Record(
-        transaction_id=record.transaction_id,
-        req_id=req_id_message(record.req_id),
-        header=record.header,
-        data_length=len(record.data),
-        data=record.data,
-        checksum=record.checksum,
-    )
 
 
 async def transaction_data(
@@ -72,13 +59,26 @@ def batch_size(requested: int, limit: int) -> int:
     return limit if requested <= 0 else min(requested, limit)
 
 
-async def read_range(partition: Partition, first: int, last: int, size: int) -> AsyncIterator[list[Record]]:
-    """The committed records [first, last], in order, in lists of at most size."""
+async def read_range(
+    partition: Partition, first: int, last: int, size: int
+) -> AsyncIterator[Sequence[common_pb2.Record]]:
+    """The committed records [first, last], in order, in lists of at most size (the store's messages)."""
     check_range(first, last, partition.high_water_mark, partition.partition_id)
     next_id = first
     while next_id <= last:
-        records = await partition.store.get_records(next_id, min(size, last - next_id + 1))
-        if not records or records[0].transaction_id != next_id:
+        count = min(size, last - next_id + 1)
+        records = await partition.store.get_records(next_id, count)
+        if not records:
             raise StoreUnavailable(f"the store returned nothing from transaction {next_id}")
+        check_dense(records, next_id, count)
         yield records
         next_id += len(records)
+
+
+def check_dense(records: Sequence[common_pb2.Record], first: int, count: int) -> None:
+    """StoreUnavailable unless records are at most count consecutive transactions from first."""
+    ids = [r.transaction_id for r in records]
+    if len(ids) > count or ids != list(range(first, first + len(ids))):
+        raise StoreUnavailable(
+            f"the store answered transactions {ids[0]}..{ids[-1]} ({len(ids)}) for {count} from {first}"
+        )

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from waltz.v1 import common_pb2
 from waltz_common.types import Record, RecordHeader
 from waltz_server.store.api import AppendFailed, PendingRecord, StoreStatus, StoreUnavailable
+from waltz_storage.protocol import record_to_proto
 
 
 @dataclass
@@ -97,9 +99,9 @@ class FakeStore:
             return self.records[transaction_id]
         return None
 
-    async def get_records(self, transaction_id: int, max_records: int) -> list[Record]:
+    async def get_records(self, transaction_id: int, max_records: int) -> list[common_pb2.Record]:
         self.record_reads += 1
-        return self.records[transaction_id : transaction_id + max_records]
+        return [record_to_proto(r) for r in self.records[transaction_id : transaction_id + max_records]]
 
     async def get_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
         self.header_reads.append((transaction_id, max_records))

@@ -85,6 +85,29 @@ def test_read_transactions_streams_the_range_in_batches():
     run(scenario)
 
 
+def test_read_transactions_refuses_a_store_answer_that_is_not_dense():
+    async def scenario():
+        async with served() as s:
+            await commit(s, 10)
+            store = s.stores[0]
+            honest = store.get_records
+
+            async def gap(first, count):
+                records = await honest(first, count)
+                return [r for r in records if r.transaction_id != first + 2]
+
+            async def too_many(first, count):
+                return await honest(first, count + 1)
+
+            for broken in (gap, too_many):
+                store.get_records = broken
+                read = server_pb2.ReadTransactionsRequest(partition_id=0, from_transaction_id=0, to_transaction_id=6)
+                code, details = await status_of(_drain(s.stub.ReadTransactions(read)))
+                assert code == grpc.StatusCode.UNAVAILABLE and "for 7 from 0" in details, details
+
+    run(scenario)
+
+
 async def _drain(call) -> None:
     async for _ in call:
         pass

@@ -22,6 +22,7 @@ from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
 from waltz_server.store.connection import StorageConnections
 from waltz_server.store.settings import StoreSettings
 from waltz_server.store.store_partition import ReplicatedStorePartition
+from waltz_server.store.wire import record_from_proto
 from waltz_storage import server
 from waltz_storage.dispatch import Limits
 from waltz_storage.node import StorageNode
@@ -203,7 +204,7 @@ def test_fresh_partition_opens_empty_and_appends_dense_ids_to_every_replica(clus
         assert await store.get_record(0) is None
         firsts = [await store.append(pending(f"b{i}", n)) for i, n in enumerate((1, 5, 2))]
         assert firsts == [0, 1, 6] and store.high_water_mark == 7
-        got = await store.get_records(0, 100)
+        got = [record_from_proto(r) for r in await store.get_records(0, 100)]
         assert [r.transaction_id for r in got] == list(range(8))
         assert got[1].data == b"b1-0" and got[1].req_id == ReqId(7, 1, 0, 0) and got[1].checksum == crc32(b"b1-0")
         assert [h.transaction_id for h in await store.get_headers(5, 10)] == [5, 6, 7]

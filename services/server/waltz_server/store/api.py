@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from waltz.v1 import common_pb2
 from waltz_common.types import Record, RecordHeader, ReqId
 
 
@@ -87,8 +89,9 @@ class StorePartition(Protocol):
         """A committed record (None above the high-water mark)."""
         ...
 
-    async def get_records(self, transaction_id: int, max_records: int) -> list[Record]:
-        """Consecutive committed records from transaction_id (fewer at the high-water mark)."""
+    async def get_records(self, transaction_id: int, max_records: int) -> Sequence[common_pb2.Record]:
+        """Consecutive committed records from transaction_id (fewer at the high-water mark), as the storage's
+        Record messages: bulk readers pass them on without converting each one."""
         ...
 
     async def get_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:

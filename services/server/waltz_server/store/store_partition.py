@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.protocol.states import ZnodeStat
 from kazoo.recipe.watchers import DataWatch
 
+from waltz.v1 import common_pb2
 from waltz_common.types import Record, RecordHeader
 from waltz_common.zk import ZkPaths
 from waltz_server.recovery import ReplicaState
@@ -34,6 +35,7 @@ from waltz_server.store.store_session import (
     SessionRestart,
     StoreSession,
 )
+from waltz_server.store.wire import record_from_proto
 
 __all__ = ["STORE_KEYS", "ReplicatedStorePartition", "StoreSettings"]
 
@@ -285,9 +287,9 @@ class ReplicatedStorePartition:
         if transaction_id > self._high_water_mark or transaction_id < 0:
             return None
         found = await self._usable_session().records(transaction_id, 1)
-        return found[0] if found else None
+        return record_from_proto(found[0]) if found else None
 
-    async def get_records(self, transaction_id: int, max_records: int) -> list[Record]:
+    async def get_records(self, transaction_id: int, max_records: int) -> Sequence[common_pb2.Record]:
         return await self._usable_session().records(transaction_id, max_records)
 
     async def get_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:

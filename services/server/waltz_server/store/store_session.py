@@ -11,8 +11,8 @@ from typing import TypeVar
 
 from kazoo.exceptions import KazooException
 
-from waltz.v1 import storage_pb2
-from waltz_common.types import Record, RecordHeader
+from waltz.v1 import common_pb2, storage_pb2
+from waltz_common.types import RecordHeader
 from waltz_server.recovery import (
     CatchUp,
     Recovered,
@@ -30,7 +30,7 @@ from waltz_server.store.events import Signal
 from waltz_server.store.metadata import MetadataConflict, SessionStart
 from waltz_server.store.replica_session import ReplicaSession
 from waltz_server.store.settings import Backoff, StoreSettings
-from waltz_server.store.wire import append_pending_request, header_from_proto, record_from_proto
+from waltz_server.store.wire import append_pending_request, header_from_proto
 
 log = logging.getLogger(__name__)
 
@@ -473,8 +473,8 @@ class StoreSession:
             errors.append(f"{replica}: {len(found)} of {count} from {first}")
         raise StoreUnavailable(f"partition {self.partition_id}: no replica could serve {first}..: {'; '.join(errors)}")
 
-    async def records(self, first: int, max_records: int) -> list[Record]:
-        return [record_from_proto(p) for p in await self._read(first, max_records, ReplicaSession.records)]
+    async def records(self, first: int, max_records: int) -> list[common_pb2.Record]:
+        return await self._read(first, max_records, ReplicaSession.records)
 
     async def headers(self, first: int, max_records: int) -> list[RecordHeader]:
         return [header_from_proto(p) for p in await self._read(first, max_records, ReplicaSession.headers)]
