@@ -206,7 +206,9 @@ class StoreSession:
         )
 
     async def _until_stopped(self) -> None:
-        raise await self._stop
+        # Shielded: when the task group tears down (a replica failed), cancelling this task must not
+        # cancel _stop itself, or `restarting` and `_check_usable` would hand CancelledError to callers.
+        raise await asyncio.shield(self._stop)
 
     async def _wait_until(self, signal: Signal, predicate: Callable[[], bool]) -> None:
         while not predicate():
