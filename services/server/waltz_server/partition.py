@@ -347,6 +347,17 @@ class Partition:
     # the append task
 
     async def _append_task(self) -> None:
+        try:
+            await self._serve_appends()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # close() cancelled the partition
+            # A CancelledError nobody asked for (an awaited future was cancelled): the task group
+            # would drop it without a word and the partition would look healthy but never append.
+            raise RuntimeError("the append task got a CancelledError it was not asked for") from None
+
+    async def _serve_appends(self) -> None:
         await self.store.start(self.generation)
         await self._wait_store_ready()
         hwm = self.store.high_water_mark
