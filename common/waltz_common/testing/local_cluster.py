@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import signal
 import socket
 import subprocess
@@ -20,7 +21,39 @@ from waltz_common.testing.zookeeper import ZooKeeperProcess
 BIN = Path(sys.executable).parent
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+
+
+def listening_port_range() -> tuple[int, int]:
+    """Ports the kernel never gives to outgoing connections: the half below its ephemeral range."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default lower bound
+    return max(1024, low // 2), low - 1
+
+
 def free_port() -> int:
+    """A loopback port that is free now, for a process to listen on later.
+
+    Taken below the ephemeral range: a port the kernel picked with bind(0) comes from that range,
+    and any outgoing connection (a client, ZooKeeper, another test) may be given it before the
+    process binds it, or while a killed process is down before its restart (EADDRINUSE).
+    """
+    low, high = listening_port_range()
+    if high - low >= 1000:
+        for _ in range(200):
+            port = random.randint(low, high)
+            if port in _handed_out:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
