@@ -1,0 +1,211 @@
+"""Fault injection on a real cluster (ZooKeeper, 3 storage nodes, 2 servers, 4 partitions as processes).
+
+Each test runs a stream of appends with unique payloads through the Python client, does its
+faults by kill -9, and then checks what a user cares about (tests/chaos/history.py): every
+acknowledged append is in the log exactly once, nothing is in it twice or unasked for, ids are
+dense per partition up to the high-water mark, what the writer was fed agrees with what a fresh
+consumer reads (one id never names two payloads), and the three replicas end with identical
+records (through their admin ports) and identical data files past the header (after the stop).
+
+Runs are bounded (a few hundred appends, one fault each); WALTZ_SLOW=1 runs 500 appends per
+step and three fault cycles per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from tests.chaos.cluster import (
+    CLIENT,
+    PARTITIONS,
+    Writer,
+    assignment,
+    chaos_cluster,
+    healthy_owners,
+    read_everything,
+    replica_records,
+    run,
+    segment_bodies,
+    servers_by_id,
+    sessions,
+    until,
+    writing,
+)
+from tests.chaos.history import check, compare_replicas
+from waltz_common.testing.local_cluster import LocalCluster, ServerNode
+from waltz_common.testing.zookeeper import ZooKeeperProcess
+
+SLOW = os.environ.get("WALTZ_SLOW") == "1"
+STEP = 500 if SLOW else 100  # acknowledged appends between one event of a scenario and the next
+CYCLES = 3 if SLOW else 1  # faults per run
+
+
+def report(name: str, text: str) -> None:
+    print(f"[chaos] {name}: {text}")
+
+
+def on_cluster(
+    zookeeper: ZooKeeperProcess, cluster_root: str, workdir: Path, scenario: Callable[[LocalCluster], Awaitable[None]]
+) -> None:
+    """Run the scenario on a fresh cluster; once it stopped, compare the replicas' data files."""
+    with chaos_cluster(workdir, zookeeper.connect_string, cluster_root) as cluster:
+        run(lambda: scenario(cluster))
+    for pid in range(PARTITIONS):
+        bodies = segment_bodies(cluster, pid)
+        assert len(set(bodies.values())) == 1, {name: len(body) for name, body in bodies.items()}
+
+
+async def check_run(cluster: LocalCluster, writer: Writer, name: str) -> None:
+    """The common end of every scenario: the history against the log and the replicas."""
+    log = await read_everything({**cluster.client_config(), **CLIENT})
+    verdict = check(writer.appends, log, PARTITIONS)
+    report(name, verdict.summary())
+    assert not verdict.problems, verdict.problems
+    assert verdict.acknowledged == verdict.submitted, "appends failed: " + str(
+        [(a.seq, a.outcome) for a in writer.appends if a.outcome is not True][:10]
+    )
+    assert not writer.fed.problems, writer.fed.problems
+    for pid, records in writer.fed.log.items():
+        assert records == log[pid][: len(records)], f"partition {pid}: the writer was fed other records"
+    # a restarted replica catches up in the background: wait until all three hold exactly the log
+    problems: list[str] = []
+
+    def identical() -> bool:
+        problems[:] = compare_replicas(replica_records(cluster), log)
+        return not problems
+
+    try:
+        await until(identical, "three identical replicas", timeout=90)
+    except AssertionError:
+        raise AssertionError(problems) from None
+
+
+def test_appends_commit_with_dense_ids_on_every_partition(
+    zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path
+) -> None:
+    async def scenario(cluster: LocalCluster) -> None:
+        owners = await healthy_owners(cluster)
+        held = sorted((p.partition_id, sid, p.generation) for sid, a in owners.items() for p in a.partitions)
+        report("dense", f"(partition, server, generation): {held}")
+        async with writing(cluster, limit=4 * STEP) as writer:
+            await writer.acknowledged_at_least(4 * STEP, "the whole run")
+        await check_run(cluster, writer, "dense")
+
+    on_cluster(zookeeper, cluster_root, tmp_path, scenario)
+
+
+def test_kill_9_of_a_storage_node_during_appends(
+    zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path
+) -> None:
+    async def scenario(cluster: LocalCluster) -> None:
+        await healthy_owners(cluster)
+        async with writing(cluster) as writer:
+            acked = await writer.acknowledged_at_least(STEP, "before the first kill")
+            for cycle in range(CYCLES):
+                victim = cluster.storage[(1 + cycle) % len(cluster.storage)]
+                before = await sessions(cluster)
+                await asyncio.to_thread(victim.kill)
+                killed_at = acked
+                # appends go on with two of three replicas
+                down_at = await writer.acknowledged_at_least(killed_at + STEP, f"with {victim.name} down")
+                during = await sessions(cluster)
+                await asyncio.to_thread(victim.start)
+                acked = await writer.acknowledged_at_least(down_at + STEP, f"after {victim.name} restarted")
+                report(
+                    "storage kill",
+                    f"killed {victim.name} at {killed_at} acknowledged, restarted it at {down_at}, {acked} "
+                    f"acknowledged by then; (generation, session, hwm) {before} -> {during}",
+                )
+                for pid, (generation, session, _) in during.items():
+                    assert generation == before[pid][0]  # the owner did not change
+                    assert session > before[pid][1]  # the replica failure ended the store session
+        await check_run(cluster, writer, "storage kill")
+
+    on_cluster(zookeeper, cluster_root, tmp_path, scenario)
+
+
+def test_kill_9_of_the_owning_server_during_appends(
+    zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path
+) -> None:
+    async def scenario(cluster: LocalCluster) -> None:
+        await healthy_owners(cluster)
+        async with writing(cluster) as writer:
+            acked = await writer.acknowledged_at_least(STEP, "before the first kill")
+            killed: list[ServerNode] = []
+            for cycle in range(CYCLES):
+                if killed:  # bring the killed server back (under a new server id) before the next kill
+                    await asyncio.to_thread(killed[-1].start)
+                    await healthy_owners(cluster)
+                    acked = await writer.acknowledged_at_least(acked + STEP, "with both servers")
+                before = await asyncio.to_thread(assignment, cluster)
+                servers = await servers_by_id(cluster)
+                assert len(servers) == 2 and len({o.server_id for o in before.values()}) == 2
+                victim_id = before[cycle % PARTITIONS].server_id
+                moved = sorted(pid for pid, o in before.items() if o.server_id == victim_id)
+                killed.append(servers[victim_id])
+                await asyncio.to_thread(killed[-1].kill)
+                killed_at = acked
+                acked = await writer.acknowledged_at_least(killed_at + STEP, "after the kill")
+                owners = await healthy_owners(cluster)
+                after = await asyncio.to_thread(assignment, cluster)
+                generations = [{p: o.generation for p, o in sorted(a.items())} for a in (before, after)]
+                report(
+                    "server kill",
+                    f"killed server {victim_id} (owner of {moved}) at {killed_at} acknowledged, {acked} "
+                    f"acknowledged by then; generations {generations[0]} -> {generations[1]}; the survivor "
+                    f"reports (generation, session, hwm) {await sessions(cluster)}",
+                )
+                survivor = next(sid for sid in servers if sid != victim_id)
+                assert {o.server_id for o in after.values()} == {survivor}
+                for pid in range(PARTITIONS):
+                    if pid in moved:
+                        assert after[pid].generation > before[pid].generation, (pid, before, after)
+                    else:
+                        assert after[pid] == before[pid], (pid, before, after)
+                status = {p.partition_id: p.generation for p in owners[survivor].partitions}
+                assert status == {p: o.generation for p, o in after.items()}
+        await check_run(cluster, writer, "server kill")
+
+    on_cluster(zookeeper, cluster_root, tmp_path, scenario)
+
+
+def test_kill_9_of_a_storage_node_and_of_a_server_then_both_restart_during_appends(
+    zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path
+) -> None:
+    """The new owner recovers with a replica offline; then the storage node and the server come back
+    (the server under a new id, so partitions move to it again, each time with a higher generation)."""
+
+    async def scenario(cluster: LocalCluster) -> None:
+        storage_victim = cluster.storage[2]
+        await healthy_owners(cluster)
+        start = await asyncio.to_thread(assignment, cluster)
+        victim_id = start[0].server_id
+        server_victim = (await servers_by_id(cluster))[victim_id]
+        async with writing(cluster) as writer:
+            acked = await writer.acknowledged_at_least(STEP, "before the kills")
+            await asyncio.to_thread(storage_victim.kill)
+            acked = await writer.acknowledged_at_least(acked + STEP // 2, f"with {storage_victim.name} down")
+            await asyncio.to_thread(server_victim.kill)
+            acked = await writer.acknowledged_at_least(acked + STEP, "with a server and a storage node down")
+            moved = await asyncio.to_thread(assignment, cluster)
+            await asyncio.to_thread(storage_victim.start)
+            await asyncio.to_thread(server_victim.start)
+            acked = await writer.acknowledged_at_least(acked + STEP, "after both restarted")
+            await healthy_owners(cluster)
+            back = await asyncio.to_thread(assignment, cluster)
+            acked = await writer.acknowledged_at_least(acked + STEP // 2, "once rebalanced")
+        owners = [{p: (o.server_id, o.generation) for p, o in sorted(a.items())} for a in (start, moved, back)]
+        report("storage+server", f"(server, generation) {owners[0]} -> {owners[1]} -> {owners[2]}; {acked} acked")
+        assert len({o.server_id for o in moved.values()}) == 1
+        for pid in range(PARTITIONS):
+            assert start[pid].generation <= moved[pid].generation <= back[pid].generation
+            if start[pid].server_id == victim_id:
+                assert moved[pid].generation > start[pid].generation
+            if back[pid].server_id != moved[pid].server_id:
+                assert back[pid].generation > moved[pid].generation
+        await check_run(cluster, writer, "storage+server")
+
+    on_cluster(zookeeper, cluster_root, tmp_path, scenario)
