@@ -31,14 +31,26 @@ def flush_request(req_id: ReqId) -> server_pb2.ClientMessage:
 
 
 def append_request(req_id: ReqId, builder: TransactionBuilder) -> server_pb2.AppendRequest:
-    return server_pb2.AppendRequest(
-        req_id=req_id_to_proto(req_id),
+    data = builder.data
+    request = server_pb2.AppendRequest(
         client_high_water_mark=builder.client_high_water_mark,
-        write_lock_request_length=len(builder.write_locks), write_locks=builder.write_locks,
-        read_lock_request_length=len(builder.read_locks), read_locks=builder.read_locks,
-        append_lock_request_length=len(builder.append_locks), append_locks=builder.append_locks,
-        header=builder.header, data_length=len(builder.data), data=builder.data, checksum=builder.checksum,
+        header=builder.header, data_length=len(data), data=data, checksum=builder.checksum,
     )
+    q = request.req_id  # filled in place: cheaper than building a ReqId message and copying it in
+    q.client_id = req_id.client_id
+    q.generation = req_id.generation
+    q.partition_id = req_id.partition_id
+    q.seq_num = req_id.seq_num
+    if builder.write_locks:  # most appends take no locks
+        request.write_lock_request_length = len(builder.write_locks)
+        request.write_locks.extend(builder.write_locks)
+    if builder.read_locks:
+        request.read_lock_request_length = len(builder.read_locks)
+        request.read_locks.extend(builder.read_locks)
+    if builder.append_locks:
+        request.append_lock_request_length = len(builder.append_locks)
+        request.append_locks.extend(builder.append_locks)
+    return request
 
 
 def message_partitions(message: server_pb2.ServerMessage) -> list[tuple[int, server_pb2.ServerMessage]]:
