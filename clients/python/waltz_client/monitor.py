@@ -98,6 +98,7 @@ class TransactionMonitor(Generic[T]):
         self._client_hwm = client_high_water_mark
         self._entries: dict[ReqId, _Entry[T]] = {}
         self._flushes: list[tuple[ReqId, int]] = []  # (up to ReqId, hwm) not yet reached
+        self._lock_failed = 0  # entries with lock_failure_txn set
 
     @property
     def client_high_water_mark(self) -> int:
@@ -150,6 +151,7 @@ class TransactionMonitor(Generic[T]):
         if entry is None or entry.lock_failure_txn is not None:
             return []
         entry.lock_failure_txn = transaction_id
+        self._lock_failed += 1
         return [(entry.token, Outcome.lock_failed(transaction_id)), *self._release()]
 
     def on_client_high_water_mark(self, high_water_mark: int) -> list[tuple[T, Outcome]]:
@@ -179,10 +181,15 @@ class TransactionMonitor(Generic[T]):
         return [self._resolve(rid, Outcome.failed(CLEARED)) for rid in list(self._entries)]
 
     def _resolve(self, req_id: ReqId, outcome: Outcome) -> tuple[T, Outcome]:
-        return self._entries.pop(req_id).token, outcome
+        entry = self._entries.pop(req_id)
+        if entry.lock_failure_txn is not None:
+            self._lock_failed -= 1
+        return entry.token, outcome
 
     def _release(self) -> list[tuple[T, Outcome]]:
         """Fail what the client hwm now allows: reached flushes, and caught-up lock failures."""
+        if not self._flushes and not self._lock_failed:
+            return []  # the common case, after every applied feed batch: nothing can be due
         reached = [up_to for up_to, hwm in self._flushes if hwm <= self._client_hwm]
         self._flushes = [(up_to, hwm) for up_to, hwm in self._flushes if hwm > self._client_hwm]
         due: dict[ReqId, Outcome] = {}
