@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 
 from waltz.v1 import common_pb2, server_pb2
@@ -59,20 +61,47 @@ def batch_size(requested: int, limit: int) -> int:
     return limit if requested <= 0 else min(requested, limit)
 
 
+READ_AHEAD = 2
+"""Store reads a range keeps in flight beyond the batch at hand, so the storage node reads the next batches
+while the server and the client handle this one."""
+
+_Read = asyncio.Future[Sequence[common_pb2.Record]]
+
+
 async def read_range(
-    partition: Partition, first: int, last: int, size: int
+    partition: Partition, first: int, last: int, size: int, read_ahead: int = READ_AHEAD
 ) -> AsyncIterator[Sequence[common_pb2.Record]]:
     """The committed records [first, last], in order, in lists of at most size (the store's messages)."""
     check_range(first, last, partition.high_water_mark, partition.partition_id)
-    next_id = first
-    while next_id <= last:
-        count = min(size, last - next_id + 1)
-        records = await partition.store.get_records(next_id, count)
-        if not records:
-            raise StoreUnavailable(f"the store returned nothing from transaction {next_id}")
-        check_dense(records, next_id, count)
-        yield records
-        next_id += len(records)
+    store = partition.store
+    planned: deque[_Read] = deque()  # reads of consecutive batches from next_id on
+    planned_to = next_id = first  # planned_to: the first id no planned read asks for
+    try:
+        while next_id <= last:
+            while len(planned) <= read_ahead and planned_to <= last:
+                count = min(size, last - planned_to + 1)
+                planned.append(asyncio.ensure_future(store.get_records(planned_to, count)))
+                planned_to += count
+            records = await planned.popleft()
+            count = min(size, last - next_id + 1)
+            if not records:
+                raise StoreUnavailable(f"the store returned nothing from transaction {next_id}")
+            check_dense(records, next_id, count)
+            next_id += len(records)
+            if len(records) < count:  # a short answer: the reads planned after it start too far on
+                _cancel(planned)
+                planned_to = next_id
+            yield records
+    finally:
+        _cancel(planned)
+
+
+def _cancel(planned: deque[_Read]) -> None:
+    while planned:
+        read = planned.popleft()
+        if read.done() and not read.cancelled():
+            read.exception()  # retrieved: the failure of a read nobody waits for any more is no news
+        read.cancel()
 
 
 def check_dense(records: Sequence[common_pb2.Record], first: int, count: int) -> None:
