@@ -315,12 +315,23 @@ class StoreSession:
         return int(records[-1].transaction_id)
 
     async def _catch_up_and_join(self, replica: str, session: ReplicaSession, held: int) -> None:
-        """Copy committed transactions from the write set until replica holds the high-water mark, then join."""
+        """Copy committed transactions from the write set until replica holds the high-water mark, then join.
+
+        The last stretch (at most one catch-up batch) is copied with appends held back: under the append
+        lock no batch is in flight and the high-water mark stands still, so the replica joins even under a
+        steady stream of appends. (Waiting for a moment with no batch in flight could wait for ever.)
+        """
         while True:
             if self.ended is not None:
                 raise self.ended
-            if held == self.high_water_mark:
-                async with self._append_lock:  # no batch in flight: the next one goes to this replica too
+            self.replica_detail[replica] = f"catching up: holds {held}, high-water mark {self.high_water_mark}"
+            if self.high_water_mark - held <= self._settings.catch_up_batch_size:
+                async with self._append_lock:
+                    while held < self.high_water_mark and self.ended is None:
+                        copied_to = await self._copy_committed(session, held)
+                        if copied_to is None:
+                            break
+                        held = copied_to
                     if held == self.high_water_mark and self.ended is None:
                         self._members[replica] = _Member(session, asyncio.Queue(), acked=held)
                         log.info(
@@ -332,21 +343,24 @@ class StoreSession:
                         )
                         self._changed.notify()
                         return
+                await asyncio.sleep(SOURCE_RETRY_S)  # no source could serve the rest: try again shortly
                 continue
-            self.replica_detail[replica] = f"catching up: holds {held}, high-water mark {self.high_water_mark}"
-            # Only committed transactions (at or below the high-water mark) are copied.
-            sources = sorted(self._members.values(), key=lambda m: -m.acked)
-            limit = min(sources[0].acked, self.high_water_mark) if sources else held
-            if limit <= held:
-                await self._wait_until(self._progress, partial(self._moved_past, held))
-                if self.ended is not None:
-                    raise self.ended
-                continue
-            copied_to = await self._copy_from(sources[0].session, session, held + 1, limit)
+            copied_to = await self._copy_committed(session, held)
             if copied_to is None:
+                await self._wait_until(self._progress, partial(self._moved_past, held))
                 await asyncio.sleep(SOURCE_RETRY_S)
             else:
                 held = copied_to
+
+    async def _copy_committed(self, session: ReplicaSession, held: int) -> int | None:
+        """Copy one batch of committed transactions above held from the member that holds the most;
+        the new max id, or None when no member can serve any now."""
+        # Only committed transactions (at or below the high-water mark) are copied.
+        sources = sorted(self._members.values(), key=lambda m: -m.acked)
+        limit = min(sources[0].acked, self.high_water_mark) if sources else held
+        if limit <= held:
+            return None
+        return await self._copy_from(sources[0].session, session, held + 1, limit)
 
     def _moved_past(self, held: int) -> bool:
         return self.ended is not None or self.high_water_mark > held
