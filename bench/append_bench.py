@@ -1,0 +1,748 @@
+"""Append and feed throughput, commit latency and memory over a real local cluster, next to baselines in the same run.
+
+    .venv/bin/python -m bench.append_bench [--quick] [--dir DIR] [--procs P]
+
+Baselines first, on the same machine and in the same run:
+- raw gRPC: a bidi stream echoing 512 B messages from another process, one at a time (the
+  round-trip floor of one hop) and 100 in flight (the message ceiling);
+- the storage node alone (one `waltz-storage`, no server): one 1-record append at a time, and
+  pipelined appends of 100 records (as bench/storage_bench.py).
+Then a LocalCluster (ZooKeeper, 3 storage nodes, 1 server, 1 partition), 512 B transactions:
+- prefill: bulk appends over one raw client stream (AppendBatches of 1000), which fills the
+  server's caches so that its memory has reached its bound before the measured phases;
+- feed: the whole log from transaction 0 to one consumer: a raw Stream (mount at -1, counting
+  FeedData) and an AsyncWaltzClient applying every transaction;
+- closed loop: N writers (1, 10, 100), each submitting one append through AsyncWaltzClient and
+  waiting for its commit, again and again; writer processes each run one client;
+- open loop: 1,000 appends/s offered on a fixed schedule (latency counted from the scheduled
+  time, so a stall is not hidden);
+- peak RSS of every process, and the server's RSS over the 100-writer run.
+Prints a table with the targets next to the numbers; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import resource
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+
+from bench.storage_bench import build_requests, pipelined_appends
+from waltz.v1 import common_pb2, metadata_pb2, server_pb2, server_pb2_grpc, storage_pb2, storage_pb2_grpc
+from waltz_client import AsyncWaltzClient, Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from waltz_common import zk as zkmeta
+from waltz_common.testing.local_cluster import LocalCluster
+from waltz_common.testing.zookeeper import ZooKeeperProcess
+from waltz_common.types import crc32
+
+RECORD_BYTES = 512
+PARTITION = 0
+PREFILL_BATCH = 1000
+OPEN_LOOP_RATE = 1000.0
+WRITERS = (1, 10, 100)
+ECHO_METHOD = "/bench.Echo/Stream"
+
+# targets from issue 4
+TARGET_APPENDS = 20_000.0
+TARGET_P99_S = 0.020
+TARGET_FEED = 100_000.0
+
+
+@dataclass(frozen=True)
+class Scale:
+    prefill: int
+    warmup_s: float
+    run_s: float
+    long_run_s: float
+    open_run_s: float
+    echo_serial: int
+    echo_pipelined: int
+    storage_serial: int
+    storage_batches: int
+
+
+FULL = Scale(300_000, 2.0, 10.0, 40.0, 15.0, 2000, 40_000, 2000, 1000)
+QUICK = Scale(150_000, 1.0, 4.0, 10.0, 5.0, 500, 10_000, 500, 300)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ---------------------------------------------------------------------------------------- memory
+
+
+class MemorySampler:
+    """Samples the RSS of named processes every interval seconds on a thread; keeps each one's peak."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self._interval = interval
+        self._processes: dict[str, list[psutil.Process]] = {}
+        self.peak: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def watch(self, name: str, pid: int) -> None:
+        with self._lock:
+            self._processes.setdefault(name, []).append(psutil.Process(pid))
+
+    def rss(self, name: str) -> int:
+        with self._lock:
+            processes = list(self._processes.get(name, []))
+        return max((_rss(p) for p in processes), default=0)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            with self._lock:
+                watched = [(name, p) for name, ps in self._processes.items() for p in ps]
+            for name, process in watched:
+                rss = _rss(process)
+                with self._lock:
+                    self.peak[name] = max(self.peak.get(name, 0), rss)
+
+
+def _rss(process: psutil.Process) -> int:
+    try:
+        return int(process.memory_info().rss)
+    except psutil.Error:
+        return 0
+
+
+# ---------------------------------------------------------------------------------------- baselines
+
+
+def _echo_server(conn: Connection) -> None:
+    async def main() -> None:
+        async def echo(requests: Any, context: Any) -> Any:
+            async for request in requests:
+                yield request
+
+        handler = grpc.method_handlers_generic_handler(
+            "bench.Echo", {"Stream": grpc.stream_stream_rpc_method_handler(echo)}
+        )
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        conn.send(port)
+        await asyncio.to_thread(conn.recv)
+        await server.stop(0)
+
+    asyncio.run(main())
+
+
+async def _echo_client(address: str, serial: int, pipelined: int, window: int) -> tuple[list[float], float]:
+    """Round trips one at a time (their latencies), then messages/s with window in flight."""
+    payload = os.urandom(RECORD_BYTES)
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.stream_stream(ECHO_METHOD)()
+        latencies = []
+        for _ in range(serial):
+            started = time.perf_counter()
+            await call.write(payload)
+            await call.read()
+            latencies.append(time.perf_counter() - started)
+        slots = asyncio.Semaphore(window)
+
+        async def receive() -> None:
+            for _ in range(pipelined):
+                await call.read()
+                slots.release()
+
+        started = time.perf_counter()
+        receiver = asyncio.create_task(receive())
+        for _ in range(pipelined):
+            await slots.acquire()
+            await call.write(payload)
+        await receiver
+        rate = pipelined / (time.perf_counter() - started)
+        await call.done_writing()
+    return latencies, rate
+
+
+@dataclass
+class Baselines:
+    echo_latencies: list[float]
+    echo_rate: float
+    storage_latencies: list[float]
+    storage_records_rate: float
+
+
+async def _storage_serial(address: str, cluster_key: str, requests: list[storage_pb2.StorageRequest]) -> list[float]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = storage_pb2_grpc.WaltzStorageStub(channel).Session()
+        open_request = storage_pb2.OpenRequest(
+            session_id=-1, seq_num=-1, partition_id=-1, cluster_key=cluster_key, num_partitions=1
+        )
+        await call.write(storage_pb2.StorageRequest(open=open_request))
+        await call.read()
+        latencies = []
+        for request in requests:
+            started = time.perf_counter()
+            await call.write(request)
+            response = await call.read()
+            if response.WhichOneof("response") != "success":
+                raise RuntimeError(f"append refused: {response}")
+            latencies.append(time.perf_counter() - started)
+        await call.done_writing()
+    return latencies
+
+
+def run_baselines(workdir: Path, zookeeper: str, scale: Scale, sampler: MemorySampler) -> Baselines:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    echo = ctx.Process(target=_echo_server, args=(child,), daemon=True)
+    echo.start()
+    try:
+        port = parent.recv()
+        echo_latencies, echo_rate = asyncio.run(
+            _echo_client(f"127.0.0.1:{port}", scale.echo_serial, scale.echo_pipelined, 100)
+        )
+    finally:
+        parent.send("stop")
+        echo.join(30)
+    with LocalCluster(
+        workdir / "storage-alone", storage_nodes=1, servers=0, partitions=1, zookeeper=zookeeper,
+        cluster_root="/bench/storage-alone",
+    ) as cluster:
+        node = cluster.storage[0]
+        assert node.pid is not None
+        sampler.watch("storage alone (baseline)", node.pid)
+        serial = build_requests(0, 1, scale.storage_serial)
+        latencies = asyncio.run(_storage_serial(node.connect_string, cluster.cluster_key, serial))
+        batched = build_requests(scale.storage_serial, 100, scale.storage_batches)
+        for seq, request in enumerate(batched, start=scale.storage_serial):
+            request.append.seq_num = seq
+        seconds = asyncio.run(pipelined_appends(node.connect_string, cluster.cluster_key, batched, 8))
+    return Baselines(echo_latencies, echo_rate, latencies, 100 * scale.storage_batches / seconds)
+
+
+# ---------------------------------------------------------------------------------------- raw client stream
+
+
+def _take_client_id(cluster: LocalCluster) -> tuple[int, int]:
+    zk = zkmeta.connect(cluster.zookeeper)
+    try:
+        counter = zk.Counter(cluster.paths.client_ids)
+        counter += 1
+        assignment = zkmeta.require(zk, cluster.paths.server_assignment, metadata_pb2.ServerAssignment)[0]
+        generation = next(o.generation for o in assignment.partitions if o.partition_id == PARTITION)
+        return int(counter.post_value), generation
+    finally:
+        zk.stop()
+        zk.close()
+
+
+async def high_water_mark(address: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        response = await server_pb2_grpc.WaltzServerStub(channel).GetHighWaterMark(
+            server_pb2.HighWaterMarkRequest(partition_id=PARTITION), timeout=30
+        )
+    return int(response.high_water_mark)
+
+
+async def raw_stream(
+    cluster: LocalCluster, client_hwm: int, appends: int, until: int
+) -> tuple[float, int]:
+    """Mount at client_hwm over a raw Stream, send `appends` transactions in batches of PREFILL_BATCH, and
+    read the feed until transaction `until` (or until the last append shows). Returns (seconds, feed entries)."""
+    client_id, generation = _take_client_id(cluster)
+    payload = os.urandom(RECORD_BYTES)
+    checksum = crc32(payload)
+
+    def req(seq: int) -> common_pb2.ReqId:
+        return common_pb2.ReqId(client_id=client_id, generation=generation, partition_id=PARTITION, seq_num=seq)
+
+    async with grpc.aio.insecure_channel(cluster.servers[0].address) as channel:
+        call = server_pb2_grpc.WaltzServerStub(channel).Stream()
+        started = time.perf_counter()
+        deadline = started + 60
+        mount = server_pb2.MountRequest(req_id=req(0), client_high_water_mark=client_hwm, seq_num=1)
+        await call.write(server_pb2.ClientMessage(mount=mount))
+        seen = mine = 0
+        last = client_hwm
+        while True:
+            response = await call.read()
+            if response is grpc.aio.EOF:
+                raise RuntimeError("the server ended the stream")
+            kind = response.WhichOneof("message")
+            if kind == "mount":
+                if response.mount.state == server_pb2.MountResponse.NOT_READY and time.perf_counter() < deadline:
+                    await asyncio.sleep(0.2)  # the partition is still opening on the server
+                    started = time.perf_counter()
+                    await call.write(server_pb2.ClientMessage(mount=mount))
+                    continue
+                if response.mount.state != server_pb2.MountResponse.READY:
+                    raise RuntimeError(f"mount refused: {response.mount}")
+                for first in range(0, appends, PREFILL_BATCH):
+                    batch = [
+                        server_pb2.AppendRequest(
+                            req_id=req(first + i + 1), client_high_water_mark=client_hwm,
+                            data_length=RECORD_BYTES, data=payload, checksum=checksum,
+                        )
+                        for i in range(min(PREFILL_BATCH, appends - first))
+                    ]
+                    await call.write(server_pb2.ClientMessage(appends=server_pb2.AppendBatch(requests=batch)))
+            elif kind == "feed":
+                entries = response.feed.transactions
+                seen += len(entries)
+                last = entries[-1].transaction_id
+                if appends:
+                    mine += sum(1 for t in entries if t.req_id.client_id == client_id)
+            else:
+                raise RuntimeError(f"unexpected answer {response}")
+            if (appends and mine >= appends) or (not appends and last >= until):
+                elapsed = time.perf_counter() - started
+                call.cancel()
+                return elapsed, seen
+
+
+# ---------------------------------------------------------------------------------------- client processes
+
+
+class CountingCallbacks(WaltzClientCallbacks):
+    """Applies by remembering the high-water mark (the data is not fetched)."""
+
+    def __init__(self, start: int) -> None:
+        self.hwm = start
+        self.applied = 0
+        self.on_apply: Callable[[int], None] = lambda _: None
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        return self.hwm
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.hwm = transaction.transaction_id
+        self.applied += 1
+        self.on_apply(self.hwm)
+
+
+class Append(TransactionContext):
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+    def partition_id(self, num_partitions: int) -> int:
+        return PARTITION
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_data(self.payload)
+        return True
+
+
+@dataclass
+class Job:
+    config: dict[str, Any]
+    start_hwm: int
+    writers: int = 0  # closed loop
+    rate: float = 0.0  # open loop (appends/s offered by this process)
+    warmup_s: float = 0.0
+    run_s: float = 0.0
+
+
+@dataclass
+class JobResult:
+    committed: int
+    latencies: array.array[float]
+    errors: int
+    peak_rss: int
+    submitted: int = 0
+    cpu_s: float = 0.0  # CPU seconds of the process during the measured window
+
+
+def _client_process(job: Job, conn: Connection) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
+    result = asyncio.run(_client_job(job, conn))
+    result.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    conn.send(result)
+
+
+async def _client_job(job: Job, conn: Connection) -> JobResult:
+    callbacks = CountingCallbacks(job.start_hwm)
+    slots = max(job.writers, int(job.rate) + 1000 if job.rate else 0, 5)
+    config = {**job.config, "client.maxConcurrentTransactions": slots, "client.autoMount": False}
+    payload = os.urandom(RECORD_BYTES)
+    latencies: array.array[float] = array.array("d")
+    committed = errors = submitted = 0
+    async with AsyncWaltzClient(callbacks, config) as client:
+        callbacks.hwm = await client.high_water_mark(PARTITION)  # the application holds everything so far
+        client.mount_partitions([PARTITION])
+        await client.wait_mounted()
+        conn.send("ready")
+        await asyncio.to_thread(conn.recv)
+        begin = time.perf_counter() + job.warmup_s
+        end = begin + job.run_s
+
+        async def one(scheduled: float) -> None:
+            nonlocal committed, errors
+            try:
+                future = await client.submit(Append(payload))
+                await future
+            except Exception:
+                errors += 1
+                return
+            done = time.perf_counter()
+            if scheduled >= begin:
+                latencies.append(done - scheduled)
+            if begin <= done < end:
+                committed += 1
+
+        async def writer() -> None:
+            nonlocal submitted
+            while (now := time.perf_counter()) < end:
+                submitted += 1
+                await one(now)
+
+        cpu: list[float] = []
+
+        async def measure_cpu() -> None:
+            for moment in (begin, end):
+                await asyncio.sleep(max(0.0, moment - time.perf_counter()))
+                cpu.append(time.process_time())
+
+        cpu_task = asyncio.create_task(measure_cpu())
+        if job.writers:
+            await asyncio.gather(*(writer() for _ in range(job.writers)))
+        else:
+            tasks = set()
+            index = 0
+            start = time.perf_counter()
+            while (scheduled := start + index / job.rate) < end:
+                delay = scheduled - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                task = asyncio.create_task(one(scheduled))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                index += 1
+            submitted = index
+            await asyncio.gather(*tasks)
+        await cpu_task
+    return JobResult(committed, latencies, errors, 0, submitted, cpu[1] - cpu[0])
+
+
+def run_clients(jobs: list[Job], sampler: MemorySampler, during: Callable[[], None] | None = None) -> list[JobResult]:
+    """Start one process per job, wait until each has mounted, start them together, collect results."""
+    ctx = mp.get_context("spawn")
+    pipes, processes = [], []
+    for job in jobs:
+        parent, child = ctx.Pipe()
+        process = ctx.Process(target=_client_process, args=(job, child), daemon=True)
+        process.start()
+        assert process.pid is not None
+        sampler.watch("writer processes", process.pid)
+        pipes.append(parent)
+        processes.append(process)
+    try:
+        for pipe in pipes:
+            if pipe.recv() != "ready":
+                raise RuntimeError("a client process failed to start")
+        for pipe in pipes:
+            pipe.send("go")
+        if during is not None:
+            during()
+        results = [pipe.recv() for pipe in pipes]
+    finally:
+        for process in processes:
+            process.join(60)
+            if process.is_alive():
+                process.kill()
+    return results
+
+
+# ---------------------------------------------------------------------------------------- phases
+
+
+@dataclass
+class WriterRow:
+    label: str
+    processes: int
+    rate: float
+    p50: float
+    p99: float
+    errors: int
+    cpu: dict[str, float]  # CPU seconds per 1000 committed appends, by process group
+    offered: float = 0.0
+
+
+@dataclass
+class Report:
+    load: list[tuple[str, tuple[float, float, float]]] = field(default_factory=list)
+    baselines: Baselines | None = None
+    prefill_rate: float = 0.0
+    prefill_count: int = 0
+    feed_raw: float = 0.0
+    feed_client: float = 0.0
+    feed_count: int = 0
+    writers: list[WriterRow] = field(default_factory=list)
+    memory_timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (seconds, hwm, server rss)
+    server_rss_after_prefill: int = 0
+    peak: dict[str, int] = field(default_factory=dict)
+    log_size: int = 0
+
+
+class Window:
+    """Run in the parent while client processes measure: the cluster's CPU over their window, and
+    (when timeline is given) the log size and server RSS at ten points of it."""
+
+    def __init__(self, cluster: LocalCluster, sampler: MemorySampler, scale: Scale, seconds: float,
+                 timeline: list[tuple[float, int, int]] | None = None) -> None:
+        self._processes = {name: psutil.Process(pid) for name, pid in cluster.pids().items()}
+        self._address = cluster.servers[0].address
+        self._sampler = sampler
+        self._warmup = scale.warmup_s
+        self._seconds = seconds
+        self._timeline = timeline
+        self.cpu: dict[str, float] = {}
+
+    def _cpu(self) -> dict[str, float]:
+        times = {}
+        for name, process in self._processes.items():
+            try:
+                times[name] = sum(process.cpu_times()[:2])
+            except psutil.Error:
+                times[name] = 0.0
+        return times
+
+    def __call__(self) -> None:
+        started = time.perf_counter()
+        time.sleep(self._warmup)
+        before = self._cpu()
+        for i in range(1, 11):
+            time.sleep(max(0.0, started + self._warmup + self._seconds * i / 10 - time.perf_counter()))
+            if self._timeline is not None:
+                hwm = asyncio.run(high_water_mark(self._address))
+                self._timeline.append((time.perf_counter() - started, hwm, self._sampler.rss("server-0")))
+        after = self._cpu()
+        self.cpu = {name: after[name] - before[name] for name in after}
+
+
+def _cpu_per_1000(window: Window, results: list[JobResult], committed: int) -> dict[str, float]:
+    per = 1000 / max(committed, 1)
+    cpu = window.cpu
+    return {
+        "server": cpu.get("server-0", 0.0) * per,
+        "storage": sum(v for k, v in cpu.items() if k.startswith("storage")) * per,
+        "clients": sum(r.cpu_s for r in results) * per,
+        "zookeeper": cpu.get("zookeeper", 0.0) * per,
+    }
+
+
+def closed_loop(cluster: LocalCluster, writers: int, procs: int, seconds: float, scale: Scale,
+                sampler: MemorySampler, timeline: list[tuple[float, int, int]] | None = None) -> WriterRow:
+    hwm = asyncio.run(high_water_mark(cluster.servers[0].address))
+    share = [writers // procs + (1 if i < writers % procs else 0) for i in range(procs)]
+    jobs = [Job(cluster.client_config(), hwm, writers=n, warmup_s=scale.warmup_s, run_s=seconds) for n in share if n]
+    window = Window(cluster, sampler, scale, seconds, timeline)
+    results = run_clients(jobs, sampler, window)
+    latencies = [x for r in results for x in r.latencies]
+    committed = sum(r.committed for r in results)
+    return WriterRow(f"{writers} writers", len(jobs), committed / seconds, percentile(latencies, 0.5),
+                     percentile(latencies, 0.99), sum(r.errors for r in results),
+                     _cpu_per_1000(window, results, committed))
+
+
+def open_loop(cluster: LocalCluster, scale: Scale, sampler: MemorySampler) -> WriterRow:
+    hwm = asyncio.run(high_water_mark(cluster.servers[0].address))
+    job = Job(cluster.client_config(), hwm, rate=OPEN_LOOP_RATE, warmup_s=scale.warmup_s, run_s=scale.open_run_s)
+    window = Window(cluster, sampler, scale, scale.open_run_s)
+    (result,) = run_clients([job], sampler, window)
+    latencies = list(result.latencies)
+    return WriterRow(f"open loop {OPEN_LOOP_RATE:,.0f}/s", 1, result.committed / scale.open_run_s,
+                     percentile(latencies, 0.5), percentile(latencies, 0.99), result.errors,
+                     _cpu_per_1000(window, [result], result.committed), OPEN_LOOP_RATE)
+
+
+async def client_feed(cluster: LocalCluster, until: int) -> float:
+    """Seconds for an AsyncWaltzClient mounting at -1 to apply every transaction up to `until`."""
+    callbacks = CountingCallbacks(-1)
+    config = cluster.client_config(**{"client.autoMount": False})
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+
+    def applied(hwm: int) -> None:
+        if hwm >= until:
+            loop.call_soon_threadsafe(done.set)
+
+    callbacks.on_apply = applied
+    async with AsyncWaltzClient(callbacks, config) as client:
+        started = time.perf_counter()
+        client.mount_partitions([PARTITION])
+        await done.wait()
+        return time.perf_counter() - started
+
+
+def run(workdir: Path, scale: Scale, procs: int) -> Report:
+    report = Report()
+    with ZooKeeperProcess(workdir / "zookeeper") as zookeeper, MemorySampler() as sampler:
+        assert zookeeper.pid is not None
+        sampler.watch("zookeeper", zookeeper.pid)
+        sampler.watch("benchmark (this process)", os.getpid())
+
+        def load(label: str) -> None:
+            report.load.append((label, os.getloadavg()))
+
+        load("start")
+        report.baselines = run_baselines(workdir, zookeeper.connect_string, scale, sampler)
+        with LocalCluster(workdir / "cluster", storage_nodes=3, servers=1, partitions=1,
+                          zookeeper=zookeeper.connect_string, cluster_root="/bench/append") as cluster:
+            for name, pid in cluster.pids().items():
+                if name != "zookeeper":
+                    sampler.watch(name, pid)
+            address = cluster.servers[0].address
+
+            seconds, _ = asyncio.run(raw_stream(cluster, -1, scale.prefill, 0))
+            report.prefill_count, report.prefill_rate = scale.prefill, scale.prefill / seconds
+            report.server_rss_after_prefill = sampler.rss("server-0")
+
+            hwm = asyncio.run(high_water_mark(address))
+            seconds, seen = asyncio.run(raw_stream(cluster, -1, 0, hwm))
+            report.feed_count, report.feed_raw = seen, seen / seconds
+            report.feed_client = (hwm + 1) / asyncio.run(client_feed(cluster, hwm))
+            load("after prefill and feed")
+
+            for writers in WRITERS:
+                if writers < 100:
+                    row = closed_loop(cluster, writers, 1, scale.run_s, scale, sampler)
+                else:  # the long run, watching the server's memory
+                    row = closed_loop(cluster, writers, procs, scale.long_run_s, scale, sampler,
+                                      report.memory_timeline)
+                report.writers.append(row)
+                load(f"after {writers} writers")
+            report.writers.append(open_loop(cluster, scale, sampler))
+            load("after open loop")
+            report.log_size = asyncio.run(high_water_mark(address)) + 1
+        report.peak = dict(sampler.peak)
+    return report
+
+
+# ---------------------------------------------------------------------------------------- table
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1000:.2f}"
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def format_report(report: Report, procs: int) -> str:
+    b = report.baselines
+    assert b is not None
+    lines = ["load average (1, 5, 15 min): " + "; ".join(
+        f"{label} {a:.2f} {b5:.2f} {c:.2f}" for label, (a, b5, c) in report.load)]
+    lines += ["", "baselines (same run)"]
+    head = f"{'':<44} {'per second':>12} {'p50 ms':>8} {'p99 ms':>8}"
+    lines += [head, "-" * len(head)]
+
+    def baseline(label: str, rate: float, latencies: list[float] | None = None) -> None:
+        p50, p99 = (_ms(percentile(latencies, q)) for q in (0.5, 0.99)) if latencies else ("", "")
+        lines.append(f"{label:<44} {rate:>12,.0f} {p50:>8} {p99:>8}")
+
+    baseline("raw gRPC echo, 512 B, one at a time", len(b.echo_latencies) / sum(b.echo_latencies), b.echo_latencies)
+    baseline("raw gRPC echo, 512 B, 100 in flight (msgs)", b.echo_rate)
+    baseline("storage alone, 1-record append at a time", len(b.storage_latencies) / sum(b.storage_latencies),
+             b.storage_latencies)
+    baseline("storage alone, 100-record appends (records)", b.storage_records_rate)
+
+    lines += ["", "cluster: 3 storage replicas, 1 server, 1 partition, 512 B transactions"]
+    head = (f"{'':<30} {'procs':>5} {'per second':>12} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} | "
+            f"{'x echo msgs/s':>13} {'x storage recs/s':>16} | target")
+    lines += [head, "-" * len(head)]
+
+    def row(label: str, procs_: str, rate: float, p50: str, p99: str, errors: str, target: str) -> None:
+        lines.append(f"{label:<30} {procs_:>5} {rate:>12,.0f} {p50:>8} {p99:>8} {errors:>6} | "
+                     f"{rate / b.echo_rate:>13.2f} {rate / b.storage_records_rate:>16.2f} | {target}")
+
+    row(f"prefill: raw AppendBatch x{PREFILL_BATCH}", "1", report.prefill_rate, "", "", "", "")
+    row("feed from 0: raw Stream", "1", report.feed_raw, "", "", "",
+        f">= {TARGET_FEED:,.0f}/s: {_verdict(report.feed_raw >= TARGET_FEED)}")
+    row("feed from 0: AsyncWaltzClient", "1", report.feed_client, "", "", "",
+        f">= {TARGET_FEED:,.0f}/s: {_verdict(report.feed_client >= TARGET_FEED)}")
+    for w in report.writers:
+        target = ""
+        if w.label == "100 writers":
+            target = f">= {TARGET_APPENDS:,.0f}/s: {_verdict(w.rate >= TARGET_APPENDS)}"
+        elif w.offered:
+            target = f"p99 <= {TARGET_P99_S * 1000:.0f} ms: {_verdict(w.p99 <= TARGET_P99_S)}"
+        row(f"{w.label}, committed", str(w.processes), w.rate, _ms(w.p50), _ms(w.p99), str(w.errors), target)
+    lines.append(f"feed: the log held {report.feed_count:,} transactions (the server caches the newest 100,000; "
+                 "older ones come from storage). Latency: submit to the commit seen by the writer's client "
+                 "(open loop: from the scheduled time).")
+    one = next(w for w in report.writers if w.label == "1 writers")
+    lines.append(f"1 writer p50 / storage-alone 1-record p50: {one.p50 / percentile(b.storage_latencies, 0.5):.1f}x; "
+                 f"/ raw gRPC echo p50: {one.p50 / percentile(b.echo_latencies, 0.5):.1f}x")
+
+    lines += ["", "CPU seconds per 1,000 committed appends, over the measured window (all 3 storage nodes summed)"]
+    head = (f"{'':<36} {'server':>7} {'storage':>7} {'clients':>7} {'zk':>5} {'total':>6} | "
+            f"{'2 cores / total':>15}")
+    lines += [head, "-" * len(head)]
+    for w in report.writers:
+        total = sum(w.cpu.values())
+        lines.append(f"{w.label:<36} {w.cpu['server']:>7.3f} {w.cpu['storage']:>7.3f} {w.cpu['clients']:>7.3f} "
+                     f"{w.cpu['zookeeper']:>5.2f} {total:>6.3f} | {2000 / total if total else 0:>13,.0f}/s")
+    lines.append("2 cores / total: the appends/s at which this cluster and its clients would fill both cores.")
+
+    lines += ["", "memory (peak RSS, sampled every 0.2 s)"]
+    for name, peak in sorted(report.peak.items()):
+        lines.append(f"  {name:<28} {_mib(peak):>10}")
+    lines.append(f"  server RSS after the prefill of {report.prefill_count:,}: "
+                 f"{_mib(report.server_rss_after_prefill)}; over the 100-writer run (seconds, log size, RSS):")
+    lines.append("    " + "; ".join(f"{t:.0f} s {hwm + 1:,} {_mib(rss)}" for t, hwm, rss in report.memory_timeline))
+    if len(report.memory_timeline) >= 2:
+        first, last = report.memory_timeline[0], report.memory_timeline[-1]
+        growth = (last[2] - first[2]) / 2**20
+        lines.append(f"  server: {growth:+.1f} MiB from {first[1] + 1:,} to {last[1] + 1:,} transactions "
+                     f"(target: bounded, no growth with run length: {_verdict(abs(growth) < 32)})")
+    lines.append(f"  log size at the end: {report.log_size:,} transactions; 100 writers ran in {procs} process(es)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.append_bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short phases (about a minute and a half in all)")
+    parser.add_argument("--dir", default=None, help="work directory (default: a temporary one); sets the disk")
+    parser.add_argument("--procs", type=int, default=1,
+                        help="client processes for the 100 writers (each gets the whole feed; one was fastest here)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
+    scale = QUICK if args.quick else FULL
+    with tempfile.TemporaryDirectory(prefix="waltz-append-bench-", dir=args.dir) as workdir:
+        print(format_report(run(Path(workdir), scale, args.procs), args.procs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
