@@ -366,6 +366,40 @@ def decode_records(buf: bytes, offsets: Sequence[int], first_transaction_id: int
     return out
 
 
+HeaderFields = tuple[int, int, int, int, int, int]
+"""A decoded record header as plain values: transaction id, client id, generation, partition id, seq num, header."""
+
+
+def decode_headers(
+    prefixes: bytes, positions: Sequence[int], offsets: Sequence[int], first_transaction_id: int
+) -> list[HeaderFields]:
+    """The headers of consecutive records: record i's 36-byte prefix is at prefixes[positions[i]:] and the
+    record lies between file offsets offsets[i] and offsets[i + 1] (the index). Each transaction id must
+    follow its predecessor's and each data length must fill its slot (the data is not read: no checksum)."""
+    unpack_prefix = _RECORD_PREFIX.unpack_from
+    limit = len(prefixes) - RECORD_PREFIX_SIZE
+    out: list[HeaderFields] = []
+    append = out.append
+    txn = first_transaction_id
+    for i, position in enumerate(positions):
+        if position > limit:
+            raise TornRecordError(
+                f"record at offset {offsets[i]}: only {len(prefixes) - position} of its {RECORD_PREFIX_SIZE} "
+                f"header bytes"
+            )
+        t, client_id, generation, partition_id, seq_num, header, length, _ = unpack_prefix(prefixes, position)
+        if t != txn:
+            raise TransactionIdMismatch(f"record at offset {offsets[i]} has transaction id {t}, expected {txn}")
+        if length + RECORD_OVERHEAD != offsets[i + 1] - offsets[i]:
+            raise CorruptionError(
+                f"record at offset {offsets[i]}: data length {length} does not fill its "
+                f"{offsets[i + 1] - offsets[i]} bytes in the index"
+            )
+        append((t, client_id, generation, partition_id, seq_num, header))
+        txn += 1
+    return out
+
+
 def _fail_record(buf: bytes, start: int, end: int, txn: int, origin: int) -> None:
     """Raise the error that the record in buf[start:end] (expected to hold txn) deserves."""
     decode_record(buf[:end], start, txn, origin)

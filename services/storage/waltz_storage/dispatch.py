@@ -190,16 +190,15 @@ class RequestExecutor:
         return storage_pb2.StorageResponse(record=response)
 
     def _record_header_list(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
-        headers = p.record_headers(m.transaction_id, self._list_length(m))
-        return storage_pb2.StorageResponse(
-            record_header_list=storage_pb2.RecordHeaderListResponse(
-                session_id=m.session_id,
-                seq_num=m.seq_num,
-                partition_id=m.partition_id,
-                record_header_list_length=len(headers),
-                record_headers=[protocol.header_to_proto(h) for h in headers],
-            )
-        )
+        headers = p.header_fields(m.transaction_id, self._list_length(m))
+        response = storage_pb2.StorageResponse()
+        answer = response.record_header_list
+        answer.session_id = m.session_id
+        answer.seq_num = m.seq_num
+        answer.partition_id = m.partition_id
+        answer.record_header_list_length = len(headers)
+        protocol.add_headers(answer.record_headers, headers)
+        return response
 
     def _record_list(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
         records = self.read_fields(p, m.transaction_id, m.max_records)

@@ -16,6 +16,7 @@ from typing import NamedTuple, TypeVar
 from waltz_common.types import Record, RecordHeader
 from waltz_storage.codec import (
     FRESH_PARTITION_INFO,
+    HeaderFields,
     PartitionInfoStruct,
     RecordFields,
     check_record,
@@ -345,6 +346,10 @@ class StoragePartition:
     def record_headers(self, transaction_id: int, max_n: int) -> list[RecordHeader]:
         """Up to max_n consecutive record headers from transaction_id."""
         return self._collect(transaction_id, max_n, Segment.record_headers)
+
+    def header_fields(self, transaction_id: int, max_n: int) -> list[HeaderFields]:
+        """Up to max_n consecutive record headers from transaction_id, as plain values."""
+        return self._collect(transaction_id, max_n, Segment.header_fields)
 
     def record(self, transaction_id: int) -> Record | None:
         found = self.records(transaction_id, 1)

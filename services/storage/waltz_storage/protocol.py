@@ -11,7 +11,7 @@ from typing import Any
 
 from waltz.v1 import common_pb2, storage_pb2
 from waltz_common.types import Record, RecordHeader, ReqId
-from waltz_storage.codec import RecordFields
+from waltz_storage.codec import HeaderFields, RecordFields
 from waltz_storage.errors import (
     ClusterKeyMismatch,
     CorruptionError,
@@ -167,6 +167,20 @@ def add_records(target: Any, records: Iterable[RecordFields]) -> None:
         r.data_length = len(data)
         r.data = data
         r.checksum = checksum
+
+
+def add_headers(target: Any, headers: Iterable[HeaderFields]) -> None:
+    """Append record headers to a repeated RecordHeader field, each built in place (the feed's hot path)."""
+    add = target.add
+    for transaction_id, client_id, generation, partition_id, seq_num, header in headers:
+        h = add()
+        h.transaction_id = transaction_id
+        q = h.req_id
+        q.client_id = client_id
+        q.generation = generation
+        q.partition_id = partition_id
+        q.seq_num = seq_num
+        h.header = header
 
 
 def header_to_proto(h: RecordHeader) -> common_pb2.RecordHeader:

@@ -16,8 +16,10 @@ from waltz_storage.codec import (
     FORMAT_VERSION,
     INDEX_ENTRY_SIZE,
     RECORD_PREFIX_SIZE,
+    HeaderFields,
     RecordFields,
     SegmentFileHeader,
+    decode_headers,
     decode_index_entries,
     decode_record,
     decode_record_prefix,
@@ -31,7 +33,6 @@ from waltz_storage.errors import (
     NonConsecutiveTransactionId,
     StorageError,
     TornRecordError,
-    TransactionIdMismatch,
 )
 from waltz_storage.fileutil import pread_upto, pwrite_all, write_file_atomic
 
@@ -39,6 +40,9 @@ CHECKPOINT_INTERVAL = 1000
 DATA_SUFFIX = ".seg"
 INDEX_SUFFIX = ".idx"
 _SCAN_CHUNK = 1 << 20
+_HEADER_SPAN_PER_RECORD = 4096
+"""Header reads take the whole range in one read while records average at most this many bytes, else one
+read per record's prefix."""
 
 log = logging.getLogger(__name__)
 
@@ -325,22 +329,30 @@ class Segment:
             )[0]
         ]
 
-    def record_headers(self, txn: int, max_n: int) -> list[RecordHeader]:
+    def header_fields(self, txn: int, max_n: int) -> list[HeaderFields]:
         """Up to max_n record headers from txn, read without the data."""
         n = self._count(txn, max_n)
         if n == 0:
             return []
+        offsets = self._bounds(txn, n)
         data_fd, _ = self._fds()
-        headers = []
-        for i, offset in enumerate(self._index_entries(txn, n)):
-            try:
-                prefix = decode_record_prefix(pread_upto(data_fd, RECORD_PREFIX_SIZE, offset), 0, offset)
-            except CorruptionError as e:
-                raise type(e)(f"{self.data_path}: {e}") from e
-            if prefix.transaction_id != txn + i:
-                raise TransactionIdMismatch(
-                    f"{self.data_path}: record at offset {offset} has transaction id "
-                    f"{prefix.transaction_id}, expected {txn + i}"
-                )
-            headers.append(prefix.record_header)
-        return headers
+        base, span = offsets[0], offsets[-1] - offsets[0]
+        if span <= n * _HEADER_SPAN_PER_RECORD:
+            prefixes = pread_upto(data_fd, span, base)
+            positions = [offset - base for offset in offsets[:-1]]
+        else:
+            prefixes = b"".join([pread_upto(data_fd, RECORD_PREFIX_SIZE, offset) for offset in offsets[:-1]])
+            positions = list(range(0, n * RECORD_PREFIX_SIZE, RECORD_PREFIX_SIZE))
+            if len(prefixes) < n * RECORD_PREFIX_SIZE:  # the file ends inside a prefix: find which
+                positions = [min(p, len(prefixes)) for p in positions]
+        try:
+            return decode_headers(prefixes, positions, offsets, txn)
+        except CorruptionError as e:
+            raise type(e)(f"{self.data_path}: {e}") from e
+
+    def record_headers(self, txn: int, max_n: int) -> list[RecordHeader]:
+        """Up to max_n record headers from txn, read without the data."""
+        return [
+            RecordHeader(t, ReqId(client_id, generation, partition_id, seq_num), header)
+            for t, client_id, generation, partition_id, seq_num, header in self.header_fields(txn, max_n)
+        ]

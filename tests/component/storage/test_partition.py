@@ -123,6 +123,18 @@ def test_record_fields_cap_by_count_and_bytes_across_segments(tmp_path, start, m
         assert got == as_fields(make_records(start, expected, 60))
 
 
+@pytest.mark.parametrize("size", [60, 5000])  # one read of the range, or one per record's prefix
+def test_record_headers_across_segments(tmp_path, size):
+    record_size = RECORD_OVERHEAD + size
+    with open_manager(tmp_path, segment_size_threshold=128 + 3 * record_size, max_record_size=size) as manager:
+        partition = manager.assign(0)
+        for txn in range(10):
+            partition.append([make_record(txn, size)])
+        assert partition.record_headers(1, 100) == [r.record_header for r in make_records(1, 9, size)]
+        assert partition.header_fields(2, 3) == [f[:6] for f in as_fields(make_records(2, 3, size))]
+        assert partition.record_headers(10, 5) == []
+
+
 def test_a_damaged_record_fails_the_read_loudly(tmp_path):
     with open_manager(tmp_path) as manager:
         partition = manager.assign(0)

@@ -18,6 +18,7 @@ from waltz_storage.codec import (
     PartitionInfoStruct,
     SegmentFileHeader,
     check_record,
+    decode_headers,
     decode_index_entries,
     decode_record,
     decode_records,
@@ -150,6 +151,20 @@ def test_decode_records_names_each_problem():
         decode_records(buf, [offsets[0], offsets[1] + 1, offsets[4]], 7)
     with pytest.raises(TornRecordError, match=f"offset 500: needs {size} bytes"):
         decode_records(buf, [offsets[0], offsets[1] - 1, offsets[4]], 7)
+
+
+def test_decode_headers_from_the_whole_range_or_from_prefixes_alone():
+    buf, offsets = encoded_run(7, 4)
+    expected = [fields(make_record(7 + i, bytes(range(i, 2 * i + 3))))[:6] for i in range(4)]
+    assert decode_headers(buf, [o - 500 for o in offsets[:-1]], offsets, 7) == expected
+    prefixes = b"".join(buf[o - 500 : o - 500 + 36] for o in offsets[:-1])
+    assert decode_headers(prefixes, [0, 36, 72, 108], offsets, 7) == expected
+    with pytest.raises(TransactionIdMismatch, match="record at offset 500 has transaction id 7, expected 6"):
+        decode_headers(prefixes, [0, 36, 72, 108], offsets, 6)
+    with pytest.raises(CorruptionError, match=f"offset {offsets[1]}: data length 4 does not fill its 45 bytes"):
+        decode_headers(prefixes, [0, 36], [offsets[0], offsets[1], offsets[2] + 1], 7)
+    with pytest.raises(TornRecordError, match=f"offset {offsets[3]}: only 35 of its 36 header bytes"):
+        decode_headers(prefixes[:-1], [0, 36, 72, 108], offsets, 7)
 
 
 def test_check_record_rejects_bad_incoming_records():
