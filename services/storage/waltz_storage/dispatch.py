@@ -191,22 +191,23 @@ class RequestExecutor:
 
     def _record_header_list(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
         headers = p.header_fields(m.transaction_id, self._list_length(m))
-        response = storage_pb2.StorageResponse()
-        answer = response.record_header_list
-        answer.session_id = m.session_id
-        answer.seq_num = m.seq_num
-        answer.partition_id = m.partition_id
-        answer.record_header_list_length = len(headers)
-        protocol.add_headers(answer.record_headers, headers)
+        response = storage_pb2.StorageResponse(
+            record_header_list=storage_pb2.RecordHeaderListResponse(
+                session_id=m.session_id,
+                seq_num=m.seq_num,
+                partition_id=m.partition_id,
+                record_header_list_length=len(headers),
+            )
+        )
+        protocol.add_headers(response.record_header_list.record_headers, headers)  # in place: no message copies
         return response
 
     def _record_list(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
         records = self.read_fields(p, m.transaction_id, m.max_records)
-        response = storage_pb2.StorageResponse()
-        answer = response.record_list
-        answer.session_id = m.session_id
-        answer.seq_num = m.seq_num
-        answer.partition_id = m.partition_id
-        answer.record_list_length = len(records)
-        protocol.add_records(answer.records, records)
+        response = storage_pb2.StorageResponse(
+            record_list=storage_pb2.RecordListResponse(
+                session_id=m.session_id, seq_num=m.seq_num, partition_id=m.partition_id, record_list_length=len(records)
+            )
+        )
+        protocol.add_records(response.record_list.records, records)  # in place: no message copies
         return response
