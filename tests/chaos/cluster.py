@@ -224,6 +224,22 @@ async def sessions(cluster: LocalCluster) -> dict[int, tuple[int, int, int]]:
     return dict(sorted(found.items()))
 
 
+async def all_partitions(cluster: LocalCluster, healthy: bool, timeout: float = 60.0) -> None:
+    """Wait until the live servers report every partition healthy (or every one unhealthy)."""
+    states: dict[int, bool] = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = {}
+        for server in cluster.servers:
+            if server.running:
+                for p in (await server_partitions(server.address)).partitions:
+                    states[p.partition_id] = p.healthy
+        if len(states) == PARTITIONS and all(state == healthy for state in states.values()):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"partitions not all {'healthy' if healthy else 'unhealthy'} within {timeout:g} s: {states}")
+
+
 async def servers_by_id(cluster: LocalCluster) -> dict[int, Any]:
     """server id -> its ServerNode, for the servers that are running."""
     found = {}

@@ -22,6 +22,7 @@ from tests.chaos.cluster import (
     CLIENT,
     PARTITIONS,
     Writer,
+    all_partitions,
     assignment,
     chaos_cluster,
     healthy_owners,
@@ -207,5 +208,39 @@ def test_kill_9_of_a_storage_node_and_of_a_server_then_both_restart_during_appen
             if back[pid].server_id != moved[pid].server_id:
                 assert back[pid].generation > moved[pid].generation
         await check_run(cluster, writer, "storage+server")
+
+    on_cluster(zookeeper, cluster_root, tmp_path, scenario)
+
+
+def test_kill_9_of_two_storage_nodes_stops_acknowledgements_until_a_majority_is_back(
+    zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path
+) -> None:
+    """Never acknowledge on a minority: with two of three replicas gone, at most the appends already
+    in flight (5 per partition, the client's limit) may still be acknowledged; one node back makes a
+    majority and appends go on; the other comes back and catches up."""
+
+    async def scenario(cluster: LocalCluster) -> None:
+        first, second = cluster.storage[0], cluster.storage[2]
+        await healthy_owners(cluster)
+        async with writing(cluster) as writer:
+            acked = await writer.acknowledged_at_least(STEP, "before the kills")
+            await asyncio.to_thread(first.kill)
+            await asyncio.to_thread(second.kill)
+            killed_at = writer.acknowledged
+            in_flight = PARTITIONS * writer.client.config.max_concurrent_transactions
+            await all_partitions(cluster, healthy=False)
+            await asyncio.sleep(2.0)  # give a wrong acknowledgement time to show up
+            stalled_at = writer.acknowledged
+            assert stalled_at <= killed_at + in_flight, (killed_at, stalled_at)
+            await asyncio.to_thread(first.start)
+            acked = await writer.acknowledged_at_least(stalled_at + STEP, f"with {first.name} back")
+            await asyncio.to_thread(second.start)
+            acked = await writer.acknowledged_at_least(acked + STEP, f"with {second.name} back")
+        report(
+            "quorum loss",
+            f"killed {first.name} and {second.name} at {killed_at} acknowledged; {stalled_at} while they were "
+            f"down; {acked} after both came back",
+        )
+        await check_run(cluster, writer, "quorum loss")
 
     on_cluster(zookeeper, cluster_root, tmp_path, scenario)
