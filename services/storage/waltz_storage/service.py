@@ -49,8 +49,15 @@ class StorageConnection:
             await self._responses.put(_END)
 
     async def _write_loop(self) -> None:
+        writing = True
         while (response := await self._responses.get()) is not _END:
-            await self.context.write(response)
+            if not writing:
+                continue  # keep taking answers, so that lanes never wait for a writer that is gone
+            try:
+                await self.context.write(response)
+            except Exception as exc:  # the server went away (a crash, kill -9): nobody is left to answer
+                writing = False
+                log.info("a server stream ended while it was being answered: %s: %s", type(exc).__name__, exc)
 
     async def _fail(self, msg: Any, exc: StorageError) -> None:
         await self._responses.put(self.node.executor.failure(msg, exc))
