@@ -8,6 +8,7 @@ descriptors, so the contract cannot drift from the lists.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from waltz.v1 import common_pb2, metadata_pb2, server_pb2, storage_admin_pb2, storage_pb2
 
-SEEDS = Path(__file__).resolve().parents[2].parent / "shared" / "seeds"
+# The design documents live in shared/seeds beside the checkout (as in CI); WALTZ_SEEDS overrides.
+SEEDS = Path(os.environ.get("WALTZ_SEEDS", Path(__file__).resolve().parents[2].parent / "shared" / "seeds"))
 
 STORAGE_HEADER = [("Session ID", "session_id"), ("Sequence number", "seq_num"), ("Partition ID", "partition_id")]
 MODULES = (common_pb2, storage_pb2, storage_admin_pb2, server_pb2, metadata_pb2)
@@ -148,6 +150,7 @@ def _descriptor(name: str) -> Descriptor:
 
 @pytest.mark.parametrize(("seed", "table", "message", "fields"), TABLES, ids=[f"{t[2]}" for t in TABLES])
 def test_every_seed_table_has_a_message_with_every_field(seed, table, message, fields):
+    assert (SEEDS / seed).is_file(), f"seed {seed} not found in {SEEDS} (set WALTZ_SEEDS to the seeds directory)"
     text = (SEEDS / seed).read_text()
     assert table in text, f"{seed} has no table named {table!r}"
     descriptor = _descriptor(message)
