@@ -62,28 +62,36 @@ def batch_size(requested: int, limit: int) -> int:
 
 
 READ_AHEAD = 2
-"""Store reads a range keeps in flight beyond the batch at hand, so the storage node reads the next batches
-while the server and the client handle this one."""
+"""Store reads a range keeps in flight beyond the one at hand, so the storage node reads the next records
+while the server and the client handle these."""
+STORE_READ_BATCH = 2000
+"""Records asked of the store at once (at least the message size): fewer, larger storage requests."""
 
 _Read = asyncio.Future[Sequence[common_pb2.Record]]
 
 
 async def read_range(
-    partition: Partition, first: int, last: int, size: int, read_ahead: int = READ_AHEAD
+    partition: Partition,
+    first: int,
+    last: int,
+    size: int,
+    read_ahead: int = READ_AHEAD,
+    store_batch: int = STORE_READ_BATCH,
 ) -> AsyncIterator[Sequence[common_pb2.Record]]:
     """The committed records [first, last], in order, in lists of at most size (the store's messages)."""
     check_range(first, last, partition.high_water_mark, partition.partition_id)
     store = partition.store
-    planned: deque[_Read] = deque()  # reads of consecutive batches from next_id on
+    fetch = max(size, store_batch)
+    planned: deque[_Read] = deque()  # reads of consecutive runs from next_id on
     planned_to = next_id = first  # planned_to: the first id no planned read asks for
     try:
         while next_id <= last:
             while len(planned) <= read_ahead and planned_to <= last:
-                count = min(size, last - planned_to + 1)
+                count = min(fetch, last - planned_to + 1)
                 planned.append(asyncio.ensure_future(store.get_records(planned_to, count)))
                 planned_to += count
             records = await planned.popleft()
-            count = min(size, last - next_id + 1)
+            count = min(fetch, last - next_id + 1)
             if not records:
                 raise StoreUnavailable(f"the store returned nothing from transaction {next_id}")
             check_dense(records, next_id, count)
@@ -91,7 +99,8 @@ async def read_range(
             if len(records) < count:  # a short answer: the reads planned after it start too far on
                 _cancel(planned)
                 planned_to = next_id
-            yield records
+            for start in range(0, len(records), size):
+                yield records[start : start + size]
     finally:
         _cancel(planned)
 

@@ -49,10 +49,10 @@ def partition(store: Store) -> SimpleNamespace:
     return SimpleNamespace(partition_id=3, high_water_mark=store.high_water_mark, store=store)
 
 
-async def ids(store: Store, first: int, last: int, size: int, read_ahead: int = 2) -> list[list[int]]:
+async def ids(store: Store, first: int, last: int, size: int, store_batch: int = 1) -> list[list[int]]:
     return [
         [r.transaction_id for r in batch]
-        async for batch in read_range(partition(store), first, last, size, read_ahead)  # type: ignore[arg-type]
+        async for batch in read_range(partition(store), first, last, size, 2, store_batch)  # type: ignore[arg-type]
     ]
 
 
@@ -63,7 +63,7 @@ def test_batches_in_order_with_reads_planned_ahead() -> None:
         assert store.asked == [(5, 4), (9, 4), (13, 4)]
         store.asked.clear()
         store.gate.clear()
-        reader = read_range(partition(store), 0, 99, 10, 2)  # type: ignore[arg-type]
+        reader = read_range(partition(store), 0, 99, 10, 2, 1)  # type: ignore[arg-type]
         first = asyncio.ensure_future(anext(reader))
         await until(lambda: len(store.asked) == 3)
         for _ in range(20):  # and no more, however long it waits
@@ -72,6 +72,18 @@ def test_batches_in_order_with_reads_planned_ahead() -> None:
         store.gate.set()
         assert [r.transaction_id for r in await first] == list(range(10))
         await reader.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_store_reads_are_larger_than_messages_and_split_for_them() -> None:
+    async def scenario() -> None:
+        store = Store(99)
+        assert await ids(store, 5, 16, 4, store_batch=10) == [[5, 6, 7, 8], [9, 10, 11, 12], [13, 14], [15, 16]]
+        assert store.asked == [(5, 10), (15, 2)]
+        store.asked.clear()
+        assert await ids(store, 0, 7, 5, store_batch=2) == [[0, 1, 2, 3, 4], [5, 6, 7]]  # never below the size
+        assert store.asked == [(0, 5), (5, 3)]
 
     asyncio.run(scenario())
 
@@ -91,7 +103,7 @@ def test_a_failed_read_ahead_surfaces_when_its_batch_is_due() -> None:
         store = Store(99, fail_at=8)
         seen: list[int] = []
         with pytest.raises(StoreUnavailable, match="no read from 8"):
-            async for batch in read_range(partition(store), 0, 20, 4):  # type: ignore[arg-type]
+            async for batch in read_range(partition(store), 0, 20, 4, 2, 1):  # type: ignore[arg-type]
                 seen.extend(r.transaction_id for r in batch)
         assert seen == list(range(8))
 
@@ -102,7 +114,7 @@ def test_a_reader_that_leaves_cancels_what_was_planned() -> None:
     async def scenario() -> None:
         store = Store(99)
         store.gate.clear()
-        reader = read_range(partition(store), 0, 99, 10)  # type: ignore[arg-type]
+        reader = read_range(partition(store), 0, 99, 10, 2, 1)  # type: ignore[arg-type]
         pending = asyncio.ensure_future(anext(reader))
         await until(lambda: len(store.asked) == 3)
         pending.cancel()
