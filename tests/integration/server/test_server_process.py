@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from waltz.v1 import server_pb2, server_pb2_grpc
 from waltz_common import cluster_admin
+from waltz_common.testing.local_cluster import free_port
 from waltz_common.zk import ZkPaths
 
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_line(process: subprocess.Popen, log: Path, marker: str, timeout: float = 60.0) -> str:
