@@ -11,6 +11,7 @@ import grpc
 
 from waltz.v1 import common_pb2, storage_pb2, storage_pb2_grpc
 from waltz_cli.errors import CliError, rpc_message
+from waltz_common.wire import record_to_proto
 
 _END = object()
 
@@ -19,17 +20,7 @@ def to_proto(record: Any) -> common_pb2.Record:
     """A record from the admin client (protobuf or waltz_common.types.Record) as a protobuf Record."""
     if isinstance(record, common_pb2.Record):
         return record
-    r = record.req_id
-    return common_pb2.Record(
-        transaction_id=record.transaction_id,
-        req_id=common_pb2.ReqId(
-            client_id=r.client_id, generation=r.generation, partition_id=r.partition_id, seq_num=r.seq_num
-        ),
-        header=record.header,
-        data_length=len(record.data),
-        data=record.data,
-        checksum=record.checksum,
-    )
+    return record_to_proto(record)
 
 
 class StorageSession:

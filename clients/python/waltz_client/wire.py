@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-from waltz.v1 import common_pb2, server_pb2
+from waltz.v1 import server_pb2
 from waltz_client.api import TransactionBuilder
 from waltz_common.types import ReqId
-
-
-def req_id_to_proto(req_id: ReqId) -> common_pb2.ReqId:
-    return common_pb2.ReqId(client_id=req_id.client_id, generation=req_id.generation,
-                            partition_id=req_id.partition_id, seq_num=req_id.seq_num)
-
-
-def req_id_from_proto(message: common_pb2.ReqId) -> ReqId:
-    return ReqId(message.client_id, message.generation, message.partition_id, message.seq_num)
+from waltz_common.wire import req_id_from_proto as req_id_from_proto
+from waltz_common.wire import req_id_to_proto as req_id_to_proto
 
 
 def mount_request(req_id: ReqId, client_high_water_mark: int, seq_num: int) -> server_pb2.ClientMessage:

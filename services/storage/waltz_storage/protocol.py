@@ -10,7 +10,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from waltz.v1 import common_pb2, storage_pb2
-from waltz_common.types import Record, RecordHeader, ReqId
+from waltz_common.types import Record, ReqId
+from waltz_common.wire import header_to_proto as header_to_proto
+from waltz_common.wire import record_to_proto as record_to_proto
 from waltz_storage.codec import HeaderFields, RecordFields
 from waltz_storage.errors import (
     ClusterKeyMismatch,
@@ -122,12 +124,6 @@ def parse_cluster_key(text: str) -> uuid.UUID:
 # ----------------------------------------------------------------------------- records
 
 
-def req_id_to_proto(r: ReqId) -> common_pb2.ReqId:
-    return common_pb2.ReqId(
-        client_id=r.client_id, generation=r.generation, partition_id=r.partition_id, seq_num=r.seq_num
-    )
-
-
 def record_from_proto(p: common_pb2.Record) -> Record:
     """An engine Record; InvalidRequest when data_length does not describe the data."""
     data = p.data  # each access copies the bytes: read it once (this is the append hot path)
@@ -138,17 +134,6 @@ def record_from_proto(p: common_pb2.Record) -> Record:
     r = p.req_id
     return Record(
         p.transaction_id, ReqId(r.client_id, r.generation, r.partition_id, r.seq_num), p.header, data, p.checksum
-    )
-
-
-def record_to_proto(r: Record) -> common_pb2.Record:
-    return common_pb2.Record(
-        transaction_id=r.transaction_id,
-        req_id=req_id_to_proto(r.req_id),
-        header=r.header,
-        data_length=len(r.data),
-        data=r.data,
-        checksum=r.checksum,
     )
 
 
@@ -181,10 +166,6 @@ def add_headers(target: Any, headers: Iterable[HeaderFields]) -> None:
         q.partition_id = partition_id
         q.seq_num = seq_num
         h.header = header
-
-
-def header_to_proto(h: RecordHeader) -> common_pb2.RecordHeader:
-    return common_pb2.RecordHeader(transaction_id=h.transaction_id, req_id=req_id_to_proto(h.req_id), header=h.header)
 
 
 def records_from_append(request: storage_pb2.StorageAppendRequest) -> list[Record]:

@@ -6,20 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from waltz.v1 import common_pb2, storage_pb2
-from waltz_common.types import Record, RecordHeader, ReqId
+from waltz_common.wire import header_from_proto as header_from_proto
+from waltz_common.wire import record_from_proto as record_from_proto
 from waltz_server.store.api import PendingRecord
-
-
-def req_id_from_proto(p: common_pb2.ReqId) -> ReqId:
-    return ReqId(p.client_id, p.generation, p.partition_id, p.seq_num)
-
-
-def record_from_proto(p: common_pb2.Record) -> Record:
-    return Record(p.transaction_id, req_id_from_proto(p.req_id), p.header, p.data, p.checksum)
-
-
-def header_from_proto(p: common_pb2.RecordHeader) -> RecordHeader:
-    return RecordHeader(p.transaction_id, req_id_from_proto(p.req_id), p.header)
 
 
 def append_request(
