@@ -23,38 +23,29 @@ Prints a table with the targets next to the numbers; asserts nothing.
 from __future__ import annotations
 
 import argparse
-import array
 import asyncio
 import logging
-import multiprocessing as mp
 import os
-import resource
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
 
 import grpc
 import psutil
 
-from bench.storage_bench import build_requests, pipelined_appends
-from waltz.v1 import common_pb2, metadata_pb2, server_pb2, server_pb2_grpc, storage_pb2, storage_pb2_grpc
-from waltz_client import AsyncWaltzClient, Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from bench.append_writers import PARTITION, CountingCallbacks, Job, JobResult, run_clients
+from bench.baselines import RECORD_BYTES, Baselines, MemorySampler, percentile, run_baselines
+from waltz.v1 import common_pb2, metadata_pb2, server_pb2, server_pb2_grpc
+from waltz_client import AsyncWaltzClient
 from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 from waltz_common.types import crc32
 
-RECORD_BYTES = 512
-PARTITION = 0
 PREFILL_BATCH = 1000
 OPEN_LOOP_RATE = 1000.0
 WRITERS = (1, 10, 100)
-ECHO_METHOD = "/bench.Echo/Stream"
 
 # targets from issue 4
 TARGET_APPENDS = 20_000.0
@@ -77,170 +68,6 @@ class Scale:
 
 FULL = Scale(300_000, 2.0, 10.0, 40.0, 15.0, 2000, 40_000, 2000, 1000)
 QUICK = Scale(150_000, 1.0, 4.0, 10.0, 5.0, 500, 10_000, 500, 300)
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-# ---------------------------------------------------------------------------------------- memory
-
-
-class MemorySampler:
-    """Samples the RSS of named processes every interval seconds on a thread; keeps each one's peak."""
-
-    def __init__(self, interval: float = 0.2) -> None:
-        self._interval = interval
-        self._processes: dict[str, list[psutil.Process]] = {}
-        self.peak: dict[str, int] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
-
-    def watch(self, name: str, pid: int) -> None:
-        with self._lock:
-            self._processes.setdefault(name, []).append(psutil.Process(pid))
-
-    def rss(self, name: str) -> int:
-        with self._lock:
-            processes = list(self._processes.get(name, []))
-        return max((_rss(p) for p in processes), default=0)
-
-    def __enter__(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            with self._lock:
-                watched = [(name, p) for name, ps in self._processes.items() for p in ps]
-            for name, process in watched:
-                rss = _rss(process)
-                with self._lock:
-                    self.peak[name] = max(self.peak.get(name, 0), rss)
-
-
-def _rss(process: psutil.Process) -> int:
-    try:
-        return int(process.memory_info().rss)
-    except psutil.Error:
-        return 0
-
-
-# ---------------------------------------------------------------------------------------- baselines
-
-
-def _echo_server(conn: Connection) -> None:
-    async def main() -> None:
-        async def echo(requests: Any, context: Any) -> Any:
-            async for request in requests:
-                yield request
-
-        handler = grpc.method_handlers_generic_handler(
-            "bench.Echo", {"Stream": grpc.stream_stream_rpc_method_handler(echo)}
-        )
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers((handler,))
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        conn.send(port)
-        await asyncio.to_thread(conn.recv)
-        await server.stop(0)
-
-    asyncio.run(main())
-
-
-async def _echo_client(address: str, serial: int, pipelined: int, window: int) -> tuple[list[float], float]:
-    """Round trips one at a time (their latencies), then messages/s with window in flight."""
-    payload = os.urandom(RECORD_BYTES)
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = channel.stream_stream(ECHO_METHOD)()
-        latencies = []
-        for _ in range(serial):
-            started = time.perf_counter()
-            await call.write(payload)
-            await call.read()
-            latencies.append(time.perf_counter() - started)
-        slots = asyncio.Semaphore(window)
-
-        async def receive() -> None:
-            for _ in range(pipelined):
-                await call.read()
-                slots.release()
-
-        started = time.perf_counter()
-        receiver = asyncio.create_task(receive())
-        for _ in range(pipelined):
-            await slots.acquire()
-            await call.write(payload)
-        await receiver
-        rate = pipelined / (time.perf_counter() - started)
-        await call.done_writing()
-    return latencies, rate
-
-
-@dataclass
-class Baselines:
-    echo_latencies: list[float]
-    echo_rate: float
-    storage_latencies: list[float]
-    storage_records_rate: float
-
-
-async def _storage_serial(address: str, cluster_key: str, requests: list[storage_pb2.StorageRequest]) -> list[float]:
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = storage_pb2_grpc.WaltzStorageStub(channel).Session()
-        open_request = storage_pb2.OpenRequest(
-            session_id=-1, seq_num=-1, partition_id=-1, cluster_key=cluster_key, num_partitions=1
-        )
-        await call.write(storage_pb2.StorageRequest(open=open_request))
-        await call.read()
-        latencies = []
-        for request in requests:
-            started = time.perf_counter()
-            await call.write(request)
-            response = await call.read()
-            if response.WhichOneof("response") != "success":
-                raise RuntimeError(f"append refused: {response}")
-            latencies.append(time.perf_counter() - started)
-        await call.done_writing()
-    return latencies
-
-
-def run_baselines(workdir: Path, zookeeper: str, scale: Scale, sampler: MemorySampler) -> Baselines:
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    echo = ctx.Process(target=_echo_server, args=(child,), daemon=True)
-    echo.start()
-    try:
-        port = parent.recv()
-        echo_latencies, echo_rate = asyncio.run(
-            _echo_client(f"127.0.0.1:{port}", scale.echo_serial, scale.echo_pipelined, 100)
-        )
-    finally:
-        parent.send("stop")
-        echo.join(30)
-    with LocalCluster(
-        workdir / "storage-alone", storage_nodes=1, servers=0, partitions=1, zookeeper=zookeeper,
-        cluster_root="/bench/storage-alone",
-    ) as cluster:
-        node = cluster.storage[0]
-        assert node.pid is not None
-        sampler.watch("storage alone (baseline)", node.pid)
-        serial = build_requests(0, 1, scale.storage_serial)
-        latencies = asyncio.run(_storage_serial(node.connect_string, cluster.cluster_key, serial))
-        batched = build_requests(scale.storage_serial, 100, scale.storage_batches)
-        for seq, request in enumerate(batched, start=scale.storage_serial):
-            request.append.seq_num = seq
-        seconds = asyncio.run(pipelined_appends(node.connect_string, cluster.cluster_key, batched, 8))
-    return Baselines(echo_latencies, echo_rate, latencies, 100 * scale.storage_batches / seconds)
 
 
 # ---------------------------------------------------------------------------------------- raw client stream
@@ -324,159 +151,6 @@ async def raw_stream(
 
 
 # ---------------------------------------------------------------------------------------- client processes
-
-
-class CountingCallbacks(WaltzClientCallbacks):
-    """Applies by remembering the high-water mark (the data is not fetched)."""
-
-    def __init__(self, start: int) -> None:
-        self.hwm = start
-        self.applied = 0
-        self.on_apply: Callable[[int], None] = lambda _: None
-
-    def get_client_high_water_mark(self, partition_id: int) -> int:
-        return self.hwm
-
-    def apply_transaction(self, transaction: Transaction) -> None:
-        self.hwm = transaction.transaction_id
-        self.applied += 1
-        self.on_apply(self.hwm)
-
-
-class Append(TransactionContext):
-    def __init__(self, payload: bytes) -> None:
-        self.payload = payload
-
-    def partition_id(self, num_partitions: int) -> int:
-        return PARTITION
-
-    def execute(self, builder: TransactionBuilder) -> bool:
-        builder.set_data(self.payload)
-        return True
-
-
-@dataclass
-class Job:
-    config: dict[str, Any]
-    start_hwm: int
-    writers: int = 0  # closed loop
-    rate: float = 0.0  # open loop (appends/s offered by this process)
-    warmup_s: float = 0.0
-    run_s: float = 0.0
-
-
-@dataclass
-class JobResult:
-    committed: int
-    latencies: array.array[float]
-    errors: int
-    peak_rss: int
-    submitted: int = 0
-    cpu_s: float = 0.0  # CPU seconds of the process during the measured window
-
-
-def _client_process(job: Job, conn: Connection) -> None:
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("kazoo").setLevel(logging.ERROR)
-    result = asyncio.run(_client_job(job, conn))
-    result.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    conn.send(result)
-
-
-async def _client_job(job: Job, conn: Connection) -> JobResult:
-    callbacks = CountingCallbacks(job.start_hwm)
-    slots = max(job.writers, int(job.rate) + 1000 if job.rate else 0, 5)
-    config = {**job.config, "client.maxConcurrentTransactions": slots, "client.autoMount": False}
-    payload = os.urandom(RECORD_BYTES)
-    latencies: array.array[float] = array.array("d")
-    committed = errors = submitted = 0
-    async with AsyncWaltzClient(callbacks, config) as client:
-        callbacks.hwm = await client.high_water_mark(PARTITION)  # the application holds everything so far
-        client.mount_partitions([PARTITION])
-        await client.wait_mounted()
-        conn.send("ready")
-        await asyncio.to_thread(conn.recv)
-        begin = time.perf_counter() + job.warmup_s
-        end = begin + job.run_s
-
-        async def one(scheduled: float) -> None:
-            nonlocal committed, errors
-            try:
-                future = await client.submit(Append(payload))
-                await future
-            except Exception:
-                errors += 1
-                return
-            done = time.perf_counter()
-            if scheduled >= begin:
-                latencies.append(done - scheduled)
-            if begin <= done < end:
-                committed += 1
-
-        async def writer() -> None:
-            nonlocal submitted
-            while (now := time.perf_counter()) < end:
-                submitted += 1
-                await one(now)
-
-        cpu: list[float] = []
-
-        async def measure_cpu() -> None:
-            for moment in (begin, end):
-                await asyncio.sleep(max(0.0, moment - time.perf_counter()))
-                cpu.append(time.process_time())
-
-        cpu_task = asyncio.create_task(measure_cpu())
-        if job.writers:
-            await asyncio.gather(*(writer() for _ in range(job.writers)))
-        else:
-            tasks = set()
-            index = 0
-            start = time.perf_counter()
-            while (scheduled := start + index / job.rate) < end:
-                delay = scheduled - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                task = asyncio.create_task(one(scheduled))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                index += 1
-            submitted = index
-            await asyncio.gather(*tasks)
-        await cpu_task
-    return JobResult(committed, latencies, errors, 0, submitted, cpu[1] - cpu[0])
-
-
-def run_clients(jobs: list[Job], sampler: MemorySampler, during: Callable[[], None] | None = None) -> list[JobResult]:
-    """Start one process per job, wait until each has mounted, start them together, collect results."""
-    ctx = mp.get_context("spawn")
-    pipes, processes = [], []
-    for job in jobs:
-        parent, child = ctx.Pipe()
-        process = ctx.Process(target=_client_process, args=(job, child), daemon=True)
-        process.start()
-        assert process.pid is not None
-        sampler.watch("writer processes", process.pid)
-        pipes.append(parent)
-        processes.append(process)
-    try:
-        for pipe in pipes:
-            if pipe.recv() != "ready":
-                raise RuntimeError("a client process failed to start")
-        for pipe in pipes:
-            pipe.send("go")
-        if during is not None:
-            during()
-        results = [pipe.recv() for pipe in pipes]
-    finally:
-        for process in processes:
-            process.join(60)
-            if process.is_alive():
-                process.kill()
-    return results
-
-
-# ---------------------------------------------------------------------------------------- phases
 
 
 @dataclass
@@ -609,7 +283,11 @@ def run(workdir: Path, scale: Scale, procs: int) -> Report:
             report.load.append((label, os.getloadavg()))
 
         load("start")
-        report.baselines = run_baselines(workdir, zookeeper.connect_string, scale, sampler)
+        report.baselines = run_baselines(
+            workdir, zookeeper.connect_string, sampler, echo_serial=scale.echo_serial,
+            echo_pipelined=scale.echo_pipelined, storage_serial=scale.storage_serial,
+            storage_batches=scale.storage_batches,
+        )
         with LocalCluster(workdir / "cluster", storage_nodes=3, servers=1, partitions=1,
                           zookeeper=zookeeper.connect_string, cluster_root="/bench/append") as cluster:
             for name, pid in cluster.pids().items():
