@@ -27,14 +27,9 @@ from waltz_server.store.metadata import (
     replicas_of,
     write_replica_states,
 )
+from waltz_server.store.session_end import SessionEnded, SessionFailed, SessionFenced, SessionRestart
 from waltz_server.store.settings import STORE_KEYS, Backoff, StoreSettings
-from waltz_server.store.store_session import (
-    SessionEnded,
-    SessionFailed,
-    SessionFenced,
-    SessionRestart,
-    StoreSession,
-)
+from waltz_server.store.store_session import StoreSession
 from waltz_server.store.wire import record_from_proto
 
 __all__ = ["STORE_KEYS", "ReplicatedStorePartition", "StoreSettings"]

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
-from kazoo.exceptions import KazooException
-
 from waltz.v1 import common_pb2, storage_pb2
 from waltz_common.types import RecordHeader
 from waltz_server.recovery import (
@@ -19,16 +17,23 @@ from waltz_server.recovery import (
     RecoveryManager,
     ReplicaFacts,
     ReplicaState,
-    SessionFencedError,
     SetLowWaterMark,
     Truncate,
     Wait,
 )
 from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
-from waltz_server.store.connection import Code, StorageConnections, StorageError, StorageRpcError
+from waltz_server.store.connection import StorageConnections, StorageError
 from waltz_server.store.events import Signal
-from waltz_server.store.metadata import MetadataConflict, SessionStart
+from waltz_server.store.metadata import SessionStart
 from waltz_server.store.replica_session import ReplicaSession
+from waltz_server.store.session_end import (
+    SessionEnded,
+    SessionFailed,
+    SessionRestart,
+    classify,
+    end_reason,
+    leaves,
+)
 from waltz_server.store.settings import Backoff, StoreSettings
 from waltz_server.store.wire import append_pending_request, header_from_proto
 
@@ -41,22 +46,6 @@ SOURCE_RETRY_S = 0.05
 WriteStates = Callable[[Mapping[str, ReplicaState]], Awaitable[None]]
 T = TypeVar("T")
 Fetch = Callable[[ReplicaSession, int, int], Awaitable[list[T]]]
-
-
-class SessionEnded(Exception):
-    """Why a store session ended."""
-
-
-class SessionFailed(SessionEnded):
-    """A replica failed (or the session could not go on): the next session recovers, after a backoff."""
-
-
-class SessionRestart(SessionEnded):
-    """A planned end: checkpoint interval reached, replicas reassigned, generation changed, store closed."""
-
-
-class SessionFenced(SessionEnded):
-    """A newer store session of this partition exists (storage or ZooKeeper says so)."""
 
 
 @dataclass(eq=False)
@@ -76,37 +65,6 @@ class _Member:
     queue: asyncio.Queue[_Batch]
     acked: int
     outstanding: int = 0
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for e in error.exceptions for leaf in _leaves(e)]
-    return [error]
-
-
-def _classify(error: BaseException) -> SessionEnded:
-    """The reason a session ended, from whatever a task of it raised."""
-    if isinstance(error, SessionEnded):
-        return error
-    if isinstance(error, SessionFencedError | MetadataConflict):
-        return SessionFenced(str(error))
-    if isinstance(error, StorageRpcError) and error.code == Code.STALE_SESSION:
-        return SessionFenced(str(error))
-    if isinstance(error, StorageError):
-        return SessionFailed(str(error))
-    if isinstance(error, KazooException):
-        return SessionFailed(f"ZooKeeper: {type(error).__name__} {error}")
-    log.error("store session task failed unexpectedly", exc_info=error)
-    return SessionFailed(f"unexpected {type(error).__name__}: {error}")
-
-
-def _reason(group: BaseExceptionGroup[BaseException]) -> SessionEnded:
-    reasons = [_classify(e) for e in _leaves(group) if not isinstance(e, asyncio.CancelledError)]
-    for kind in (SessionFenced, SessionFailed, SessionRestart):
-        for reason in reasons:
-            if isinstance(reason, kind):
-                return reason
-    return reasons[0] if reasons else SessionFailed("store session ended")
 
 
 class StoreSession:
@@ -181,7 +139,7 @@ class StoreSession:
                 tasks.create_task(self._coordinate())
                 tasks.create_task(self._until_stopped())
         except BaseExceptionGroup as group:
-            reason = _reason(group)
+            reason = end_reason(group)
             self._end(reason)
             raise reason from None
         finally:
@@ -227,10 +185,10 @@ class StoreSession:
                     tasks.create_task(session.wait_lost())
                     tasks.create_task(self._serve_replica(replica, session))
             except BaseExceptionGroup as group:
-                errors = [e for e in _leaves(group) if not isinstance(e, asyncio.CancelledError)]
+                errors = [e for e in leaves(group) if not isinstance(e, asyncio.CancelledError)]
                 error = errors[0] if errors else SessionFailed(f"replica {replica} stopped")
                 self._online.pop(replica, None)
-                reason = _classify(error)
+                reason = classify(error)
                 if not isinstance(reason, SessionFailed) or not isinstance(error, StorageError):
                     raise reason from None
                 if replica in self._members:

@@ -13,15 +13,9 @@ from waltz_common.types import ReqId, crc32
 from waltz_server.recovery import UNRESOLVED, ReplicaState
 from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
 from waltz_server.store.metadata import SessionStart
+from waltz_server.store.session_end import SessionEnded, SessionFailed, SessionFenced, SessionRestart
 from waltz_server.store.settings import StoreSettings
-from waltz_server.store.store_session import (
-    MAX_OUTSTANDING_BATCHES,
-    SessionEnded,
-    SessionFailed,
-    SessionFenced,
-    SessionRestart,
-    StoreSession,
-)
+from waltz_server.store.store_session import MAX_OUTSTANDING_BATCHES, StoreSession
 
 from .fakes import FakeConnections, FakeReplica
 

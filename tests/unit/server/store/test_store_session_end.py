@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from waltz_server.store.api import StoreUnavailable
-from waltz_server.store.store_session import SessionFailed
+from waltz_server.store.session_end import SessionFailed
 
 from .fakes import FakeReplica
 from .test_store_session import A, B, C, Harness, ended, pending, run, until
