@@ -28,11 +28,14 @@ import logging
 import os
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import psutil
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.append_writers import PARTITION, CountingCallbacks, Job, JobResult, run_clients
 from bench.baselines import RECORD_BYTES, Baselines, MemorySampler, percentile, run_baselines
@@ -163,6 +166,7 @@ class WriterRow:
     errors: int
     cpu: dict[str, float]  # CPU seconds per 1000 committed appends, by process group
     offered: float = 0.0
+    batch: float = 0.0  # appends per store batch (server metric) over the measured window
 
 
 @dataclass
@@ -189,11 +193,27 @@ class Window:
                  timeline: list[tuple[float, int, int]] | None = None) -> None:
         self._processes = {name: psutil.Process(pid) for name, pid in cluster.pids().items()}
         self._address = cluster.servers[0].address
+        self._metrics_url = f"http://127.0.0.1:{cluster.servers[0].metrics_port}/metrics"
         self._sampler = sampler
         self._warmup = scale.warmup_s
         self._seconds = seconds
         self._timeline = timeline
         self.cpu: dict[str, float] = {}
+        self.batch = 0.0
+
+    def _batches(self) -> tuple[float, float]:
+        """(appends, store batches) so far, from the server's waltz_server_store_batch_appends histogram."""
+        with urllib.request.urlopen(self._metrics_url, timeout=10) as response:
+            text = response.read().decode()
+        total = count = 0.0
+        for family in text_string_to_metric_families(text):
+            if family.name == "waltz_server_store_batch_appends":
+                for sample in family.samples:
+                    if sample.name.endswith("_sum"):
+                        total += sample.value
+                    elif sample.name.endswith("_count"):
+                        count += sample.value
+        return total, count
 
     def _cpu(self) -> dict[str, float]:
         times = {}
@@ -208,13 +228,17 @@ class Window:
         started = time.perf_counter()
         time.sleep(self._warmup)
         before = self._cpu()
+        batches_before = self._batches()
         for i in range(1, 11):
             time.sleep(max(0.0, started + self._warmup + self._seconds * i / 10 - time.perf_counter()))
             if self._timeline is not None:
                 hwm = asyncio.run(high_water_mark(self._address))
                 self._timeline.append((time.perf_counter() - started, hwm, self._sampler.rss("server-0")))
         after = self._cpu()
+        batches_after = self._batches()
         self.cpu = {name: after[name] - before[name] for name in after}
+        appends, batches = (a - b for a, b in zip(batches_after, batches_before, strict=True))
+        self.batch = appends / batches if batches else 0.0
 
 
 def _cpu_per_1000(window: Window, results: list[JobResult], committed: int) -> dict[str, float]:
@@ -239,7 +263,7 @@ def closed_loop(cluster: LocalCluster, writers: int, procs: int, seconds: float,
     committed = sum(r.committed for r in results)
     return WriterRow(f"{writers} writers", len(jobs), committed / seconds, percentile(latencies, 0.5),
                      percentile(latencies, 0.99), sum(r.errors for r in results),
-                     _cpu_per_1000(window, results, committed))
+                     _cpu_per_1000(window, results, committed), batch=window.batch)
 
 
 def open_loop(cluster: LocalCluster, scale: Scale, sampler: MemorySampler) -> WriterRow:
@@ -250,7 +274,7 @@ def open_loop(cluster: LocalCluster, scale: Scale, sampler: MemorySampler) -> Wr
     latencies = list(result.latencies)
     return WriterRow(f"open loop {OPEN_LOOP_RATE:,.0f}/s", 1, result.committed / scale.open_run_s,
                      percentile(latencies, 0.5), percentile(latencies, 0.99), result.errors,
-                     _cpu_per_1000(window, [result], result.committed), OPEN_LOOP_RATE)
+                     _cpu_per_1000(window, [result], result.committed), OPEN_LOOP_RATE, window.batch)
 
 
 async def client_feed(cluster: LocalCluster, until: int) -> float:
@@ -272,7 +296,7 @@ async def client_feed(cluster: LocalCluster, until: int) -> float:
         return time.perf_counter() - started
 
 
-def run(workdir: Path, scale: Scale, procs: int) -> Report:
+def run(workdir: Path, scale: Scale, procs: int, server_overrides: dict[str, object] | None = None) -> Report:
     report = Report()
     with ZooKeeperProcess(workdir / "zookeeper") as zookeeper, MemorySampler() as sampler:
         assert zookeeper.pid is not None
@@ -289,7 +313,8 @@ def run(workdir: Path, scale: Scale, procs: int) -> Report:
             storage_batches=scale.storage_batches,
         )
         with LocalCluster(workdir / "cluster", storage_nodes=3, servers=1, partitions=1,
-                          zookeeper=zookeeper.connect_string, cluster_root="/bench/append") as cluster:
+                          zookeeper=zookeeper.connect_string, cluster_root="/bench/append",
+                          server_overrides=server_overrides) as cluster:
             for name, pid in cluster.pids().items():
                 if name != "zookeeper":
                     sampler.watch(name, pid)
@@ -384,13 +409,15 @@ def format_report(report: Report, procs: int) -> str:
 
     lines += ["", "CPU seconds per 1,000 committed appends, over the measured window (all 3 storage nodes summed)"]
     head = (f"{'':<36} {'server':>7} {'storage':>7} {'clients':>7} {'zk':>5} {'total':>6} | "
-            f"{'2 cores / total':>15}")
+            f"{'2 cores / total':>15} | {'appends/batch':>13}")
     lines += [head, "-" * len(head)]
     for w in report.writers:
         total = sum(w.cpu.values())
         lines.append(f"{w.label:<36} {w.cpu['server']:>7.3f} {w.cpu['storage']:>7.3f} {w.cpu['clients']:>7.3f} "
-                     f"{w.cpu['zookeeper']:>5.2f} {total:>6.3f} | {2000 / total if total else 0:>13,.0f}/s")
-    lines.append("2 cores / total: the appends/s at which this cluster and its clients would fill both cores.")
+                     f"{w.cpu['zookeeper']:>5.2f} {total:>6.3f} | {2000 / total if total else 0:>13,.0f}/s | "
+                     f"{w.batch:>13.1f}")
+    lines.append("2 cores / total: the appends/s at which this cluster and its clients would fill both cores. "
+                 "appends/batch: the mean store batch (one storage request per replica), from the server's metrics.")
 
     lines += ["", "memory (peak RSS, sampled every 0.2 s)"]
     for name, peak in sorted(report.peak.items()):
@@ -413,12 +440,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one); sets the disk")
     parser.add_argument("--procs", type=int, default=1,
                         help="client processes for the 100 writers (each gets the whole feed; one was fastest here)")
+    parser.add_argument("--server", action="append", default=[], metavar="KEY=VALUE",
+                        help="a server configuration key (repeatable), e.g. storage.maxBatchesInFlight=1")
     args = parser.parse_args(argv)
+    overrides = {}
+    for option in args.server:
+        key, _, value = option.partition("=")
+        overrides[key] = yaml.safe_load(value)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     scale = QUICK if args.quick else FULL
     with tempfile.TemporaryDirectory(prefix="waltz-append-bench-", dir=args.dir) as workdir:
-        print(format_report(run(Path(workdir), scale, args.procs), args.procs))
+        report = run(Path(workdir), scale, args.procs, overrides)
+        print(format_report(report, args.procs))
+        if overrides:
+            print("server configuration: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
     return 0
 
 

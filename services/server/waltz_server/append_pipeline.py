@@ -1,8 +1,9 @@
 """The append decision core of one partition: lock checks, in-flight waits, batching, resolution.
 
 No I/O. The partition shell offers validated appends in arrival order, takes batches for the
-store (one in flight at a time) and reports each batch's outcome; every call answers what
-happened to which appends, for the shell to tell clients and feeds.
+store (up to ``max_in_flight`` at a time, resolved in the order they were taken) and reports each
+batch's outcome; every call answers what happened to which appends, for the shell to tell
+clients and feeds.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class ClientPending(Generic[T]):
 
 
 class AppendPipeline(Generic[T]):
-    """Queued appends -> lock check -> the next batch -> one batch at the store -> resolution.
+    """Queued appends -> lock check -> the next batch -> batches at the store -> resolution.
 
     An append whose locks meet an in-flight (accepted, unresolved) transaction's locks waits
     until that one resolves, because only its outcome decides the lock check. Appends that do
@@ -104,8 +105,11 @@ class AppendPipeline(Generic[T]):
     client's appends resolve in order and conflicting appends are served first come, first served.
     """
 
-    def __init__(self, locks: LockTable, max_batch_size: int, max_batch_bytes: int) -> None:
+    def __init__(self, locks: LockTable, max_batch_size: int, max_batch_bytes: int, max_in_flight: int = 1) -> None:
+        if max_in_flight < 1:
+            raise ValueError("at least one batch must be allowed in flight")
         self._locks = locks
+        self._max_in_flight = max_in_flight
         self._max_count = max_batch_size
         self._max_bytes = max_batch_bytes
         self._waiting: deque[QueuedAppend[T]] = deque()
@@ -114,19 +118,21 @@ class AppendPipeline(Generic[T]):
         self._blocked_locks: set[int] = set()
         self._building: list[QueuedAppend[T]] = []
         self._building_bytes = 0
-        self._in_flight: list[QueuedAppend[T]] | None = None
+        self._in_flight: deque[list[QueuedAppend[T]]] = deque()  # oldest first
+        self._in_flight_count = 0
 
     def __len__(self) -> int:
         """Appends queued and not yet resolved (waiting, batched or at the store)."""
-        return len(self._waiting) + len(self._building) + len(self._in_flight or ())
+        return len(self._waiting) + len(self._building) + self._in_flight_count
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
 
     @property
-    def in_flight(self) -> bool:
-        return self._in_flight is not None
+    def in_flight(self) -> int:
+        """Batches taken for the store and not resolved yet."""
+        return len(self._in_flight)
 
     def offer(self, append: QueuedAppend[T]) -> None:
         self._waiting.append(append)
@@ -134,6 +140,8 @@ class AppendPipeline(Generic[T]):
     def poll(self) -> list[tuple[QueuedAppend[T], int]]:
         """Lock-check the waiting appends that may go now; returns the lock failures."""
         failures: list[tuple[QueuedAppend[T], int]] = []
+        if self._scanned == len(self._waiting):
+            return failures  # nothing new, and nothing resolved that could free what waits
         kept: deque[QueuedAppend[T]] = deque()
         for _ in range(self._scanned):
             kept.append(self._waiting.popleft())
@@ -159,22 +167,24 @@ class AppendPipeline(Generic[T]):
         return failures
 
     def take_batch(self) -> list[QueuedAppend[T]] | None:
-        """The next batch for the store, when none is in flight and one is ready."""
-        if self._in_flight is not None or not self._building:
+        """The next batch for the store, when one is ready and fewer than max_in_flight are out."""
+        if len(self._in_flight) >= self._max_in_flight or not self._building:
             return None
         batch, self._building, self._building_bytes = self._building, [], 0
-        self._in_flight = batch
+        self._in_flight.append(batch)
+        self._in_flight_count += len(batch)
         self._rescan()
         return batch
 
     def committed(self, first_transaction_id: int) -> Resolved[T]:
-        """The in-flight batch committed with dense ids from first_transaction_id."""
-        return self.failed(first_transaction_id, first_transaction_id + len(self._in_flight or ()) - 1)
+        """The oldest in-flight batch committed with dense ids from first_transaction_id."""
+        size = len(self._in_flight[0]) if self._in_flight else 0
+        return self.failed(first_transaction_id, first_transaction_id + size - 1)
 
     def failed(self, first_transaction_id: int, committed_up_to: int) -> Resolved[T]:
-        """The in-flight batch broke; its appends with an id at or below committed_up_to committed."""
-        batch = self._in_flight or []
-        self._in_flight = None
+        """The oldest in-flight batch broke; its appends with an id at or below committed_up_to committed."""
+        batch = self._in_flight.popleft() if self._in_flight else []
+        self._in_flight_count -= len(batch)
         committed: list[tuple[QueuedAppend[T], int]] = []
         failed: list[QueuedAppend[T]] = []
         for offset, item in enumerate(batch):

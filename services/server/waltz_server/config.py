@@ -24,6 +24,8 @@ SERVER_KEYS = (
     Key("server.shutdownGraceSeconds", float, 10.0, "how long in-flight calls may finish on SIGTERM"),
     Key("storage.maxBatchSize", int, 500, "appends per store batch (one request per replica)"),
     Key("storage.maxBatchBytes", int, 4194304, "transaction bytes per store batch"),
+    Key("storage.maxBatchesInFlight", int, 4,
+        "store batches of a partition sent to its replicas and not committed yet (1: one at a time)"),
 )
 
 
@@ -47,6 +49,7 @@ class PartitionSettings:
     feed_fetch_size: int = 5000
     max_batch_size: int = 500
     max_batch_bytes: int = 4194304
+    max_batches_in_flight: int = 4
     read_batch_size: int = 500
 
     def __post_init__(self) -> None:
@@ -65,6 +68,7 @@ class PartitionSettings:
             ("server.feedFetchSize", self.feed_fetch_size),
             ("storage.maxBatchSize", self.max_batch_size),
             ("storage.maxBatchBytes", self.max_batch_bytes),
+            ("storage.maxBatchesInFlight", self.max_batches_in_flight),
             ("server.readBatchSize", self.read_batch_size),
         ]
 
@@ -81,5 +85,6 @@ class PartitionSettings:
             feed_fetch_size=c["server.feedFetchSize"],
             max_batch_size=c["storage.maxBatchSize"],
             max_batch_bytes=c["storage.maxBatchBytes"],
+            max_batches_in_flight=c["storage.maxBatchesInFlight"],
             read_batch_size=c["server.readBatchSize"],
         )

@@ -22,6 +22,12 @@ class ServerMetrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
             registry=r,
         )
+        self.store_batch_size = Histogram(
+            "waltz_server_store_batch_appends",
+            "Appends per store batch (one storage request to each replica)",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+            registry=r,
+        )
         self.high_water_mark = Gauge(
             "waltz_server_partition_high_water_mark", "Highest committed transaction id", ["partition"], registry=r
         )
@@ -53,6 +59,7 @@ class PartitionMetrics:
         m, p = metrics, self._label
         self.appends = {result: m.append_requests.labels(p, result) for result in RESULTS}
         self.commit_latency = m.commit_latency
+        self.store_batch_size = m.store_batch_size
         self.high_water_mark = m.high_water_mark.labels(p)
         self.session_id = m.session_id.labels(p)
         self.generation = m.generation.labels(p)

@@ -19,7 +19,8 @@ from waltz_server.feed_cursor import FeedCursor
 from waltz_server.locks import LockRequest, LockTable
 from waltz_server.metrics import PartitionMetrics
 from waltz_server.mounts import MountRegistry
-from waltz_server.store.api import AppendFailed, PendingRecord, StorePartition, StoreUnavailable
+from waltz_server.store.api import PendingRecord, StorePartition, StoreUnavailable
+from waltz_server.store_batches import StoreBatches, wait_store_ready
 from waltz_server.validation import append_problem, req_id_of
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,14 @@ def mount_response(
     )
 
 
+def _pending_records(batch: list[QueuedAppend[_Origin]]) -> list[PendingRecord]:
+    records = []
+    for item in batch:
+        r = item.origin.request
+        records.append(PendingRecord(item.origin.req_id or req_id_of(r.req_id), r.header, r.data, r.checksum))
+    return records
+
+
 class Partition:
     """One partition this server owns, with its generation, over its replicated store."""
 
@@ -86,6 +95,7 @@ class Partition:
         self._room.set()
         self._commit = asyncio.Event()
         self._pipeline: AppendPipeline[_Origin] | None = None
+        self._batches: StoreBatches[_Origin] | None = None
         self._pending: ClientPending[Callable[[], None]] = ClientPending()
         self._mounts = MountRegistry()
         self._feeds: dict[int, FeedContext] = {}  # stream id -> its feed of this partition
@@ -124,6 +134,8 @@ class Partition:
             return
         self._closed = True
         self._ready.clear()
+        if self._batches is not None:
+            self._batches.closed = True
         if self._pipeline is not None:
             for item in self._pipeline.drop(lambda _: True):
                 self._reject(item.origin, Reason.PARTITION_NOT_READY, f"partition {self.partition_id} was closed")
@@ -359,64 +371,29 @@ class Partition:
 
     async def _serve_appends(self) -> None:
         await self.store.start(self.generation)
-        await self._wait_store_ready()
+        await wait_store_ready(self.store)
         hwm = self.store.high_water_mark
         self._high_water_mark = hwm
         self._feed_cache = FeedCache(self.settings.feed_cache_size, hwm)
         s = self.settings
         pipeline: AppendPipeline[_Origin] = AppendPipeline(
-            LockTable(hwm, s.lock_table_size), s.max_batch_size, s.max_batch_bytes
+            LockTable(hwm, s.lock_table_size), s.max_batch_size, s.max_batch_bytes, s.max_batches_in_flight
         )
         self._pipeline = pipeline
         self._update_gauges()
         self._ready.set()
         log.info("partition %d ready: generation %d, high-water mark %d", self.partition_id, self.generation, hwm)
-        while True:
-            batch = pipeline.take_batch()
-            if batch is None:
-                self._work.clear()
-                await self._work.wait()
-                self._answer_lock_failures(pipeline.poll())
-                continue
-            await self._append_batch(pipeline, batch)
-            self._answer_lock_failures(pipeline.poll())
-
-    async def _wait_store_ready(self) -> None:
-        while True:
-            try:
-                await self.store.wait_ready()
-                return
-            except StoreUnavailable:
-                await asyncio.sleep(_RETRY_S)
-
-    async def _append_batch(self, pipeline: AppendPipeline[_Origin], batch: list[QueuedAppend[_Origin]]) -> None:
-        records = []
-        for item in batch:
-            r = item.origin.request
-            records.append(PendingRecord(item.origin.req_id or req_id_of(r.req_id), r.header, r.data, r.checksum))
-        while True:
-            try:
-                first = await self.store.append(records)
-            except StoreUnavailable:
-                await self._wait_store_ready()  # nothing was appended: send the batch again
-                continue
-            except AppendFailed as failure:
-                committed_up_to = failure.committed_up_to
-                if committed_up_to is None:
-                    await self._wait_store_ready()
-                    committed_up_to = self.store.high_water_mark
-                log.warning(
-                    "partition %d: batch of %d from %d failed (%s); committed up to %d",
-                    self.partition_id,
-                    len(batch),
-                    failure.first_transaction_id,
-                    failure,
-                    committed_up_to,
-                )
-                self._apply(pipeline.failed(failure.first_transaction_id, committed_up_to))
-                return
-            self._apply(pipeline.committed(first))
-            return
+        self._batches = StoreBatches(
+            self.partition_id,
+            self.store,
+            pipeline,
+            _pending_records,
+            self._apply,
+            self._answer_lock_failures,
+            self._work,
+            self.metrics.store_batch_size if self.metrics is not None else None,
+        )
+        await self._batches.run()
 
     def _apply(self, resolved: Resolved[_Origin]) -> None:
         """Publish committed appends to caches and feeds, then release what waited for them."""

@@ -21,7 +21,8 @@ class Failure:
 
 
 class FakeStore:
-    """One partition's log in memory. At most one append at a time, as the contract says."""
+    """One partition's log in memory. Batches begun together commit one after another, in order; a failure
+    ends the "session", failing the batches begun after it too."""
 
     def __init__(self, partition_id: int, records: list[Record] | None = None) -> None:
         self.partition_id = partition_id
@@ -37,8 +38,13 @@ class FakeStore:
         self.record_reads = 0
         self._ready = asyncio.Event()
         self._closed = False
-        self._in_append = False
         self.ready_delay = 0.0
+        self.most_in_flight = 0  # the most batches begun and not resolved at once
+        self._in_flight = 0
+        self._tail: asyncio.Future[None] | None = None
+        self._next_session = -1
+        self._next_id = 0
+        self._failed_up_to: int | None = None
 
     @property
     def high_water_mark(self) -> int:
@@ -66,32 +72,59 @@ class FakeStore:
         if self._closed:
             raise StoreUnavailable("closed")
 
-    async def append(self, records: list[PendingRecord]) -> int:
-        assert not self._in_append, "the contract allows one append at a time"
+    async def begin_append(self, records: list[PendingRecord]) -> asyncio.Future[int]:
         if self._closed or not self._ready.is_set():
             raise StoreUnavailable("no session")
         if self.unavailable_once:
             self.unavailable_once = False
             raise StoreUnavailable("session closed before the batch was sent")
-        self._in_append = True
+        if self._next_session != self.session_id:  # a new session: it starts after what was recovered
+            self._next_session, self._next_id = self.session_id, len(self.records)
+        first, self._next_id = self._next_id, self._next_id + len(records)
+        committed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self._in_flight)
+        previous = self._tail
+        self._tail = asyncio.ensure_future(self._commit(previous, self.session_id, first, records, committed))
+        return committed
+
+    async def _commit(
+        self,
+        previous: asyncio.Future[None] | None,
+        session_id: int,
+        first: int,
+        records: list[PendingRecord],
+        committed: asyncio.Future[int],
+    ) -> None:
+        """Batches commit in the order they were begun, each once the gate is open."""
+        if previous is not None:
+            await previous
         try:
             await self.gate.wait()
+            if session_id != self.session_id or self._closed:  # an earlier batch of its session failed
+                committed.set_exception(AppendFailed("the session ended", first, self._failed_up_to))
+                return
             self.batches.append(len(records))
-            first = len(self.records)
             failure = self.failures.pop(0) if self.failures else None
             kept = records if failure is None else records[: failure.commit]
             for offset, r in enumerate(kept):
                 self.records.append(Record(first + offset, r.req_id, r.header, r.data, r.checksum))
             if failure is None:
-                return first
-            if failure.known:
-                raise AppendFailed("replica failed", first, self.high_water_mark)
-            self._ready.clear()
+                committed.set_result(first)
+                return
             self.session_id += 1
-            asyncio.get_running_loop().call_later(0.05, self._ready.set)
-            raise AppendFailed("replica failed", first, None)
+            if failure.known:
+                self._failed_up_to = self.high_water_mark
+            else:
+                self._failed_up_to = None
+                self._ready.clear()
+                asyncio.get_running_loop().call_later(0.05, self._ready.set)
+            committed.set_exception(AppendFailed("replica failed", first, self._failed_up_to))
         finally:
-            self._in_append = False
+            self._in_flight -= 1
+
+    async def append(self, records: list[PendingRecord]) -> int:
+        return await (await self.begin_append(records))
 
     async def get_record(self, transaction_id: int) -> Record | None:
         self.record_reads += 1

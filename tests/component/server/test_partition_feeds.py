@@ -275,3 +275,45 @@ def test_store_unavailable_before_sending_retries_the_batch():
         await partition.close()
 
     run(scenario)
+
+
+def _one_append_per_batch():
+    return replace(SMALL, max_batch_size=1, max_batches_in_flight=3)
+
+
+def test_batches_in_flight_together_commit_and_feed_in_order():
+    async def scenario():
+        partition, store, stream = await mounted_client(settings=_one_append_per_batch())
+        store.gate.clear()
+        await partition.submit(stream, [append(seq=s) for s in range(1, 8)])
+        await settle()
+        assert store.most_in_flight == 3  # never more than storage.maxBatchesInFlight
+        store.gate.set()
+        await stream.wait_for(lambda s: len(s.fed()) == 7)
+        assert stream.fed() == [(i, i + 1) for i in range(7)]
+        assert store.batches == [1] * 7 and store.most_in_flight == 3
+        await partition.close()
+
+    run(scenario)
+
+
+def test_a_failure_with_batches_in_flight_resolves_them_in_order_after_recovery():
+    async def scenario():
+        partition, store, stream = await mounted_client(settings=_one_append_per_batch())
+        store.gate.clear()
+        # the second of three batches in flight breaks the session; the third never reaches the store
+        store.failures += [None, Failure(commit=0, known=False)]
+        await partition.submit(stream, [append(seq=s) for s in range(1, 4)])
+        await settle()
+        partition.flush(stream, server_pb2.FlushRequest(req_id=req(seq=3)))
+        store.gate.set()
+        await stream.wait_for(lambda s: s.of("flush"))
+        assert stream.fed() == [(0, 1)] and stream.of("flush")[0].transaction_id == 0
+        assert store.session_id == 1
+        # the next session takes the ids the failed batches did not use
+        await partition.submit(stream, [append(seq=4)])
+        await stream.wait_for(lambda s: len(s.fed()) == 2)
+        assert stream.fed()[-1] == (1, 4) and partition.high_water_mark == 1
+        await partition.close()
+
+    run(scenario)

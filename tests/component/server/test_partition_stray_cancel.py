@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from waltz_server.service import partition_status
 from waltz_server.store.api import PendingRecord
 
@@ -13,25 +15,34 @@ from .helpers import append
 
 
 class CancellingStore(FakeStore):
-    """Its next append raises CancelledError, as awaiting an already cancelled future does."""
+    """Its next append raises CancelledError, as awaiting an already cancelled future does (cancel_next),
+    or hands back an already cancelled commit future (cancel_commit_next)."""
 
     def __init__(self, partition_id: int) -> None:
         super().__init__(partition_id)
         self.cancel_next = False
+        self.cancel_commit_next = False
 
-    async def append(self, records: list[PendingRecord]) -> int:
-        if self.cancel_next:
-            self.cancel_next = False
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async def begin_append(self, records: list[PendingRecord]) -> asyncio.Future[int]:
+        if self.cancel_next or self.cancel_commit_next:
+            future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             future.cancel()
-            return await future  # type: ignore[return-value]
-        return await super().append(records)
+            if self.cancel_commit_next:
+                self.cancel_commit_next = False
+                return future
+            self.cancel_next = False
+            return await future  # type: ignore[no-any-return]
+        return await super().begin_append(records)
 
 
-def test_a_stray_cancelled_error_from_the_store_is_reported_as_a_failure():
+@pytest.mark.parametrize("where", ["call", "commit"])
+def test_a_stray_cancelled_error_from_the_store_is_reported_as_a_failure(where: str):
     async def scenario():
         partition, store, stream = await mounted_client(CancellingStore(0))
-        store.cancel_next = True
+        if where == "call":
+            store.cancel_next = True
+        else:
+            store.cancel_commit_next = True
         await partition.submit(stream, [append(seq=1)])
         for _ in range(200):
             if not partition.ready:
@@ -40,7 +51,7 @@ def test_a_stray_cancelled_error_from_the_store_is_reported_as_a_failure():
         # before: the append task had ended without a word and the partition still said healthy
         status = partition_status(partition)
         assert not partition.ready and not status.healthy
-        assert "CancelledError" in status.detail
+        assert ("CancelledError" if where == "call" else "cancelled") in status.detail
         await partition.close()
 
     run(scenario)

@@ -155,3 +155,44 @@ def test_client_pending_resolves_several_appends_at_once():
     assert pending.resolved(1, 2) == ["after five"]
     assert pending.pending(1) == 0 and pending.pending(2) == 1
     assert pending.resolved(2, 1) == ["client two"]
+
+
+def test_batches_in_flight_are_bounded_and_resolve_oldest_first() -> None:
+    pipeline: AppendPipeline[str] = AppendPipeline(LockTable(-1, 64), 2, 1 << 20, max_in_flight=2)
+    for name in "abcdefg":
+        pipeline.offer(QueuedAppend(ord(name), -1, LockRequest(), 1, name))
+    assert pipeline.poll() == []
+    first, second = pipeline.take_batch(), None
+    assert first is not None and [i.origin for i in first] == ["a", "b"]
+    pipeline.poll()
+    second = pipeline.take_batch()
+    assert second is not None and [i.origin for i in second] == ["c", "d"]
+    pipeline.poll()
+    assert pipeline.take_batch() is None and pipeline.in_flight == 2  # the bound
+    assert len(pipeline) == 7
+    resolved = pipeline.committed(10)
+    assert [(i.origin, t) for i, t in resolved.committed] == [("a", 10), ("b", 11)]
+    third = pipeline.take_batch()
+    assert third is not None and [i.origin for i in third] == ["e", "f"]
+    resolved = pipeline.failed(12, 12)  # the second batch broke after its first append committed
+    assert [(i.origin, t) for i, t in resolved.committed] == [("c", 12)]
+    assert [i.origin for i in resolved.failed] == ["d"]
+    assert len(pipeline) == 3 and pipeline.in_flight == 1
+
+
+def test_an_append_whose_lock_is_in_any_in_flight_batch_waits_for_it() -> None:
+    pipeline: AppendPipeline[str] = AppendPipeline(LockTable(-1, 64), 1, 1 << 20, max_in_flight=3)
+    pipeline.offer(QueuedAppend(1, -1, LockRequest(write=(5,)), 1, "w5"))
+    pipeline.offer(QueuedAppend(2, -1, LockRequest(write=(6,)), 1, "w6"))
+    pipeline.poll()
+    assert [i.origin for i in pipeline.take_batch() or []] == ["w5"]
+    pipeline.poll()
+    assert [i.origin for i in pipeline.take_batch() or []] == ["w6"]
+    pipeline.offer(QueuedAppend(3, -1, LockRequest(read=(5,)), 1, "stale r5"))
+    pipeline.offer(QueuedAppend(4, 0, LockRequest(read=(5,)), 1, "fresh r5"))
+    assert pipeline.poll() == [] and pipeline.take_batch() is None  # both wait for w5's outcome
+    pipeline.committed(0)  # w5 committed as transaction 0; w6 is still in flight
+    failures = pipeline.poll()
+    assert [(item.origin, t) for item, t in failures] == [("stale r5", 0)]
+    assert [i.origin for i in pipeline.take_batch() or []] == ["fresh r5"]
+    assert pipeline.in_flight == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -57,7 +58,8 @@ class StorePartition(Protocol):
     by compare-and-set in ZooKeeper, replica sessions, recovery); ``wait_ready()`` returns once a
     session is open and recovered. Any replica failure closes the session and a new one opens
     (with recovery) by itself; appends fail or succeed as that recovery decides. ``close()`` stops
-    everything. At most one ``append`` runs at a time: the caller batches.
+    everything. Appends are pipelined with ``begin_append``: batches get their ids in the order they
+    were begun and commit in that order; the caller batches.
     """
 
     partition_id: int
@@ -77,8 +79,19 @@ class StorePartition(Protocol):
         """Return once a recovered session accepts appends; StoreUnavailable on timeout or close."""
         ...
 
+    async def begin_append(self, records: list[PendingRecord]) -> asyncio.Future[int]:
+        """Send a batch behind the batches begun before it; the future gives its first transaction id (ids
+        are dense, following the earlier batches') once a majority of the replicas fsynced it.
+
+        Call it from one task at a time (a call may wait while replicas are behind: back-pressure).
+        Raises StoreUnavailable, with nothing sent, when no session takes appends now. The future fails
+        with AppendFailed when the session ends first; every batch begun after it in that session fails
+        too, and none of them is resolved before the failed one.
+        """
+        ...
+
     async def append(self, records: list[PendingRecord]) -> int:
-        """Append a batch at quorum; returns the first assigned transaction id (ids are dense).
+        """Append a batch at quorum and wait for it; returns the first assigned transaction id (ids are dense).
 
         Raises AppendFailed when the session broke during the append, StoreUnavailable when no
         session is open. Never returns before a majority of the replicas fsynced the batch.

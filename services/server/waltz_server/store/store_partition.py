@@ -140,7 +140,7 @@ class ReplicatedStorePartition:
                     if self._closed:
                         raise StoreUnavailable(f"store partition {self.partition_id} is closed")
                     session = self._session
-                    if session is not None and session.usable:
+                    if session is not None and session.appendable:
                         return
                     await self._state.wait_past(self._state.version)
         except TimeoutError:
@@ -265,18 +265,27 @@ class ReplicatedStorePartition:
             raise StoreUnavailable(f"partition {self.partition_id}: {self._describe()}")
         return session
 
+    async def begin_append(self, records: list[PendingRecord]) -> asyncio.Future[int]:
+        """See StorePartition.begin_append."""
+        session = self._session
+        if session is None or not session.appendable:
+            raise StoreUnavailable(f"partition {self.partition_id}: {self._describe()}")
+        committed = await session.begin_append(records)
+        committed.add_done_callback(lambda _: self._note_commit(session))
+        return committed
+
+    def _note_commit(self, session: StoreSession) -> None:
+        self._high_water_mark = max(self._high_water_mark, session.high_water_mark)
+
     async def append(self, records: list[PendingRecord]) -> int:
         """See StorePartition.append. During a planned session change (checkpoint, reassignment, new
         generation) it first waits up to storage.requestTimeoutSeconds for the next session."""
         session = self._session
         planned = self._planned_restart or (session is not None and session.restarting)
-        if planned and (session is None or not session.usable):
+        if planned and (session is None or not session.appendable):
             with contextlib.suppress(StoreUnavailable):
                 await self.wait_ready(self._settings.request_timeout_s)
-        session = self._usable_session()
-        first = await session.append(records)
-        self._high_water_mark = max(self._high_water_mark, session.high_water_mark)
-        return first
+        return await asyncio.shield(await self.begin_append(records))
 
     async def get_record(self, transaction_id: int) -> Record | None:
         if transaction_id > self._high_water_mark or transaction_id < 0:

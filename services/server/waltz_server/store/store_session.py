@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
-from waltz.v1 import common_pb2, storage_pb2
+from waltz.v1 import common_pb2
 from waltz_common.types import RecordHeader
 from waltz_server.recovery import (
     CatchUp,
@@ -36,35 +35,15 @@ from waltz_server.store.session_end import (
 )
 from waltz_server.store.settings import Backoff, StoreSettings
 from waltz_server.store.wire import append_pending_request, header_from_proto
+from waltz_server.store.write_set import Member, WriteSet
 
 log = logging.getLogger(__name__)
 
-MAX_OUTSTANDING_BATCHES = 8
-"""Batches queued for one replica beyond which appends wait (a slow replica holds the partition back)."""
 SOURCE_RETRY_S = 0.05
 
 WriteStates = Callable[[Mapping[str, ReplicaState]], Awaitable[None]]
 T = TypeVar("T")
 Fetch = Callable[[ReplicaSession, int, int], Awaitable[list[T]]]
-
-
-@dataclass(eq=False)
-class _Batch:
-    first: int
-    last: int
-    request: storage_pb2.StorageRequest
-    done: asyncio.Future[None]
-    votes: int = 0
-
-
-@dataclass(eq=False)
-class _Member:
-    """A replica in the write set: it holds every committed transaction and gets every new batch."""
-
-    session: ReplicaSession
-    queue: asyncio.Queue[_Batch]
-    acked: int
-    outstanding: int = 0
 
 
 class StoreSession:
@@ -98,14 +77,13 @@ class StoreSession:
         self._progress = Signal()  # a batch was acknowledged, or the session ended
         self._online: dict[str, ReplicaSession] = {}
         self._recovered: set[str] = set()
-        self._members: dict[str, _Member] = {}
-        self._append_lock = asyncio.Lock()
-        self._inflight: _Batch | None = None
+        self._writes = WriteSet(self.quorum, self._progress)
+        self._append_lock = asyncio.Lock()  # ids are handed out in the order begin_append was called
+        self._checkpointing = False  # the checkpoint interval is reached: no new appends, then restart
         self._stop: asyncio.Future[SessionEnded] = asyncio.get_running_loop().create_future()
         self._preferred_reader: str | None = None
         self.ready = asyncio.Event()
         self.ended: SessionEnded | None = None
-        self.high_water_mark = -1
         self.low_water_mark = -1
         self.replica_detail: dict[str, str] = dict.fromkeys(self.replicas, "connecting")
 
@@ -113,16 +91,26 @@ class StoreSession:
 
     @property
     def usable(self) -> bool:
+        """Open for reads (and for appends unless a checkpoint is closing it)."""
         return self.ready.is_set() and self.ended is None and not self._stop.done()
+
+    @property
+    def appendable(self) -> bool:
+        return self.usable and not self._checkpointing
 
     @property
     def restarting(self) -> bool:
         """A planned end was requested (checkpoint, reassignment, generation): a new session follows at once."""
-        return self._stop.done() and isinstance(self._stop.result(), SessionRestart)
+        return self._checkpointing or (self._stop.done() and isinstance(self._stop.result(), SessionRestart))
 
     @property
     def members(self) -> tuple[str, ...]:
-        return tuple(sorted(self._members))
+        return tuple(sorted(self._writes.members))
+
+    @property
+    def high_water_mark(self) -> int:
+        """The highest committed transaction id of the session."""
+        return self._writes.high_water_mark
 
     def request_end(self, reason: SessionEnded) -> None:
         """End the session soon (the first reason wins); it takes no new appends from now on."""
@@ -138,6 +126,7 @@ class StoreSession:
                     tasks.create_task(self._replica_task(replica), name=f"replica {replica} p{self.partition_id}")
                 tasks.create_task(self._coordinate())
                 tasks.create_task(self._until_stopped())
+                tasks.create_task(self._checkpoint())
         except BaseExceptionGroup as group:
             reason = end_reason(group)
             self._end(reason)
@@ -150,18 +139,15 @@ class StoreSession:
         if self.ended is not None:
             return
         self.ended = reason
-        batch = self._inflight
-        if batch is not None and not batch.done.done():
-            batch.done.set_exception(reason)
+        # Only the next session's recovery can tell which of these committed (committed_up_to None).
+        self._writes.fail_all(lambda b: AppendFailed(f"store session {self.session_id} ended: {reason}", b.first))
         self._progress.notify()
         self._changed.notify()
         self._on_change()
 
     async def drain(self) -> None:
         """Wait until every member acknowledged every batch sent to it (or the session ended)."""
-        await self._wait_until(
-            self._progress, lambda: self.ended is not None or all(m.outstanding == 0 for m in self._members.values())
-        )
+        await self._wait_until(self._progress, lambda: self.ended is not None or self._writes.drained())
 
     async def _until_stopped(self) -> None:
         # Shielded: when the task group tears down (a replica failed), cancelling this task must not
@@ -191,7 +177,7 @@ class StoreSession:
                 reason = classify(error)
                 if not isinstance(reason, SessionFailed) or not isinstance(error, StorageError):
                     raise reason from None
-                if replica in self._members:
+                if replica in self._writes.members:
                     raise SessionFailed(f"replica {replica} failed: {error}") from None
                 log.info(
                     "partition %d session %d: replica %s offline: %s",
@@ -225,10 +211,10 @@ class StoreSession:
             held = self._manager.high_water_mark if self._manager.high_water_mark is not None else held
         self.replica_detail[replica] = "recovered"
         await self._wait_until(self._changed, lambda: self.ready.is_set())
-        if replica not in self._members:
+        if replica not in self._writes.members:
             await self._catch_up_and_join(replica, session, held)
         self.replica_detail[replica] = "in the write set"
-        await self._serve_member(self._members[replica])
+        await self._writes.serve(self._writes.members[replica])
 
     async def _recover_replica(self, replica: str, session: ReplicaSession) -> None:
         """Carry out the recovery core's actions for replica until it says Recovered."""
@@ -276,8 +262,9 @@ class StoreSession:
         """Copy committed transactions from the write set until replica holds the high-water mark, then join.
 
         The last stretch (at most one catch-up batch) is copied with appends held back: under the append
-        lock no batch is in flight and the high-water mark stands still, so the replica joins even under a
-        steady stream of appends. (Waiting for a moment with no batch in flight could wait for ever.)
+        lock, once the batches in flight have committed, the high-water mark stands still, so the replica
+        joins even under a steady stream of appends. (Waiting for a moment with no batch in flight could
+        wait for ever.)
         """
         while True:
             if self.ended is not None:
@@ -285,13 +272,14 @@ class StoreSession:
             self.replica_detail[replica] = f"catching up: holds {held}, high-water mark {self.high_water_mark}"
             if self.high_water_mark - held <= self._settings.catch_up_batch_size:
                 async with self._append_lock:
+                    await self._wait_until(self._progress, lambda: self.ended is not None or not self._writes.inflight)
                     while held < self.high_water_mark and self.ended is None:
                         copied_to = await self._copy_committed(session, held)
                         if copied_to is None:
                             break
                         held = copied_to
                     if held == self.high_water_mark and self.ended is None:
-                        self._members[replica] = _Member(session, asyncio.Queue(), acked=held)
+                        self._writes.join(replica, session, acked=held)
                         log.info(
                             "partition %d session %d: replica %s caught up at %d and joined the write set",
                             self.partition_id,
@@ -314,7 +302,7 @@ class StoreSession:
         """Copy one batch of committed transactions above held from the member that holds the most;
         the new max id, or None when no member can serve any now."""
         # Only committed transactions (at or below the high-water mark) are copied.
-        sources = sorted(self._members.values(), key=lambda m: -m.acked)
+        sources = sorted(self._writes.members.values(), key=lambda m: -m.acked)
         limit = min(sources[0].acked, self.high_water_mark) if sources else held
         if limit <= held:
             return None
@@ -322,17 +310,6 @@ class StoreSession:
 
     def _moved_past(self, held: int) -> bool:
         return self.ended is not None or self.high_water_mark > held
-
-    async def _serve_member(self, member: _Member) -> None:
-        while True:
-            batch = await member.queue.get()
-            await member.session.append_request(batch.request)
-            member.acked = batch.last
-            member.outstanding -= 1
-            batch.votes += 1
-            if batch.votes >= self.quorum and not batch.done.done():
-                batch.done.set_result(None)
-            self._progress.notify()
 
     async def _coordinate(self) -> None:
         """Write the replica states the core decides; open the session for appends once recovery completes."""
@@ -347,11 +324,10 @@ class StoreSession:
             if decision.complete and not self.ready.is_set():
                 online = [r for r in decision.recovered if r in self._online and self._online[r].alive]
                 if len(online) >= self.quorum and decision.high_water_mark is not None:
-                    self.high_water_mark = self.low_water_mark = decision.high_water_mark
+                    self.low_water_mark = decision.high_water_mark
+                    self._writes.open(decision.high_water_mark)
                     for replica in online:
-                        self._members[replica] = _Member(
-                            self._online[replica], asyncio.Queue(), acked=self.high_water_mark
-                        )
+                        self._writes.join(replica, self._online[replica], acked=decision.high_water_mark)
                     self.ready.set()
                     log.info(
                         "partition %d: store session %d open at high-water mark %d with %s",
@@ -375,51 +351,51 @@ class StoreSession:
         if not self.ready.is_set():
             raise StoreUnavailable(f"store session {self.session_id} is recovering")
 
-    async def append(self, records: list[PendingRecord]) -> int:
-        """Append at a majority of all replicas; returns the first id. See StorePartition.append."""
+    def _check_appendable(self) -> None:
+        self._check_usable()
+        if self._checkpointing:
+            raise StoreUnavailable(f"store session {self.session_id} is closing at a checkpoint")
+
+    async def begin_append(self, records: list[PendingRecord]) -> asyncio.Future[int]:
+        """Send a batch to the write set behind the batches already sent; see StorePartition.begin_append.
+
+        Waits while a member has MAX_OUTSTANDING_BATCHES unacknowledged (a slow replica holds appends back).
+        StoreUnavailable (nothing was sent) when the session is not open for appends, or stops meanwhile.
+        """
         if not records:
             raise ValueError("an append needs at least one record")
+        self._check_appendable()
         async with self._append_lock:
-            self._check_usable()
-            first = self.high_water_mark + 1
-            request = append_pending_request(self.session_id, self.partition_id, first, records)
-            await self._wait_until(
-                self._progress,
-                lambda: (
-                    self.ended is not None
-                    or all(m.outstanding < MAX_OUTSTANDING_BATCHES for m in self._members.values())
-                ),
+            await self._wait_until(self._progress, lambda: not self.appendable or self._writes.has_room())
+            self._check_appendable()
+            return self._writes.send(
+                len(records), lambda first: append_pending_request(self.session_id, self.partition_id, first, records)
             )
-            if self.ended is not None:
-                raise AppendFailed(f"store session {self.session_id} ended: {self.ended}", first, first - 1)
-            batch = _Batch(first, first + len(records) - 1, request, asyncio.get_running_loop().create_future())
-            self._inflight = batch
-            for member in self._members.values():
-                member.queue.put_nowait(batch)
-                member.outstanding += 1
-            try:
-                await batch.done
-            except SessionEnded as e:
-                raise AppendFailed(f"store session {self.session_id} ended: {e}", first) from None
-            except asyncio.CancelledError:
-                # The batch may still commit: only the next session's recovery can tell, so end this one.
-                self.request_end(SessionFailed(f"append of {first}..{batch.last} was cancelled"))
-                raise
-            finally:
-                self._inflight = None
-            self.high_water_mark = batch.last
-            self._progress.notify()
-            if self.high_water_mark - self.low_water_mark >= self._settings.checkpoint_interval:
-                await self.drain()
-                self.request_end(SessionRestart(f"checkpoint: {self._settings.checkpoint_interval} transactions"))
-            return first
+
+    async def append(self, records: list[PendingRecord]) -> int:
+        """begin_append, then wait for the commit; returns the first id. See StorePartition.append.
+
+        Cancelling the wait leaves the batch in flight: it commits (or fails with the session) all the same.
+        """
+        return await asyncio.shield(await self.begin_append(records))
+
+    async def _checkpoint(self) -> None:
+        """Every storage.checkpointInterval transactions: stop taking appends, let the replicas acknowledge
+        everything sent, and end the session so that the next one recovers (and sets a new low-water mark)."""
+        interval = self._settings.checkpoint_interval
+        await self._wait_until(self._progress, lambda: self.high_water_mark - self.low_water_mark >= interval)
+        self._checkpointing = True
+        self._on_change()
+        await self.drain()
+        self.request_end(SessionRestart(f"checkpoint: {interval} transactions"))
+        await asyncio.Future()  # the session ends now: wait to be cancelled with the other tasks
 
     # ----------------------------------------------------------------------------------- reads
 
-    def _readers(self, last: int) -> list[tuple[str, _Member]]:
+    def _readers(self, last: int) -> list[tuple[str, Member]]:
         """Members holding last first (the one that answered last time first of all), then the others."""
         preferred = self._preferred_reader
-        return sorted(self._members.items(), key=lambda kv: (kv[1].acked < last, kv[0] != preferred, kv[0]))
+        return sorted(self._writes.members.items(), key=lambda kv: (kv[1].acked < last, kv[0] != preferred, kv[0]))
 
     async def _read(self, first: int, max_records: int, fetch: Fetch[T]) -> list[T]:
         """Consecutive committed items from first (at most max_records), from the first member that has them.
@@ -461,7 +437,7 @@ class StoreSession:
         if self.ready.is_set():
             return (
                 f"store session {self.session_id} open: write set {', '.join(self.members)} "
-                f"({len(self._members)}/{len(self.replicas)}), high-water mark {self.high_water_mark}"
+                f"({len(self._writes.members)}/{len(self.replicas)}), high-water mark {self.high_water_mark}"
             )
         replicas = "; ".join(f"{r}: {d}" for r, d in sorted(self.replica_detail.items()))
         return f"store session {self.session_id} recovering ({self._manager.decide().resolution.value}): {replicas}"

@@ -15,7 +15,8 @@ from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
 from waltz_server.store.metadata import SessionStart
 from waltz_server.store.session_end import SessionEnded, SessionFailed, SessionFenced, SessionRestart
 from waltz_server.store.settings import StoreSettings
-from waltz_server.store.store_session import MAX_OUTSTANDING_BATCHES, StoreSession
+from waltz_server.store.store_session import StoreSession
+from waltz_server.store.write_set import MAX_OUTSTANDING_BATCHES
 
 from .fakes import FakeConnections, FakeReplica
 
@@ -236,7 +237,10 @@ def test_the_checkpoint_interval_ends_the_session_as_a_planned_restart() -> None
             await h.session.append(pending(3))
             assert h.session.usable
             await h.session.append(pending(2))
-            assert not h.session.usable and h.session.restarting
+            await until(lambda: h.session.restarting)
+            assert not h.session.appendable
+            with pytest.raises(StoreUnavailable):
+                await h.session.begin_append(pending(1))
             assert isinstance(await ended(task), SessionRestart)
 
     run(test)
@@ -261,16 +265,68 @@ def test_a_slow_member_holds_appends_back_after_a_bounded_number_of_batches() ->
     run(test)
 
 
-def test_a_cancelled_append_ends_the_session_so_recovery_decides_its_fate() -> None:
+async def hold_appends_everywhere(h: Harness) -> None:
+    """Once all three replicas are in the write set, none of them answers appends (until released)."""
+    await until(lambda: len(h.session.members) == 3)
+    for replica in h.replicas.values():
+        replica.hold_appends = True
+
+
+def test_a_cancelled_wait_leaves_the_batch_to_commit_in_the_same_session() -> None:
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
+        async with h.running():
+            await hold_appends_everywhere(h)
+            append = asyncio.create_task(h.session.append(pending(1)))
+            await asyncio.sleep(0.05)
+            append.cancel()
+            for replica in h.replicas.values():
+                replica.release()
+            await h.session.drain()
+            assert h.session.usable and h.session.high_water_mark == 0
+            assert await h.session.append(pending(1, "q")) == 1
+
+    run(test)
+
+
+def test_batches_begun_together_are_pipelined_and_commit_in_order_with_dense_ids() -> None:
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
+        async with h.running():
+            await hold_appends_everywhere(h)
+            commits = [await h.session.begin_append(pending(n, f"b{n}-")) for n in (2, 1, 3)]
+            await asyncio.sleep(0.05)
+            # all three batches are at the replicas at once, none answered
+            assert not any(c.done() for c in commits) and h.session.high_water_mark == -1
+            order: list[int] = []
+            for c in commits:
+                c.add_done_callback(lambda f: order.append(f.result()))
+            h.replicas[A].release()
+            h.replicas[C].release()
+            assert [await c for c in commits] == [0, 2, 3]
+            await asyncio.sleep(0)  # the done callbacks of the last one
+            assert order == [0, 2, 3] and h.session.high_water_mark == 5
+            assert h.log(A) == h.log(C) == [b"b2-0", b"b2-1", b"b1-0", b"b3-0", b"b3-1", b"b3-2"]
+            h.replicas[B].release()
+            await h.session.drain()
+            assert h.log(B) == h.log(A)
+
+    run(test)
+
+
+def test_a_member_lost_with_batches_in_flight_fails_every_one_of_them() -> None:
     async def test() -> None:
         h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
         async with h.running() as task:
             await until(lambda: len(h.session.members) == 3)
-            for replica in h.replicas.values():
-                replica.hold_appends = True
-            append = asyncio.create_task(h.session.append(pending(1)))
-            await asyncio.sleep(0.05)
-            append.cancel()
+            h.replicas[B].hold_appends = h.replicas[C].hold_appends = True
+            commits = [await h.session.begin_append(pending(2, f"b{i}-")) for i in range(3)]
+            await until(lambda: len(h.log(A)) == 6)
+            h.pool.get(C).down()
+            for i, commit in enumerate(commits):
+                with pytest.raises(AppendFailed) as failure:
+                    await commit
+                assert failure.value.first_transaction_id == 2 * i and failure.value.committed_up_to is None
             assert isinstance(await ended(task), SessionFailed)
 
     run(test)

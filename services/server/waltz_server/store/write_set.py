@@ -1,0 +1,112 @@
+"""The write set of a store session: its members, the batches sent to them, and the acknowledgements
+that commit a batch once a majority of all the partition's replicas have it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from waltz.v1 import storage_pb2
+from waltz_server.store.events import Signal
+from waltz_server.store.replica_session import ReplicaSession
+
+MAX_OUTSTANDING_BATCHES = 8
+"""Batches queued for one replica beyond which appends wait (a slow replica holds the partition back)."""
+
+
+@dataclass(eq=False)
+class Batch:
+    first: int
+    last: int
+    request: storage_pb2.StorageRequest
+    done: asyncio.Future[int]  # the first id, once a majority of all replicas fsynced the batch
+    votes: int = 0
+
+
+@dataclass(eq=False)
+class Member:
+    """A replica in the write set: it holds every committed transaction and gets every new batch."""
+
+    session: ReplicaSession
+    queue: asyncio.Queue[Batch]
+    acked: int
+    outstanding: int = 0
+
+
+class WriteSet:
+    """Members, batches in flight (oldest first) and the high-water mark they commit to.
+
+    Every member gets every batch in order and acknowledges them in order, so batches reach the quorum
+    in order: the high-water mark only moves forward, batch by batch. ``progress`` is notified on every
+    acknowledgement.
+    """
+
+    def __init__(self, quorum: int, progress: Signal) -> None:
+        self.quorum = quorum
+        self._progress = progress
+        self.members: dict[str, Member] = {}
+        self.inflight: deque[Batch] = deque()
+        self.high_water_mark = -1
+        self.next_id = 0  # the first id of the next batch
+
+    def open(self, high_water_mark: int) -> None:
+        self.high_water_mark = high_water_mark
+        self.next_id = high_water_mark + 1
+
+    def join(self, replica: str, session: ReplicaSession, acked: int) -> None:
+        self.members[replica] = Member(session, asyncio.Queue(), acked)
+
+    def has_room(self) -> bool:
+        return all(m.outstanding < MAX_OUTSTANDING_BATCHES for m in self.members.values())
+
+    def drained(self) -> bool:
+        """Every member acknowledged every batch sent to it."""
+        return all(m.outstanding == 0 for m in self.members.values())
+
+    def send(self, count: int, request_for: Callable[[int], storage_pb2.StorageRequest]) -> asyncio.Future[int]:
+        """Queue a batch of count records for every member; request_for(first id) builds its request."""
+        first = self.next_id
+        batch = Batch(first, first + count - 1, request_for(first), asyncio.get_running_loop().create_future())
+        self.next_id = batch.last + 1
+        self.inflight.append(batch)
+        for member in self.members.values():
+            member.queue.put_nowait(batch)
+            member.outstanding += 1
+        return batch.done
+
+    def fail_all(self, error_for: Callable[[Batch], BaseException]) -> None:
+        inflight, self.inflight = self.inflight, deque()
+        for batch in inflight:
+            if not batch.done.done():
+                batch.done.set_exception(error_for(batch))
+
+    async def serve(self, member: Member) -> None:
+        """Send each batch to the member as it comes (several may be at the node at once) and count its
+        acknowledgements in order. Returns only by raising (the member failed)."""
+        sent: asyncio.Queue[tuple[Batch, asyncio.Task[None]]] = asyncio.Queue()
+        async with asyncio.TaskGroup() as calls:
+
+            async def send() -> None:
+                while True:
+                    batch = await member.queue.get()
+                    sent.put_nowait((batch, calls.create_task(member.session.append_request(batch.request))))
+
+            calls.create_task(send())
+            while True:
+                batch, call = await sent.get()
+                await call
+                member.acked = batch.last
+                member.outstanding -= 1
+                batch.votes += 1
+                if batch.votes == self.quorum:
+                    self._committed(batch)
+                self._progress.notify()
+
+    def _committed(self, batch: Batch) -> None:
+        if self.inflight and self.inflight[0] is batch:
+            self.inflight.popleft()
+        self.high_water_mark = max(self.high_water_mark, batch.last)
+        if not batch.done.done():  # (a caller may have cancelled its wait: the batch commits all the same)
+            batch.done.set_result(batch.first)

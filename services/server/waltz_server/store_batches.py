@@ -1,0 +1,133 @@
+"""The append task's side of the store: the pipeline's batches sent in order, several in flight, and
+their outcomes handed back in that same order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from prometheus_client import Histogram
+
+from waltz_server.append_pipeline import AppendPipeline, QueuedAppend, Resolved
+from waltz_server.store.api import AppendFailed, PendingRecord, StorePartition, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RETRY_S = 0.05
+
+
+async def wait_store_ready(store: StorePartition) -> None:
+    """Wait (for ever, retrying) until the store takes appends."""
+    while True:
+        try:
+            await store.wait_ready()
+            return
+        except StoreUnavailable:
+            await asyncio.sleep(RETRY_S)
+
+
+class StoreBatches(Generic[T]):
+    """Sends the batches the pipeline hands out with StorePartition.begin_append, up to the pipeline's
+    bound in flight, and resolves them oldest first: a commit at once (from the store's done callback),
+    a failure in run(), because its outcome is only known once the next store session has recovered.
+
+    The order argument: a failed batch is resolved before anything is sent again, and the store fails
+    every batch of a session together, so when the failure is resolved the store's high-water mark is
+    exactly what the next session recovered.
+    """
+
+    def __init__(
+        self,
+        partition_id: int,
+        store: StorePartition,
+        pipeline: AppendPipeline[T],
+        records_of: Callable[[list[QueuedAppend[T]]], list[PendingRecord]],
+        apply: Callable[[Resolved[T]], None],
+        answer_lock_failures: Callable[[list[tuple[QueuedAppend[T], int]]], None],
+        work: asyncio.Event,
+        batch_sizes: Histogram | None = None,
+    ) -> None:
+        self._partition_id = partition_id
+        self._store = store
+        self._pipeline = pipeline
+        self._records_of = records_of
+        self._apply = apply
+        self._answer_lock_failures = answer_lock_failures
+        self._work = work  # set by whoever offers appends to the pipeline, and here on every outcome
+        self._batch_sizes = batch_sizes
+        self._commits: deque[asyncio.Future[int]] = deque()  # the pipeline's in-flight batches, in order
+        self.closed = False
+
+    async def run(self) -> None:
+        pipeline, commits = self._pipeline, self._commits
+        unsent: list[PendingRecord] | None = None  # the next batch, taken from the pipeline, not yet sent
+        while True:
+            self._resolve_commits()
+            if commits and commits[0].done():  # it failed: the store session ended
+                await self._resolve_failure(commits.popleft())
+                continue
+            if unsent is None:
+                self._answer_lock_failures(pipeline.poll())
+                batch = pipeline.take_batch()
+                if batch is None:
+                    self._work.clear()
+                    await self._work.wait()
+                    continue
+                unsent = self._records_of(batch)
+            try:
+                committed = await self._store.begin_append(unsent)
+            except StoreUnavailable:
+                # Nothing was sent. Batches still in flight resolve first (if their session ended, the
+                # next session's recovery tells which committed), then this one goes to the next session.
+                if commits:
+                    await asyncio.wait([commits[0]])
+                else:
+                    await wait_store_ready(self._store)
+                continue
+            if self._batch_sizes is not None:
+                self._batch_sizes.observe(len(unsent))
+            unsent = None
+            commits.append(committed)
+            committed.add_done_callback(self._store_done)
+
+    def _store_done(self, _: asyncio.Future[int]) -> None:
+        if not self.closed:
+            self._resolve_commits()
+            self._work.set()  # room for another batch in flight
+
+    def _resolve_commits(self) -> None:
+        """Publish the batches at the head of the in-flight queue that committed; leave a failed head
+        to run() (resolving a failure waits for the next store session)."""
+        commits = self._commits
+        while commits and commits[0].done():
+            head = commits[0]
+            if head.cancelled() or head.exception() is not None:
+                self._work.set()
+                return
+            commits.popleft()
+            self._apply(self._pipeline.committed(head.result()))
+
+    async def _resolve_failure(self, failed: asyncio.Future[int]) -> None:
+        failure = None if failed.cancelled() else failed.exception()
+        if failure is not None and not isinstance(failure, AppendFailed):
+            raise failure  # a bug in the store: the partition reports it through health
+        if failure is None:
+            raise RuntimeError(f"partition {self._partition_id}: a store append was cancelled")
+        committed_up_to = failure.committed_up_to
+        if committed_up_to is None:
+            # Nothing was sent since this batch failed, so the next session's high-water mark is what it
+            # recovered: the batch's records at or below it committed, the others never will.
+            await wait_store_ready(self._store)
+            committed_up_to = self._store.high_water_mark
+        log.warning(
+            "partition %d: batch from %d failed (%s); committed up to %d",
+            self._partition_id,
+            failure.first_transaction_id,
+            failure,
+            committed_up_to,
+        )
+        self._apply(self._pipeline.failed(failure.first_transaction_id, committed_up_to))
