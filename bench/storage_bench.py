@@ -5,7 +5,9 @@
 Starts ZooKeeper and one `waltz-storage` process on loopback (LocalCluster), appends batches of
 1, 10 and 100 records of 512 B to one partition over one Session stream, pipelined up to the
 node's per-partition queue, and runs a raw os.write + os.fdatasync loop of the same bytes per
-sync in this process, in the same directory. Prints a table; asserts nothing.
+sync in this process, in the same directory. Prints a table; asserts nothing. The node's CPU per
+record and per append (user + system, read from the process) is the figure to compare between
+runs on a shared machine; the latency of the first row is the p50 of one append at a time.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import psutil
 
 from waltz.v1 import common_pb2, storage_pb2, storage_pb2_grpc
 from waltz_common.testing.local_cluster import LocalCluster
@@ -47,6 +50,8 @@ class Result:
     bytes: int
     fsyncs: int
     seconds: float
+    cpu_seconds: float = 0.0
+    p50_seconds: float = float("nan")
 
     def rate(self, amount: float) -> float:
         return amount / self.seconds
@@ -107,9 +112,15 @@ def build_requests(first_txn: int, batch: int, count: int) -> list[storage_pb2.S
 
 
 async def pipelined_appends(
-    address: str, cluster_key: str, requests: list[storage_pb2.StorageRequest], in_flight: int
+    address: str,
+    cluster_key: str,
+    requests: list[storage_pb2.StorageRequest],
+    in_flight: int,
+    latencies: list[float] | None = None,
 ) -> float:
-    """Send every request with at most in_flight unanswered; seconds until the last answer."""
+    """Send every request with at most in_flight unanswered; seconds until the last answer.
+
+    With in_flight 1, latencies (if given) gets each append's round trip."""
     async with grpc.aio.insecure_channel(address) as channel:
         call = storage_pb2_grpc.WaltzStorageStub(channel).Session()
         open_request = storage_pb2.OpenRequest(
@@ -119,9 +130,13 @@ async def pipelined_appends(
         assert (await call.read()).WhichOneof("response") == "success"
         window = asyncio.Semaphore(in_flight)
 
+        sent = 0.0
+
         async def receive() -> None:
             for _ in requests:
                 response = await call.read()
+                if latencies is not None and in_flight == 1:
+                    latencies.append(time.perf_counter() - sent)
                 if response.WhichOneof("response") != "success":
                     raise RuntimeError(f"append refused: {response}")
                 window.release()
@@ -130,6 +145,7 @@ async def pipelined_appends(
         receiver = asyncio.create_task(receive())
         for request in requests:
             await window.acquire()
+            sent = time.perf_counter()
             await call.write(request)
         await receiver
         elapsed = time.perf_counter() - started
@@ -142,6 +158,8 @@ def run(directory: Path, scale: float) -> list[tuple[int, int, Result, Result]]:
     rows = []
     with LocalCluster(directory / "cluster", storage_nodes=1, servers=0, partitions=1) as cluster:
         node = cluster.storage[0]
+        assert node.pid is not None
+        process = psutil.Process(node.pid)
         next_txn = 0
         for batch, in_flight, base in RUNS:
             count = max(10, int(base * scale))
@@ -149,18 +167,30 @@ def run(directory: Path, scale: float) -> list[tuple[int, int, Result, Result]]:
             next_txn += batch * count
             raw = raw_loop(node.directory.parent, batch)
             before = fsync_count(node.metrics_port)
-            seconds = asyncio.run(pipelined_appends(node.connect_string, cluster.cluster_key, requests, in_flight))
+            latencies: list[float] = []
+            cpu_before = _cpu(process)
+            seconds = asyncio.run(
+                pipelined_appends(node.connect_string, cluster.cluster_key, requests, in_flight, latencies)
+            )
+            cpu = _cpu(process) - cpu_before
             fsyncs = fsync_count(node.metrics_port) - before
             records = batch * count
-            storage = Result(count, records, records * encoded_record_size(RECORD_BYTES), fsyncs, seconds)
+            p50 = sorted(latencies)[len(latencies) // 2] if latencies else float("nan")
+            storage = Result(count, records, records * encoded_record_size(RECORD_BYTES), fsyncs, seconds, cpu, p50)
             rows.append((batch, in_flight, storage, best(raw, raw_loop(node.directory.parent, batch))))
     return rows
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 def report(rows: list[tuple[int, int, Result, Result]]) -> str:
     head = (
         f"{'batch':>5} {'in flight':>9} | {'appends/s':>9} {'records/s':>9} {'MB/s':>6} {'fsyncs/s':>8} | "
-        f"{'raw records/s':>13} {'MB/s':>6} {'fsyncs/s':>8} | {'MB/s ratio':>10} {'appends/s : raw fsyncs/s':>24}"
+        f"{'raw records/s':>13} {'MB/s':>6} {'fsyncs/s':>8} | {'MB/s ratio':>10} {'appends/s : raw fsyncs/s':>24} | "
+        f"{'node CPU us/record':>18} {'us/append':>9} {'p50 ms':>6}"
     )
     lines = [head, "-" * len(head)]
     ratios = {}
@@ -172,7 +202,9 @@ def report(rows: list[tuple[int, int, Result, Result]]) -> str:
             f"{batch:>5} {in_flight:>9} | {node.rate(node.requests):>9,.0f} {node.rate(node.records):>9,.0f} "
             f"{node.rate(node.bytes) / 1e6:>6.2f} {node.rate(node.fsyncs):>8,.0f} | "
             f"{raw.rate(raw.records):>13,.0f} {raw.rate(raw.bytes) / 1e6:>6.2f} {raw.rate(raw.fsyncs):>8,.0f} | "
-            f"{mb_ratio:>10.2f} {sync_ratio:>24.2f}"
+            f"{mb_ratio:>10.2f} {sync_ratio:>24.2f} | "
+            f"{node.cpu_seconds / node.records * 1e6:>18.1f} {node.cpu_seconds / node.requests * 1e6:>9.1f} "
+            f"{node.p50_seconds * 1e3:>6.2f}"
         )
     mb_ratio = ratios[100, PARTITION_QUEUE_SIZE][0]
     sync_ratio = ratios[1, PARTITION_QUEUE_SIZE][1]
@@ -184,7 +216,9 @@ def report(rows: list[tuple[int, int, Result, Result]]) -> str:
         f"MB = 1e6 bytes as written ({encoded_record_size(RECORD_BYTES)} B per {RECORD_BYTES} B record). Node fsyncs/s "
         "counts its data fdatasyncs: appends waiting together in a partition's queue share one (group commit), and "
         "each is acknowledged only after the fdatasync that covers it. The raw loop syncs one batch's bytes per "
-        "fdatasync; it is the faster of a run before and one after the node's.",
+        "fdatasync; it is the faster of a run before and one after the node's. Node CPU is the storage process's "
+        "user + system time during the run (the fdatasync's own time included); p50 ms is one append's round trip, "
+        "measured only when appends are not pipelined.",
     ]
     return "\n".join(lines)
 
