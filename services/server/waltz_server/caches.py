@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Generic, TypeVar
-
-from waltz_common.types import Record
+from typing import Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -73,13 +71,23 @@ class FeedCache(Generic[T]):
         return part  # type: ignore[return-value]
 
 
+class TransactionData(Protocol):
+    """What a Transaction Data answer needs: a Record, or the AppendRequest that became the transaction."""
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def checksum(self) -> int: ...
+
+
 class DataCache:
-    """Recent transaction records, least recently used evicted first, bounded by data bytes."""
+    """Recent transactions' data by id, least recently used evicted first, bounded by data bytes."""
 
     def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max_bytes
         self._max_entry = max_bytes // 4
-        self._records: OrderedDict[int, Record] = OrderedDict()
+        self._records: OrderedDict[int, tuple[TransactionData, int]] = OrderedDict()
         self._bytes = 0
 
     @property
@@ -89,21 +97,22 @@ class DataCache:
     def __len__(self) -> int:
         return len(self._records)
 
-    def put(self, record: Record) -> None:
-        size = len(record.data)
-        if size > self._max_entry or record.transaction_id in self._records:
+    def put(self, transaction_id: int, entry: TransactionData, size: int) -> None:
+        """Cache entry (whose data is size bytes) as transaction_id's."""
+        if size > self._max_entry or transaction_id in self._records:
             return
-        self._records[record.transaction_id] = record
+        self._records[transaction_id] = (entry, size)
         self._bytes += size
         while self._bytes > self._max_bytes:
-            _, evicted = self._records.popitem(last=False)
-            self._bytes -= len(evicted.data)
+            _, (_, evicted) = self._records.popitem(last=False)
+            self._bytes -= evicted
 
-    def get(self, transaction_id: int) -> Record | None:
-        record = self._records.get(transaction_id)
-        if record is not None:
-            self._records.move_to_end(transaction_id)
-        return record
+    def get(self, transaction_id: int) -> TransactionData | None:
+        found = self._records.get(transaction_id)
+        if found is None:
+            return None
+        self._records.move_to_end(transaction_id)
+        return found[0]
 
     def clear(self) -> None:
         self._records.clear()

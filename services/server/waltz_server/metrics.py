@@ -2,9 +2,55 @@
 
 from __future__ import annotations
 
+import threading
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 RESULTS = ("ok", "lock_failure", "rejected", "failed")
+
+
+class BatchHistogram(Collector):
+    """A histogram fed a batch of observations at a time (every append of a committed batch).
+
+    prometheus_client's Histogram.observe takes a lock and two counter updates per observation, which
+    cost more than the rest of an append's commit on the server; here a batch costs one lock. Exposed as
+    an ordinary histogram (cumulative buckets, +Inf, _count, _sum).
+    """
+
+    def __init__(self, name: str, documentation: str, bounds: Iterable[float]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = tuple(sorted(bounds))
+        self._counts = [0] * (len(self._bounds) + 1)  # the last one is above every bound (+Inf)
+        self._sum = 0.0
+        self._lock = threading.Lock()  # the metrics HTTP server collects from its own thread
+
+    def observe_many(self, values: Sequence[float]) -> None:
+        bounds, place = self._bounds, bisect_left
+        found = [place(bounds, v) for v in values]
+        total = sum(values)
+        with self._lock:
+            counts = self._counts
+            for i in found:
+                counts[i] += 1
+            self._sum += total
+
+    def observe(self, value: float) -> None:
+        self.observe_many((value,))
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        buckets: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip((*self._bounds, float("inf")), counts, strict=True):
+            running += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), running))
+        yield HistogramMetricFamily(self._name, self._documentation, buckets=buckets, sum_value=total)
 
 
 class ServerMetrics:
@@ -16,12 +62,12 @@ class ServerMetrics:
         self.append_requests = Counter(
             "waltz_server_append_requests", "Append requests by outcome", ["partition", "result"], registry=r
         )
-        self.commit_latency = Histogram(
+        self.commit_latency = BatchHistogram(
             "waltz_server_commit_latency_seconds",
             "Time from an append's arrival to its commit at quorum",
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
-            registry=r,
+            (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
         )
+        r.register(self.commit_latency)
         self.store_batch_size = Histogram(
             "waltz_server_store_batch_appends",
             "Appends per store batch (one storage request to each replica)",

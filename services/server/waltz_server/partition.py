@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from waltz.v1 import common_pb2, server_pb2
-from waltz_common.types import Record, RecordHeader, ReqId
+from waltz_common.types import RecordHeader
 from waltz_server.append_pipeline import AppendPipeline, ClientPending, QueuedAppend, Resolved
 from waltz_server.caches import DataCache, FeedCache
 from waltz_server.config import PartitionSettings
@@ -19,9 +19,9 @@ from waltz_server.feed_cursor import FeedCursor
 from waltz_server.locks import LockRequest, LockTable
 from waltz_server.metrics import PartitionMetrics
 from waltz_server.mounts import MountRegistry
-from waltz_server.store.api import PendingRecord, StorePartition, StoreUnavailable
+from waltz_server.store.api import StorePartition, StoreUnavailable
 from waltz_server.store_batches import StoreBatches, wait_store_ready
-from waltz_server.validation import append_problem, req_id_of
+from waltz_server.validation import append_problem
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,6 @@ class _Origin:
     stream: StreamPort
     request: server_pb2.AppendRequest
     arrived: float
-    req_id: ReqId | None = None
 
 
 def rejected(request_req_id: common_pb2.ReqId, reason: Reason.ValueType, message: str) -> server_pb2.ServerMessage:
@@ -59,12 +58,8 @@ def mount_response(
     )
 
 
-def _pending_records(batch: list[QueuedAppend[_Origin]]) -> list[PendingRecord]:
-    records = []
-    for item in batch:
-        r = item.origin.request
-        records.append(PendingRecord(item.origin.req_id or req_id_of(r.req_id), r.header, r.data, r.checksum))
-    return records
+def _pending_records(batch: list[QueuedAppend[_Origin]]) -> list[server_pb2.AppendRequest]:
+    return [item.origin.request for item in batch]  # an AppendRequest is a PendingRecord as it is
 
 
 class Partition:
@@ -246,6 +241,7 @@ class Partition:
 
     def _submit_one(self, stream: StreamPort, request: server_pb2.AppendRequest, arrived: float) -> None:
         req_id = request.req_id
+        client_id = req_id.client_id
         origin = _Origin(stream, request, arrived)
         if self._closed or self._pipeline is None:
             self._reject(origin, Reason.PARTITION_NOT_READY, f"partition {self.partition_id} is not ready here")
@@ -253,9 +249,9 @@ class Partition:
         if req_id.generation != self.generation:
             self._reject(origin, Reason.WRONG_GENERATION, self._generation_message(req_id.generation))
             return
-        if not self._mounts.is_current(req_id.client_id, stream.stream_id):
-            if not self._mounts.is_known(req_id.client_id):
-                message = f"partition {self.partition_id} is not mounted by client {req_id.client_id}: mount it first"
+        if not self._mounts.is_current(client_id, stream.stream_id):
+            if not self._mounts.is_known(client_id):
+                message = f"partition {self.partition_id} is not mounted by client {client_id}: mount it first"
                 self._reject(origin, Reason.NOT_MOUNTED, message)
             return  # a stale network client: a newer stream of the same client mounted the partition
         problem = append_problem(request, self.settings.max_transaction_bytes)
@@ -265,10 +261,9 @@ class Partition:
         locks = _NO_LOCKS
         if request.write_locks or request.read_locks or request.append_locks:
             locks = LockRequest(tuple(request.write_locks), tuple(request.read_locks), tuple(request.append_locks))
-        origin.req_id = req_id_of(req_id)
         # append_problem checked that data_length is the data's size (reading the data would copy it)
-        item = QueuedAppend(req_id.client_id, request.client_high_water_mark, locks, request.data_length, origin)
-        self._pending.offered(req_id.client_id)
+        item = QueuedAppend(client_id, request.client_high_water_mark, locks, request.data_length, origin)
+        self._pending.offered(client_id)
         self._pipeline.offer(item)
 
     def flush(self, stream: StreamPort, request: server_pb2.FlushRequest) -> None:
@@ -405,11 +400,9 @@ class Partition:
             feed_data = server_pb2.FeedData
             put = self.data_cache.put
             for item, transaction_id in committed:
-                origin = item.origin
-                r = origin.request
-                header = r.header
-                add_entry(feed_data(req_id=r.req_id, transaction_id=transaction_id, header=header))
-                put(Record(transaction_id, origin.req_id or req_id_of(r.req_id), header, r.data, r.checksum))
+                r = item.origin.request
+                add_entry(feed_data(req_id=r.req_id, transaction_id=transaction_id, header=r.header))
+                put(transaction_id, r, item.size)  # an AppendRequest has the data and checksum a read needs
             self._feed_cache.append(committed[0][1], entries)
             self._high_water_mark = max(self._high_water_mark, committed[-1][1])
             self._wake_feeds()
@@ -417,9 +410,7 @@ class Partition:
             m = self.metrics
             m.appends["ok"].inc(len(committed))
             m.appends["failed"].inc(len(resolved.failed))
-            observe = m.commit_latency.observe
-            for item, _ in committed:
-                observe(now - item.origin.arrived)
+            m.commit_latency.observe_many([now - item.origin.arrived for item, _ in committed])
         per_client: dict[int, int] = {}  # a client's appends resolve in order: count them, resolve once
         for item, _ in committed:
             per_client[item.client_id] = per_client.get(item.client_id, 0) + 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from prometheus_client import Histogram
@@ -45,7 +45,7 @@ class StoreBatches(Generic[T]):
         partition_id: int,
         store: StorePartition,
         pipeline: AppendPipeline[T],
-        records_of: Callable[[list[QueuedAppend[T]]], list[PendingRecord]],
+        records_of: Callable[[list[QueuedAppend[T]]], Sequence[PendingRecord]],
         apply: Callable[[Resolved[T]], None],
         answer_lock_failures: Callable[[list[tuple[QueuedAppend[T], int]]], None],
         work: asyncio.Event,
@@ -64,7 +64,7 @@ class StoreBatches(Generic[T]):
 
     async def run(self) -> None:
         pipeline, commits = self._pipeline, self._commits
-        unsent: list[PendingRecord] | None = None  # the next batch, taken from the pipeline, not yet sent
+        unsent: Sequence[PendingRecord] | None = None  # the next batch, taken from the pipeline, not yet sent
         while True:
             self._resolve_commits()
             if commits and commits[0].done():  # it failed: the store session ended

@@ -37,7 +37,7 @@ async def transaction_data(
         if record is None:
             answer.error_message = f"transaction {txn} of partition {partition.partition_id} could not be read"
             return answer
-        partition.data_cache.put(record)
+        partition.data_cache.put(txn, record, len(record.data))
     answer.success = True
     answer.data_length = len(record.data)
     answer.data = record.data

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from waltz.v1 import common_pb2
 from waltz_common.types import Record, RecordHeader
 from waltz_server.store.api import AppendFailed, PendingRecord, StoreStatus, StoreUnavailable
+from waltz_server.validation import req_id_of
 from waltz_storage.protocol import record_to_proto
 
 
@@ -72,7 +74,7 @@ class FakeStore:
         if self._closed:
             raise StoreUnavailable("closed")
 
-    async def begin_append(self, records: list[PendingRecord]) -> asyncio.Future[int]:
+    async def begin_append(self, records: Sequence[PendingRecord]) -> asyncio.Future[int]:
         if self._closed or not self._ready.is_set():
             raise StoreUnavailable("no session")
         if self.unavailable_once:
@@ -93,7 +95,7 @@ class FakeStore:
         previous: asyncio.Future[None] | None,
         session_id: int,
         first: int,
-        records: list[PendingRecord],
+        records: Sequence[PendingRecord],
         committed: asyncio.Future[int],
     ) -> None:
         """Batches commit in the order they were begun, each once the gate is open."""
@@ -108,7 +110,7 @@ class FakeStore:
             failure = self.failures.pop(0) if self.failures else None
             kept = records if failure is None else records[: failure.commit]
             for offset, r in enumerate(kept):
-                self.records.append(Record(first + offset, r.req_id, r.header, r.data, r.checksum))
+                self.records.append(Record(first + offset, req_id_of(r.req_id), r.header, r.data, r.checksum))
             if failure is None:
                 committed.set_result(first)
                 return
@@ -123,7 +125,7 @@ class FakeStore:
         finally:
             self._in_flight -= 1
 
-    async def append(self, records: list[PendingRecord]) -> int:
+    async def append(self, records: Sequence[PendingRecord]) -> int:
         return await (await self.begin_append(records))
 
     async def get_record(self, transaction_id: int) -> Record | None:

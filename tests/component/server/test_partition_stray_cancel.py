@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 
@@ -23,7 +24,7 @@ class CancellingStore(FakeStore):
         self.cancel_next = False
         self.cancel_commit_next = False
 
-    async def begin_append(self, records: list[PendingRecord]) -> asyncio.Future[int]:
+    async def begin_append(self, records: Sequence[PendingRecord]) -> asyncio.Future[int]:
         if self.cancel_next or self.cancel_commit_next:
             future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             future.cancel()

@@ -18,11 +18,12 @@ from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.types import Record, ReqId, crc32
 from waltz_common.zk import UNRESOLVED, ZkPaths
-from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
+from waltz_server.store.api import AppendFailed, NewRecord, PendingRecord, StoreUnavailable
 from waltz_server.store.connection import StorageConnections
 from waltz_server.store.settings import StoreSettings
 from waltz_server.store.store_partition import ReplicatedStorePartition
 from waltz_server.store.wire import record_from_proto
+from waltz_server.validation import req_id_message
 from waltz_storage import server
 from waltz_storage.dispatch import Limits
 from waltz_storage.node import StorageNode
@@ -145,7 +146,7 @@ def run(scenario: Callable[[Cluster], Awaitable[None]], zk: KazooClient, root: s
 
 def pending(tag: str, count: int) -> list[PendingRecord]:
     data = [f"{tag}-{i}".encode() for i in range(count)]
-    return [PendingRecord(ReqId(7, 1, 0, i), i, d, crc32(d)) for i, d in enumerate(data)]
+    return [NewRecord(req_id_message(ReqId(7, 1, 0, i)), i, d, crc32(d)) for i, d in enumerate(data)]
 
 
 async def eventually(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> None:

@@ -52,15 +52,19 @@ def record(txn: int, size: int) -> Record:
     return Record(txn, ReqId(1, 1, 0, txn), 0, b"x" * size, 0)
 
 
+def put(cache: DataCache, r: Record) -> None:
+    cache.put(r.transaction_id, r, len(r.data))
+
+
 def test_data_cache_evicts_least_recently_used_by_bytes():
     cache = DataCache(100)
     for txn in range(4):
-        cache.put(record(txn, 25))
+        put(cache, record(txn, 25))
     assert cache.size_bytes == 100
     assert cache.get(0) is not None  # 0 is now the most recent
-    cache.put(record(4, 25))
+    put(cache, record(4, 25))
     assert cache.get(1) is None and cache.get(0) is not None and cache.size_bytes == 100
-    cache.put(record(5, 26))  # larger than a quarter of the budget: not cached
+    put(cache, record(5, 26))  # larger than a quarter of the budget: not cached
     assert cache.get(5) is None
     cache.clear()
     assert len(cache) == 0 and cache.size_bytes == 0

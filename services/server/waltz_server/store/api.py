@@ -8,14 +8,31 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from waltz.v1 import common_pb2
-from waltz_common.types import Record, RecordHeader, ReqId
+from waltz_common.types import Record, RecordHeader
+
+
+class PendingRecord(Protocol):
+    """A transaction to append: everything of a Record except the id the store assigns. The client's
+    AppendRequest is one as it is (no per-append copy on the server's hot path)."""
+
+    @property
+    def req_id(self) -> common_pb2.ReqId: ...
+
+    @property
+    def header(self) -> int: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def checksum(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
-class PendingRecord:
-    """A transaction to append: everything of a Record except the id the store assigns."""
+class NewRecord:
+    """A PendingRecord made by hand (tools and tests)."""
 
-    req_id: ReqId
+    req_id: common_pb2.ReqId
     header: int
     data: bytes
     checksum: int
@@ -79,7 +96,7 @@ class StorePartition(Protocol):
         """Return once a recovered session accepts appends; StoreUnavailable on timeout or close."""
         ...
 
-    async def begin_append(self, records: list[PendingRecord]) -> asyncio.Future[int]:
+    async def begin_append(self, records: Sequence[PendingRecord]) -> asyncio.Future[int]:
         """Send a batch behind the batches begun before it; the future gives its first transaction id (ids
         are dense, following the earlier batches') once a majority of the replicas fsynced it.
 
@@ -90,7 +107,7 @@ class StorePartition(Protocol):
         """
         ...
 
-    async def append(self, records: list[PendingRecord]) -> int:
+    async def append(self, records: Sequence[PendingRecord]) -> int:
         """Append a batch at quorum and wait for it; returns the first assigned transaction id (ids are dense).
 
         Raises AppendFailed when the session broke during the append, StoreUnavailable when no

@@ -265,7 +265,7 @@ class ReplicatedStorePartition:
             raise StoreUnavailable(f"partition {self.partition_id}: {self._describe()}")
         return session
 
-    async def begin_append(self, records: list[PendingRecord]) -> asyncio.Future[int]:
+    async def begin_append(self, records: Sequence[PendingRecord]) -> asyncio.Future[int]:
         """See StorePartition.begin_append."""
         session = self._session
         if session is None or not session.appendable:
@@ -277,7 +277,7 @@ class ReplicatedStorePartition:
     def _note_commit(self, session: StoreSession) -> None:
         self._high_water_mark = max(self._high_water_mark, session.high_water_mark)
 
-    async def append(self, records: list[PendingRecord]) -> int:
+    async def append(self, records: Sequence[PendingRecord]) -> int:
         """See StorePartition.append. During a planned session change (checkpoint, reassignment, new
         generation) it first waits up to storage.requestTimeoutSeconds for the next session."""
         session = self._session

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -356,7 +356,7 @@ class StoreSession:
         if self._checkpointing:
             raise StoreUnavailable(f"store session {self.session_id} is closing at a checkpoint")
 
-    async def begin_append(self, records: list[PendingRecord]) -> asyncio.Future[int]:
+    async def begin_append(self, records: Sequence[PendingRecord]) -> asyncio.Future[int]:
         """Send a batch to the write set behind the batches already sent; see StorePartition.begin_append.
 
         Waits while a member has MAX_OUTSTANDING_BATCHES unacknowledged (a slow replica holds appends back).
@@ -372,7 +372,7 @@ class StoreSession:
                 len(records), lambda first: append_pending_request(self.session_id, self.partition_id, first, records)
             )
 
-    async def append(self, records: list[PendingRecord]) -> int:
+    async def append(self, records: Sequence[PendingRecord]) -> int:
         """begin_append, then wait for the commit; returns the first id. See StorePartition.append.
 
         Cancelling the wait leaves the batch in flight: it commits (or fails with the session) all the same.

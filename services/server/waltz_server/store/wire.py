@@ -32,12 +32,9 @@ def append_pending_request(
     append.record_list_length = len(records)
     add = append.records.add
     for i, r in enumerate(records):
-        q = r.req_id
         add(
             transaction_id=first + i,
-            req_id=common_pb2.ReqId(
-                client_id=q.client_id, generation=q.generation, partition_id=q.partition_id, seq_num=q.seq_num
-            ),
+            req_id=r.req_id,
             header=r.header,
             data_length=len(r.data),
             data=r.data,

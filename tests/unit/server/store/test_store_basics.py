@@ -9,11 +9,12 @@ import pytest
 from waltz.v1 import metadata_pb2
 from waltz_common.config import Config
 from waltz_common.types import Record, ReqId, crc32
-from waltz_server.store.api import PendingRecord
+from waltz_server.store.api import NewRecord
 from waltz_server.store.events import Signal
 from waltz_server.store.metadata import groups_of, replicas_of
 from waltz_server.store.settings import STORE_KEYS, Backoff, StoreSettings
 from waltz_server.store.wire import append_pending_request, record_from_proto, request_body
+from waltz_server.validation import req_id_message
 
 
 def test_store_keys_defaults_are_the_settings_defaults() -> None:
@@ -79,7 +80,7 @@ def test_replicas_and_groups_come_from_the_zookeeper_payloads() -> None:
 
 
 def test_records_round_trip_through_the_append_request() -> None:
-    pending = PendingRecord(ReqId(1, 2, 3, 4), 5, b"data", crc32(b"data"))
+    pending = NewRecord(req_id_message(ReqId(1, 2, 3, 4)), 5, b"data", crc32(b"data"))
     request = append_pending_request(7, 3, 10, [pending])
     body = request_body(request)
     assert (body.session_id, body.partition_id, body.record_list_length) == (7, 3, 1)

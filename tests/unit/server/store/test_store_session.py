@@ -11,12 +11,13 @@ import pytest
 
 from waltz_common.types import ReqId, crc32
 from waltz_server.recovery import UNRESOLVED, ReplicaState
-from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
+from waltz_server.store.api import AppendFailed, NewRecord, PendingRecord, StoreUnavailable
 from waltz_server.store.metadata import SessionStart
 from waltz_server.store.session_end import SessionEnded, SessionFailed, SessionFenced, SessionRestart
 from waltz_server.store.settings import StoreSettings
 from waltz_server.store.store_session import StoreSession
 from waltz_server.store.write_set import MAX_OUTSTANDING_BATCHES
+from waltz_server.validation import req_id_message
 
 from .fakes import FakeConnections, FakeReplica
 
@@ -34,7 +35,8 @@ def run(test: Callable[[], Awaitable[None]]) -> None:
 
 def pending(count: int, tag: str = "p") -> list[PendingRecord]:
     return [
-        PendingRecord(ReqId(2, 1, 0, i), 0, f"{tag}{i}".encode(), crc32(f"{tag}{i}".encode())) for i in range(count)
+        NewRecord(req_id_message(ReqId(2, 1, 0, i)), 0, f"{tag}{i}".encode(), crc32(f"{tag}{i}".encode()))
+        for i in range(count)
     ]
 
 
