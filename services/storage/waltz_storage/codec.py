@@ -37,10 +37,10 @@ _CONTROL_HEADER = struct.Struct(">iq16si")
 _SEGMENT_HEADER = struct.Struct(">iq16siq")
 _INT32 = struct.Struct(">i")
 _INFO_BODY = struct.Struct(">qqq")
-_RECORD_PREFIX = struct.Struct(">q4iiii")
-_UINT32 = struct.Struct(">I")
+RECORD_PREFIX = struct.Struct(">q4iiii")
+UINT32 = struct.Struct(">I")
 
-assert _RECORD_PREFIX.size == RECORD_PREFIX_SIZE
+assert RECORD_PREFIX.size == RECORD_PREFIX_SIZE
 assert 4 + 2 * PARTITION_INFO_STRUCT_SIZE == PARTITION_INFO_SIZE
 
 
@@ -229,7 +229,10 @@ def index_entry_offset(first_transaction_id: int, transaction_id: int) -> int:
     return FILE_HEADER_SIZE + INDEX_ENTRY_SIZE * (transaction_id - first_transaction_id)
 
 
-def encode_index_entries(offsets: list[int]) -> bytes:
+def encode_index_entries(offsets: Sequence[int], base: int = 0) -> bytes:
+    """The index entries of records at these offsets, each plus base."""
+    if base:
+        return struct.pack(f">{len(offsets)}q", *[base + offset for offset in offsets])
     return struct.pack(f">{len(offsets)}q", *offsets)
 
 
@@ -265,7 +268,7 @@ def encoded_record_size(data_length: int) -> int:
 def encode_record(record: Record) -> bytes:
     """txn id, ReqId (4 x int32), header, data length, data CRC, data, CRC32 of everything before it."""
     r = record.req_id
-    prefix = _RECORD_PREFIX.pack(
+    prefix = RECORD_PREFIX.pack(
         record.transaction_id,
         r.client_id,
         r.generation,
@@ -286,7 +289,7 @@ def decode_record_prefix(buf: bytes, offset: int = 0, origin: int = 0) -> Record
         raise TornRecordError(
             f"record at offset {origin + offset}: only {available} of its {RECORD_PREFIX_SIZE} header bytes"
         )
-    txn, client_id, generation, partition_id, seq_num, header, length, checksum = _RECORD_PREFIX.unpack_from(
+    txn, client_id, generation, partition_id, seq_num, header, length, checksum = RECORD_PREFIX.unpack_from(
         buf, offset
     )
     if length < 0:
@@ -339,8 +342,8 @@ def decode_records(buf: bytes, offsets: Sequence[int], first_transaction_id: int
             f"records at offset {base}: {len(buf)} bytes present of the {offsets[-1] - base} the index spans"
         )
     view = memoryview(buf)
-    unpack_prefix = _RECORD_PREFIX.unpack_from
-    unpack_crc = _UINT32.unpack_from
+    unpack_prefix = RECORD_PREFIX.unpack_from
+    unpack_crc = UINT32.unpack_from
     crc = zlib.crc32
     out: list[RecordFields] = []
     append = out.append
@@ -376,7 +379,7 @@ def decode_headers(
     """The headers of consecutive records: record i's 36-byte prefix is at prefixes[positions[i]:] and the
     record lies between file offsets offsets[i] and offsets[i + 1] (the index). Each transaction id must
     follow its predecessor's and each data length must fill its slot (the data is not read: no checksum)."""
-    unpack_prefix = _RECORD_PREFIX.unpack_from
+    unpack_prefix = RECORD_PREFIX.unpack_from
     limit = len(prefixes) - RECORD_PREFIX_SIZE
     out: list[HeaderFields] = []
     append = out.append

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz.v1 import storage_pb2
-from waltz_common.types import Record
 from waltz_storage import protocol
-from waltz_storage.codec import RECORD_OVERHEAD, RecordFields
+from waltz_storage.batch import encode_appends
+from waltz_storage.codec import RecordFields
 from waltz_storage.errors import InvalidRequest
 from waltz_storage.metrics import StorageMetrics
 from waltz_storage.partition import StoragePartition
@@ -81,8 +81,7 @@ class RequestExecutor:
         try:
             partition = self.manager.partition(first.partition_id)
             admit(partition, "append", first.session_id, first.offline)
-            records = [r for m in msgs for r in protocol.records_from_append(m)]
-            self._write(partition, records, len(msgs))
+            self._write(partition, msgs)
         except Exception:
             return [self.execute("append", m) for m in msgs]
         self._observe(partition)
@@ -112,14 +111,18 @@ class RequestExecutor:
             partition.fence.highest_session_id,
         )
 
-    def _write(self, partition: StoragePartition, records: list[Record], requests: int) -> None:
+    def _write(self, partition: StoragePartition, msgs: Sequence[storage_pb2.StorageAppendRequest]) -> None:
+        """Append the requests' records as one batch with one fdatasync; raise what is wrong with them."""
+        batch = encode_appends(msgs, partition.max_transaction_id + 1, partition.settings.max_record_size)
+        if batch is None:  # something is wrong: the checked path names it (and encodes, should it find nothing)
+            batch = partition.encode_checked([r for m in msgs for r in protocol.records_from_append(m)])
         started = time.perf_counter()
-        partition.append(records)
-        if records:
+        partition.append_batch(batch)
+        if batch.record_count:
             self.metrics.fsync_duration.observe(time.perf_counter() - started)
-        self.metrics.append_requests.inc(requests)
-        self.metrics.appended_records.inc(len(records))
-        self.metrics.appended_bytes.inc(sum([len(r.data) for r in records]) + RECORD_OVERHEAD * len(records))
+        self.metrics.append_requests.inc(len(msgs))
+        self.metrics.appended_records.inc(batch.record_count)
+        self.metrics.appended_bytes.inc(len(batch.data))
 
     def _list_length(self, msg: Any) -> int:
         protocol.check_list_request(msg.transaction_id, msg.max_records)
@@ -167,8 +170,7 @@ class RequestExecutor:
         return protocol.success(m.session_id, m.seq_num, m.partition_id)
 
     def _append(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
-        records = protocol.records_from_append(m)
-        self._write(p, records, 1)
+        self._write(p, (m,))
         return protocol.success(m.session_id, m.seq_num, m.partition_id)
 
     def _record_header(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 
-def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
     """Write all of data at offset, looping over short writes."""
     view = memoryview(data)
     while view:

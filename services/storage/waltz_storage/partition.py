@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 from waltz_common.types import Record, RecordHeader
+from waltz_storage.batch import EncodedBatch, encode_records
 from waltz_storage.codec import (
     FRESH_PARTITION_INFO,
     HeaderFields,
     PartitionInfoStruct,
     RecordFields,
     check_record,
-    encoded_record_size,
 )
 from waltz_storage.control_file import ControlFile
 from waltz_storage.errors import (
@@ -226,9 +226,12 @@ class StoragePartition:
 
     def append(self, records: Sequence[Record]) -> int:
         """Durably append a batch continuing at max+1; the whole batch is rejected on any bad record."""
+        return self.append_batch(self.encode_checked(records))
+
+    def encode_checked(self, records: Sequence[Record]) -> EncodedBatch:
+        """The records as a batch continuing at max+1; InvalidRequest naming the first bad record."""
         self._check_open()
         expected = self.max_transaction_id + 1
-        total = 0
         for i, record in enumerate(records):
             if record.transaction_id != expected + i:
                 raise NonConsecutiveTransactionId(
@@ -239,15 +242,19 @@ class StoragePartition:
                 check_record(record, self.settings.max_record_size)
             except InvalidRequest as e:
                 raise type(e)(f"partition {self.partition_id}: {e}; nothing was written") from None
-            total += encoded_record_size(len(record.data))
-        if total > self.settings.max_batch_bytes:
+        return encode_records(expected, records)
+
+    def append_batch(self, batch: EncodedBatch) -> int:
+        """Durably append records already checked and encoded (batch.encode_appends) continuing at max+1."""
+        self._check_open()
+        if len(batch.data) > self.settings.max_batch_bytes:
             raise BatchTooLarge(
-                f"partition {self.partition_id}: batch of {total} bytes exceeds the maximum "
+                f"partition {self.partition_id}: batch of {len(batch.data)} bytes exceeds the maximum "
                 f"{self.settings.max_batch_bytes}; nothing was written"
             )
-        if records and self._segments[-1].data_size > self.settings.segment_size_threshold:
+        if batch.record_count and self._segments[-1].data_size > self.settings.segment_size_threshold:
             self._roll()
-        self._segments[-1].append(records)
+        self._segments[-1].append_batch(batch)
         return self.max_transaction_id
 
     def _roll(self) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from waltz_common.types import Record, RecordHeader, ReqId
+from waltz_storage.batch import EncodedBatch, encode_records
 from waltz_storage.codec import (
     FILE_HEADER_SIZE,
     FORMAT_VERSION,
@@ -25,7 +26,6 @@ from waltz_storage.codec import (
     decode_record_prefix,
     decode_records,
     encode_index_entries,
-    encode_record,
     index_entry_offset,
 )
 from waltz_storage.errors import (
@@ -221,26 +221,31 @@ class Segment:
     # ------------------------------------------------------------------ write
 
     def append(self, records: Sequence[Record]) -> None:
-        """Durably append consecutive records: one data write and one fdatasync per batch."""
-        if not records:
-            return
+        """Durably append consecutive (checked) records: one data write and one fdatasync per batch."""
         start = self._max + 1
         for i, record in enumerate(records):
             if record.transaction_id != start + i:
                 raise NonConsecutiveTransactionId(
                     f"{self.data_path}: expected transaction {start + i}, got {record.transaction_id}"
                 )
+        self.append_batch(encode_records(start, records))
+
+    def append_batch(self, batch: EncodedBatch) -> None:
+        """Durably append an encoded batch continuing at max+1: one data write and one fdatasync."""
+        if not batch.record_count:
+            return
+        start = self._max + 1
+        if batch.first_transaction_id != start:
+            raise NonConsecutiveTransactionId(
+                f"{self.data_path}: expected transaction {start}, got {batch.first_transaction_id}"
+            )
         data_fd, index_fd = self._fds()
-        encoded = [encode_record(r) for r in records]
-        offsets: list[int] = []
-        offset = self._data_size
-        for blob in encoded:
-            offsets.append(offset)
-            offset += len(blob)
-        last = start + len(records) - 1
+        base = self._data_size
+        last = start + batch.record_count - 1
+        entries = encode_index_entries(batch.offsets, base)
         try:
-            pwrite_all(data_fd, b"".join(encoded), self._data_size)
-            pwrite_all(index_fd, encode_index_entries(offsets), index_entry_offset(self.first_transaction_id, start))
+            pwrite_all(data_fd, batch.data, base)
+            pwrite_all(index_fd, entries, index_entry_offset(self.first_transaction_id, start))
             os.fdatasync(data_fd)
             # The index is synced after the data, so a durable checkpoint entry never points at lost data.
             if last // CHECKPOINT_INTERVAL * CHECKPOINT_INTERVAL >= start:
@@ -249,7 +254,7 @@ class Segment:
             self._undo(start)
             raise StorageError(f"{self.data_path}: append of {start}..{last} failed: {e}") from e
         self._max = last
-        self._data_size = offset
+        self._data_size = base + len(batch.data)
 
     def _undo(self, start: int) -> None:
         """Best effort: cut both files back to before a failed append."""

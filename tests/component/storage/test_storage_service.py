@@ -186,6 +186,9 @@ def test_bad_appends_are_refused_and_write_nothing(node):
             bad_checksum.checksum ^= 1
             short = record(2)
             short.data_length = 3
+            bad_first, short_second = record(2), record(3)
+            bad_first.checksum ^= 1
+            short_second.data_length = 3
             cases = [
                 ([record(2, size=1001)], {}, "exceed the maximum 1000"),
                 (records(2, 30, size=900), {}, "exceeds the maximum 20000"),
@@ -195,6 +198,8 @@ def test_bad_appends_are_refused_and_write_nothing(node):
                 (records(2, 2), {"record_list_length": 3}, "record_list_length is 3"),
                 (records(2, 2), {"record_list_length": -1}, "record_list_length is -1"),
                 ([short], {}, "data_length 3"),
+                # Several faults: the answer names the one it named before appends were encoded in one pass.
+                ([bad_first, short_second], {}, "record 3: data_length 3"),
             ]
             for recs, fields, match in cases:
                 answer = await c.append(0, recs, **fields)
@@ -206,7 +211,7 @@ def test_bad_appends_are_refused_and_write_nothing(node):
 
     node.call(scenario())
     failures = node.node.metrics.registry.get_sample_value
-    assert failures("waltz_storage_request_failures_total", {"code": "INVALID_REQUEST"}) == 8
+    assert failures("waltz_storage_request_failures_total", {"code": "INVALID_REQUEST"}) == 9
 
 
 def test_malformed_requests_get_failures_and_the_stream_lives_on(node):
