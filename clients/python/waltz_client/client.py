@@ -11,19 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from waltz.v1 import server_pb2
-from waltz_client.api import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from waltz_client.api import Transaction, TransactionContext, WaltzClientCallbacks
 from waltz_client.config import ClientConfig
 from waltz_client.connection import ConnectionManager, ServerConnection
 from waltz_client.driver import Driver, Ownership, Topology
 from waltz_client.errors import (
-    RetriesExhaustedError,
     TransactionDataError,
     WaltzClosedError,
     WaltzError,
     WaltzTimeoutError,
 )
-from waltz_client.monitor import OutcomeKind
 from waltz_client.partition import ClientPartition, PartitionEnv, Stats
+from waltz_client.submission import Submitter
 from waltz_client.tasks import CallbackThread, TaskSet
 from waltz_client.wire import req_id_from_proto, req_id_to_proto
 from waltz_common.config import Config
@@ -90,6 +89,7 @@ class AsyncWaltzClient:
             connections=self._connections, ownership=self._topology.get, topology_changed=lambda: self._topology_event,
             make_transaction=self._make_transaction, stats=self.stats,
         )
+        self._submitter = Submitter(self._callback_thread, self._submissions, self.stats, self.config.max_retries)
         if self.config.auto_mount:
             self.mount_partitions(range(self.num_partitions))
         self._tasks.spawn(self._nudge_loop(), "waltz-flush-nudge")
@@ -131,58 +131,8 @@ class AsyncWaltzClient:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._active.add(future)
         future.add_done_callback(self._active.discard)
-        self._submissions.spawn(self._run_submission(context, partition, future), f"waltz-submit-{pid}")
+        self._submitter.start(context, partition, future)
         return future
-
-    async def _run_submission(self, context: TransactionContext, partition: ClientPartition,
-                              future: asyncio.Future[bool]) -> None:
-        attempts = 0
-        slot_held = True
-        try:
-            while True:
-                if not slot_held:
-                    await partition.acquire_slot()
-                    slot_held = True
-                try:
-                    builder = TransactionBuilder(partition.partition_id, partition.client_high_water_mark)
-                    if not await self._callback_thread.call(context.execute, builder):
-                        slot_held = False
-                        partition.release_slot()
-                        self.stats.declined += 1
-                        await self._hook(context.on_completion, False)
-                        future.set_result(False)
-                        return
-                    pending = await partition.append(builder, context)
-                    slot_held = False
-                finally:
-                    if slot_held:
-                        slot_held = False
-                        partition.release_slot()
-                outcome = await pending.outcome
-                if outcome.kind is OutcomeKind.COMMITTED:
-                    future.set_result(True)
-                    return
-                if partition.error is not None:
-                    raise partition.error
-                if pending.error is not None:
-                    raise pending.error
-                attempts += 1
-                if 0 <= self.config.max_retries < attempts:
-                    raise RetriesExhaustedError(
-                        f"partition {partition.partition_id}: gave up after {attempts} failed attempts "
-                        f"(client.maxRetries={self.config.max_retries}); last: {outcome.reason}")
-                self.stats.retries += 1
-        except Exception as exc:
-            self.stats.errors += 1
-            await self._hook(context.on_exception, exc)
-            if not future.done():
-                future.set_exception(exc)
-
-    async def _hook(self, hook: Any, *args: Any) -> None:
-        try:
-            await self._callback_thread.call(hook, *args)
-        except Exception:
-            log.exception("context hook %s raised", getattr(hook, "__name__", hook))
 
     def has_pending_transactions(self) -> bool:
         return bool(self._active)
@@ -254,7 +204,11 @@ class AsyncWaltzClient:
         error = WaltzClosedError("the client was closed")
         for partition in self._partitions.values():
             partition.shutdown(error)
-        await self._submissions.wait(self.config.request_timeout_s)  # they call on_exception
+        # every submission now ends by itself (on_exception first), in a task or from a callback
+        deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
+        if self._active:
+            await asyncio.wait(list(self._active), timeout=self.config.request_timeout_s)
+        await self._submissions.wait(max(0.0, deadline - asyncio.get_running_loop().time()))
         await self._submissions.cancel_all()
         await self._tasks.cancel_all()
         if hasattr(self, "_connections"):

@@ -38,14 +38,15 @@ _REMOUNT_REJECTIONS = {
 }
 
 
-@dataclass(eq=False)
+@dataclass(slots=True, eq=False)
 class PendingAppend:
-    """One sent append, as the monitor's token: its context, data and final outcome."""
+    """One sent append, as the monitor's token: its context, data, and who hears its final outcome."""
 
     context: TransactionContext
     data: bytes
-    outcome: asyncio.Future[Outcome]
+    on_outcome: Callable[[PendingAppend, Outcome], None]  # called once, on the event loop
     error: BaseException | None = None  # set when the failure must not be retried
+    ended: bool = False
 
 
 @dataclass
@@ -122,29 +123,33 @@ class ClientPartition:
 
     async def acquire_slot(self) -> None:
         """Wait until mounted (mountTimeout) and a pending slot is free (requestTimeout); take it."""
-        await self._wait(lambda: self.monitor.pending_count() + self._reserved < self.monitor.max_concurrent,
-                         "a free pending-append slot")
+        if not self.can_append() or self.monitor.pending_count() + self._reserved >= self.monitor.max_concurrent:
+            await self._wait(lambda: self.monitor.pending_count() + self._reserved < self.monitor.max_concurrent,
+                             "a free pending-append slot")
         self._reserved += 1
 
     def release_slot(self) -> None:
         self._reserved -= 1
         self._notify()
 
+    def can_append(self) -> bool:
+        """Mounted and not failed: a held slot can become an append at once (append_now)."""
+        return self.error is None and self.mounted
+
     async def wait_mounted(self) -> None:
         """Wait until appends are allowed (WaltzTimeoutError after client.mountTimeout)."""
         await self._wait(lambda: True, "")
 
-    async def append(self, builder: TransactionBuilder, context: TransactionContext) -> PendingAppend:
-        """Turn a held slot into a registered, queued append (waits for the mount if needed)."""
-        await self.wait_mounted()
-        assert self.conn is not None
-        loop = asyncio.get_running_loop()
+    def append_now(self, builder: TransactionBuilder, context: TransactionContext,
+                   on_outcome: Callable[[PendingAppend, Outcome], None]) -> None:
+        """Turn a held slot into a registered, queued append; only when can_append()."""
+        conn = self.conn
+        assert conn is not None
         req_id = self.state.next_req_id()
-        pending = PendingAppend(context, builder.data, loop.create_future())
         self._reserved -= 1
-        self.monitor.register(req_id, pending, loop.time())
-        self.conn.enqueue(append_request(req_id, builder))
-        return pending
+        self.monitor.register(req_id, PendingAppend(context, builder.data, on_outcome),
+                              asyncio.get_running_loop().time())
+        conn.enqueue(append_request(req_id, builder))
 
     async def _wait(self, ready: Callable[[], bool], what: str) -> None:
         loop = asyncio.get_running_loop()
@@ -432,8 +437,12 @@ class ClientPartition:
         for token, outcome in outcomes:
             if outcome.kind is OutcomeKind.FAILED:
                 self.env.stats.failed_appends += 1
-            if not token.outcome.done():
-                token.outcome.set_result(outcome)
+            if not token.ended:
+                token.ended = True
+                try:
+                    token.on_outcome(token, outcome)
+                except Exception:
+                    log.exception("partition %d: handling an append's outcome failed", self.partition_id)
         if outcomes:
             self._notify()
 

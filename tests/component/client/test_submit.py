@@ -1,6 +1,7 @@
 """The client shell on the mock driver: commits, hook order, declines, errors, batching, feeds."""
 
 import asyncio
+import threading
 
 import pytest
 
@@ -184,5 +185,45 @@ def test_an_apply_failing_inside_a_feed_batch_is_retried_alone_and_hooks_run_onc
         assert [e[:2] for e in callbacks.exceptions] == [(0, 2)]
         for ctx in contexts:
             assert ctx.hooks == [("completion", True), ("application",)]
+
+    run(main())
+
+
+def test_a_future_the_application_cancels_leaves_its_transaction_and_the_client_unharmed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        server = MockServer(1)
+        callbacks = MemoryCallbacks()
+        async with client(server, callbacks) as c:
+            abandoned = await c.submit(Ctx(b"abandoned"))
+            abandoned.cancel()
+            assert await (await c.submit(Ctx(b"kept"))) is True
+            await eventually(lambda: len(callbacks.applied.get(0, [])) == 2)
+            assert not c.has_pending_transactions()
+        assert sorted(payloads(server)) == [b"abandoned", b"kept"]
+
+    run(main())
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_an_execute_ending_while_the_partition_is_unmounted_waits_for_the_mount() -> None:
+    async def main() -> None:
+        server = MockServer(1)
+        async with client(server) as c:
+            assert await (await c.submit(Ctx(b"first"))) is True
+            release = threading.Event()
+            ctx = Ctx(b"second", result=lambda _builder: release.wait(10))
+            future = await c.submit(ctx)
+            server.set_partition_available(0, False)
+            assert server.disconnect(c.client_id) == 1
+            await asyncio.sleep(0.1)
+            release.set()  # execute ends while the remount is answered NOT_READY
+            await asyncio.sleep(0.3)
+            assert not future.done()
+            server.set_partition_available(0, True)
+            assert await future is True
+            assert ctx.hooks == [("completion", True), ("application",)]
+        assert payloads(server) == [b"first", b"second"]
 
     run(main())

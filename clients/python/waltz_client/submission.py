@@ -1,0 +1,129 @@
+"""One submitted transaction, from its first execute to its future's end (retries included)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from waltz_client.api import TransactionBuilder, TransactionContext
+from waltz_client.errors import RetriesExhaustedError, WaltzClosedError
+from waltz_client.monitor import Outcome, OutcomeKind
+from waltz_client.partition import ClientPartition, PendingAppend, Stats
+from waltz_client.tasks import CallbackThread, TaskSet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Submitter:
+    """What every submission of one client shares."""
+
+    callback_thread: CallbackThread
+    tasks: TaskSet  # the tasks of submissions off the common path; close() waits for them
+    stats: Stats
+    max_retries: int  # client.maxRetries: failed attempts before giving up (negative: never)
+
+    def start(self, context: TransactionContext, partition: ClientPartition, future: asyncio.Future[bool]) -> None:
+        """Run the submission; a slot of the partition is held for it."""
+        _Submission(self, context, partition, future).execute()
+
+    async def hook(self, hook: Callable[..., None], *args: Any) -> None:
+        try:
+            await self.callback_thread.call(hook, *args)
+        except Exception:
+            log.exception("context hook %s raised", getattr(hook, "__name__", hook))
+
+
+class _Submission:
+    """The common path (execute returns True, the partition is mounted, the append commits) runs
+    as callbacks on the event loop with no task of its own: execute on the callback thread, then
+    the append queued at once, then the future resolved when the partition settles the commit.
+    Anything else (a decline, an error, waiting for a mount, a retry) goes on in a task."""
+
+    __slots__ = ("attempts", "context", "future", "partition", "submitter")
+
+    def __init__(self, submitter: Submitter, context: TransactionContext, partition: ClientPartition,
+                 future: asyncio.Future[bool]) -> None:
+        self.submitter = submitter
+        self.context = context
+        self.partition = partition
+        self.future = future
+        self.attempts = 0  # failed attempts so far
+
+    def execute(self) -> None:
+        """With a slot held: build the append on the callback thread."""
+        builder = TransactionBuilder(self.partition.partition_id, self.partition.client_high_water_mark)
+        self.submitter.callback_thread.schedule(
+            self.context.execute, (builder,), functools.partial(self._executed, builder))
+
+    def _executed(self, builder: TransactionBuilder, ok: bool, value: Any) -> None:
+        if ok and value and self.partition.can_append():
+            self.partition.append_now(builder, self.context, self._ended)
+        else:
+            self._spawn(self._after_execute(builder, ok, value))
+
+    async def _after_execute(self, builder: TransactionBuilder, ok: bool, value: Any) -> None:
+        """The slot is still held: release it, or turn it into an append once mounted."""
+        partition = self.partition
+        try:
+            try:
+                if not ok:
+                    raise value if value is not None else WaltzClosedError("the client was closed")
+                if not value:
+                    partition.release_slot()
+                    self.submitter.stats.declined += 1
+                    await self.submitter.hook(self.context.on_completion, False)
+                    self._set(False)
+                    return
+                await partition.wait_mounted()
+            except BaseException:
+                partition.release_slot()
+                raise
+            partition.append_now(builder, self.context, self._ended)
+        except Exception as exc:
+            await self._fail(exc)
+
+    def _ended(self, pending: PendingAppend, outcome: Outcome) -> None:
+        if outcome.kind is OutcomeKind.COMMITTED:
+            self._set(True)
+        else:
+            self._spawn(self._retry(pending, outcome))
+
+    async def _retry(self, pending: PendingAppend, outcome: Outcome) -> None:
+        """The append failed: give up, or take a slot and execute again (it then sees the client's
+        state at least as fresh as what the monitor waited for)."""
+        partition = self.partition
+        try:
+            if partition.error is not None:
+                raise partition.error
+            if pending.error is not None:
+                raise pending.error
+            self.attempts += 1
+            max_retries = self.submitter.max_retries
+            if 0 <= max_retries < self.attempts:
+                raise RetriesExhaustedError(
+                    f"partition {partition.partition_id}: gave up after {self.attempts} failed attempts "
+                    f"(client.maxRetries={max_retries}); last: {outcome.reason}")
+            self.submitter.stats.retries += 1
+            await partition.acquire_slot()
+        except Exception as exc:
+            await self._fail(exc)
+            return
+        self.execute()
+
+    async def _fail(self, exc: Exception) -> None:
+        self.submitter.stats.errors += 1
+        await self.submitter.hook(self.context.on_exception, exc)
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+    def _set(self, result: bool) -> None:
+        if not self.future.done():  # the application may have cancelled it
+            self.future.set_result(result)
+
+    def _spawn(self, coro: Any) -> None:
+        self.submitter.tasks.spawn(coro, f"waltz-submit-{self.partition.partition_id}")
