@@ -51,6 +51,16 @@ class StorageTimeout(StorageError):
     """No answer within storage.requestTimeoutSeconds; the request's outcome is unknown."""
 
 
+def seq_num_patch(message: storage_pb2.StorageRequest, seq: int) -> bytes:
+    """The bytes that, appended to message serialized without a seq_num, set its seq_num to seq."""
+    patch = storage_pb2.StorageRequest()
+    kind = message.WhichOneof("request")
+    if kind is None:
+        raise ValueError("empty storage request")
+    getattr(patch, kind).seq_num = seq
+    return patch.SerializeToString()
+
+
 def _describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
@@ -157,9 +167,18 @@ class StorageConnection:
         await stream.lost.wait()
 
     async def request(
-        self, message: storage_pb2.StorageRequest, *, epoch: int | None = None, timeout: float | None = None
+        self,
+        message: storage_pb2.StorageRequest,
+        *,
+        epoch: int | None = None,
+        timeout: float | None = None,
+        serialized: bytes | None = None,
     ) -> storage_pb2.StorageResponse:
         """Send message (its seq_num is set here) and return the matching answer.
+
+        serialized: the message already serialized with seq_num 0 (one append goes to every replica: it is
+        serialized once, and each copy gets its seq_num by a second occurrence of the request's field,
+        which a protobuf parser merges into the first).
 
         StorageRpcError for a Failure answer; StorageConnectionLost when the stream (of epoch, if given) is
         gone; StorageTimeout after timeout (default storage.requestTimeoutSeconds).
@@ -169,8 +188,11 @@ class StorageConnection:
             raise StorageConnectionLost(f"{self.connect_string}: not connected ({self._last_error})")
         seq = stream.next_seq
         stream.next_seq += 1
-        request_body(message).seq_num = seq
-        data = message.SerializeToString()  # now, so one message object can go to several nodes
+        if serialized is None:
+            request_body(message).seq_num = seq
+            data = message.SerializeToString()  # now, so one message object can go to several nodes
+        else:
+            data = serialized + seq_num_patch(message, seq)
         future: asyncio.Future[storage_pb2.StorageResponse] = asyncio.get_running_loop().create_future()
         stream.pending[seq] = future
         limit = self._settings.request_timeout_s if timeout is None else timeout

@@ -83,9 +83,9 @@ class ReplicaSession:
     async def append(self, records: Sequence[common_pb2.Record]) -> None:
         await self._call(append_request(self.session_id, self.partition_id, records))
 
-    async def append_request(self, request: storage_pb2.StorageRequest) -> None:
-        """Send a prepared append (shared by every replica: its seq_num is set per send)."""
-        await self._call(request)
+    async def append_request(self, request: storage_pb2.StorageRequest, serialized: bytes) -> None:
+        """Send a prepared append shared by every replica (serialized: it with seq_num 0)."""
+        await self.connection.request(request, epoch=self.epoch, serialized=serialized)
 
     async def records(self, transaction_id: int, max_records: int) -> list[common_pb2.Record]:
         r = await self._call(

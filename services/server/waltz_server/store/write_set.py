@@ -21,6 +21,7 @@ class Batch:
     first: int
     last: int
     request: storage_pb2.StorageRequest
+    serialized: bytes  # the request with seq_num 0, serialized once for every member
     done: asyncio.Future[int]  # the first id, once a majority of all replicas fsynced the batch
     votes: int = 0
 
@@ -68,7 +69,9 @@ class WriteSet:
     def send(self, count: int, request_for: Callable[[int], storage_pb2.StorageRequest]) -> asyncio.Future[int]:
         """Queue a batch of count records for every member; request_for(first id) builds its request."""
         first = self.next_id
-        batch = Batch(first, first + count - 1, request_for(first), asyncio.get_running_loop().create_future())
+        request = request_for(first)
+        done = asyncio.get_running_loop().create_future()
+        batch = Batch(first, first + count - 1, request, request.SerializeToString(), done)
         self.next_id = batch.last + 1
         self.inflight.append(batch)
         for member in self.members.values():
@@ -91,7 +94,8 @@ class WriteSet:
             async def send() -> None:
                 while True:
                     batch = await member.queue.get()
-                    sent.put_nowait((batch, calls.create_task(member.session.append_request(batch.request))))
+                    call = calls.create_task(member.session.append_request(batch.request, batch.serialized))
+                    sent.put_nowait((batch, call))
 
             calls.create_task(send())
             while True:

@@ -7,7 +7,13 @@ from typing import Any, cast
 
 from waltz.v1 import common_pb2, storage_pb2
 from waltz_common.types import crc32
-from waltz_server.store.connection import Code, StorageConnectionLost, StorageConnections, StorageRpcError
+from waltz_server.store.connection import (
+    Code,
+    StorageConnectionLost,
+    StorageConnections,
+    StorageRpcError,
+    seq_num_patch,
+)
 from waltz_server.store.wire import request_body
 
 
@@ -95,6 +101,7 @@ class FakeConnection:
         self.online = online
         self._changed = asyncio.Event()
         self._pending: set[asyncio.Task[Any]] = set()
+        self.next_seq = 0
 
     @property
     def connected(self) -> bool:
@@ -126,10 +133,18 @@ class FakeConnection:
         self._changed.set()
 
     async def request(
-        self, message: storage_pb2.StorageRequest, *, epoch: int | None = None, timeout: float | None = None
+        self,
+        message: storage_pb2.StorageRequest,
+        *,
+        epoch: int | None = None,
+        timeout: float | None = None,
+        serialized: bytes | None = None,
     ) -> storage_pb2.StorageResponse:
         if not self.online or (epoch is not None and epoch != self.epoch):
             raise StorageConnectionLost(f"{self.connect_string}: not connected")
+        if serialized is not None:  # what the node would parse
+            self.next_seq += 1
+            message = storage_pb2.StorageRequest.FromString(serialized + seq_num_patch(message, self.next_seq))
         kind = message.WhichOneof("request")
         msg = request_body(message)
         work = asyncio.ensure_future(self.replica.handle(kind or "", msg))

@@ -6,10 +6,11 @@ import asyncio
 
 import pytest
 
-from waltz.v1 import metadata_pb2
+from waltz.v1 import metadata_pb2, storage_pb2
 from waltz_common.config import Config
 from waltz_common.types import Record, ReqId, crc32
 from waltz_server.store.api import NewRecord
+from waltz_server.store.connection import seq_num_patch
 from waltz_server.store.events import Signal
 from waltz_server.store.metadata import groups_of, replicas_of
 from waltz_server.store.settings import STORE_KEYS, Backoff, StoreSettings
@@ -86,3 +87,14 @@ def test_records_round_trip_through_the_append_request() -> None:
     assert (body.session_id, body.partition_id, body.record_list_length) == (7, 3, 1)
     assert body.records[0].data_length == 4
     assert record_from_proto(body.records[0]) == Record(10, ReqId(1, 2, 3, 4), 5, b"data", crc32(b"data"))
+
+
+@pytest.mark.parametrize("seq", [0, 1, 300, 2**40])
+def test_one_serialized_append_gets_each_replicas_seq_num_by_a_patch(seq: int) -> None:
+    pending = [NewRecord(req_id_message(ReqId(1, 2, 3, i)), i, b"d%d" % i, crc32(b"d%d" % i)) for i in range(3)]
+    request = append_pending_request(7, 3, 10, pending)
+    parsed = storage_pb2.StorageRequest.FromString(request.SerializeToString() + seq_num_patch(request, seq))
+    expected = storage_pb2.StorageRequest()
+    expected.CopyFrom(request)
+    expected.append.seq_num = seq
+    assert parsed == expected
