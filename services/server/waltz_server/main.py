@@ -16,6 +16,7 @@ from prometheus_client import start_http_server
 from waltz.v1 import metadata_pb2
 from waltz_common import zk as zkmeta
 from waltz_common.config import Config, ConfigError, describe, load
+from waltz_common.gctune import tune_for_service
 from waltz_common.zk import MetadataError, ZkPaths
 from waltz_server.cluster import ClusterMembership
 from waltz_server.config import PartitionSettings, all_keys
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"waltz-server: {exc}", file=sys.stderr)
         return 2
+    tune_for_service()
     try:
         return asyncio.run(serve(config))
     except MetadataError as exc:
