@@ -48,13 +48,13 @@ class AsyncWaltzClient:
         self._callback_thread = CallbackThread("waltz-callbacks")
         self._tasks = TaskSet()
         self._submissions = TaskSet()
-        self._active: set[asyncio.Future[bool]] = set()
         self._partitions: dict[int, ClientPartition] = {}
         self._topology: dict[int, Ownership] = {}
         self._topology_event = asyncio.Event()
         self._closed = False
         self._started = False
         self.stats = Stats()
+        self._submitter = Submitter(self._callback_thread, self._submissions, self.stats, self.config.max_retries)
         self.client_id = -1
         self.num_partitions = 0
         self.cluster_name = ""
@@ -89,7 +89,6 @@ class AsyncWaltzClient:
             connections=self._connections, ownership=self._topology.get, topology_changed=lambda: self._topology_event,
             make_transaction=self._make_transaction, stats=self.stats,
         )
-        self._submitter = Submitter(self._callback_thread, self._submissions, self.stats, self.config.max_retries)
         if self.config.auto_mount:
             self.mount_partitions(range(self.num_partitions))
         self._tasks.spawn(self._nudge_loop(), "waltz-flush-nudge")
@@ -127,28 +126,25 @@ class AsyncWaltzClient:
         partition = self._partitions.get(pid)
         if partition is None:
             raise WaltzError(f"partition {pid} is not mounted (client.autoMount is false: call mount_partitions)")
-        await partition.acquire_slot()
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._active.add(future)
-        future.add_done_callback(self._active.discard)
-        self._submitter.start(context, partition, future)
-        return future
+        if not partition.try_acquire_slot():
+            await partition.acquire_slot()
+        return self._submitter.start(context, partition)
 
     def has_pending_transactions(self) -> bool:
-        return bool(self._active)
+        return bool(self._submitter.pending)
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until every submitted transaction has ended (nudging servers with flushes)."""
         loop = asyncio.get_running_loop()
         timeout = self.config.request_timeout_s if timeout is None else timeout
         deadline = loop.time() + timeout
-        while self._active:
+        while pending := len(self._submitter.pending):
             now = loop.time()
             if now >= deadline:
-                raise WaltzTimeoutError(f"flush: {len(self._active)} transactions still pending after {timeout:g} s")
+                raise WaltzTimeoutError(f"flush: {pending} transactions still pending after {timeout:g} s")
             for partition in self._partitions.values():
                 partition.nudge(now, 0.0, 1.0)
-            await asyncio.wait(list(self._active), timeout=min(1.0, deadline - now))
+            await self._submitter.wait_drained(min(1.0, deadline - now))
 
     async def high_water_mark(self, partition_id: int) -> int:
         """The partition's current high-water mark, asked of its server (-1: empty)."""
@@ -206,8 +202,7 @@ class AsyncWaltzClient:
             partition.shutdown(error)
         # every submission now ends by itself (on_exception first), in a task or from a callback
         deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
-        if self._active:
-            await asyncio.wait(list(self._active), timeout=self.config.request_timeout_s)
+        await self._submitter.wait_drained(self.config.request_timeout_s)
         await self._submissions.wait(max(0.0, deadline - asyncio.get_running_loop().time()))
         await self._submissions.cancel_all()
         await self._tasks.cancel_all()

@@ -111,24 +111,25 @@ class TransactionMonitor(Generic[T]):
         return len(self._entries)
 
     def register(self, req_id: ReqId, token: T, now: float) -> None:
-        if req_id in self._entries:
-            raise ValueError(f"{req_id} is already registered")
         if not self.has_capacity():
             raise CapacityError(f"{self.max_concurrent} transactions already pending")
-        self._entries[req_id] = _Entry(token, now)
+        entry = _Entry(token, now)
+        if self._entries.setdefault(req_id, entry) is not entry:  # one hash of the ReqId, not two
+            raise ValueError(f"{req_id} is already registered")
 
     def on_feed(self, req_id: ReqId, transaction_id: int) -> list[tuple[T, Outcome]]:
         """A transaction in the feed: if ours, it committed and older waiting entries failed."""
-        if req_id not in self._entries:
+        target = self._entries.get(req_id)
+        if target is None:
             return []
         older = []
-        for rid, entry in self._entries.items():
-            if rid == req_id:
+        for rid, entry in self._entries.items():  # usually the first one is the target
+            if entry is target:
                 break
             if entry.lock_failure_txn is None:
                 older.append(rid)
         resolved = [self._resolve(rid, Outcome.failed(SUPERSEDED)) for rid in older]
-        resolved.append(self._resolve(req_id, Outcome.committed(transaction_id)))
+        resolved.append(self._resolve(rid, Outcome.committed(transaction_id)))  # the stored key: no __eq__ call
         return resolved
 
     def on_mount_complete(self) -> list[tuple[T, Outcome]]:

@@ -84,6 +84,7 @@ class _FeedStep:
     transaction_id: int
     mine: PendingAppend | None
     transaction: Transaction | None  # None: applied already (fed again after a reconnect)
+    committed: Outcome | None = None  # mine's outcome
 
 
 class _Verdict(Enum):
@@ -121,12 +122,19 @@ class ClientPartition:
     def mounted(self) -> bool:
         return self.state.appends_allowed and self.conn is not None and not self.conn.closed
 
+    def try_acquire_slot(self) -> bool:
+        """Take a pending slot if one is free now and the partition is mounted and not failed."""
+        if self.can_append() and self.monitor.pending_count() + self._reserved < self.monitor.max_concurrent:
+            self._reserved += 1
+            return True
+        return False
+
     async def acquire_slot(self) -> None:
         """Wait until mounted (mountTimeout) and a pending slot is free (requestTimeout); take it."""
-        if not self.can_append() or self.monitor.pending_count() + self._reserved >= self.monitor.max_concurrent:
+        if not self.try_acquire_slot():
             await self._wait(lambda: self.monitor.pending_count() + self._reserved < self.monitor.max_concurrent,
                              "a free pending-append slot")
-        self._reserved += 1
+            self._reserved += 1
 
     def release_slot(self) -> None:
         self._reserved -= 1
@@ -134,7 +142,8 @@ class ClientPartition:
 
     def can_append(self) -> bool:
         """Mounted and not failed: a held slot can become an append at once (append_now)."""
-        return self.error is None and self.mounted
+        conn = self.conn
+        return self.error is None and self.state.appends_allowed and conn is not None and not conn.closed
 
     async def wait_mounted(self) -> None:
         """Wait until appends are allowed (WaltzTimeoutError after client.mountTimeout)."""
@@ -330,13 +339,14 @@ class ClientPartition:
             if txn_id > hwm + 1:
                 gap_at = txn_id
                 break
-            mine = None
+            mine = committed = None
             req_id = None
-            if entry.req_id.client_id == client_id:  # only this client's own appends are in the monitor
-                req_id = req_id_from_proto(entry.req_id)
+            proto_req_id = entry.req_id
+            if proto_req_id.client_id == client_id:  # only this client's own appends are in the monitor
+                req_id = req_id_from_proto(proto_req_id)
                 for token, outcome in self.monitor.on_feed(req_id, txn_id):
                     if outcome.kind is OutcomeKind.COMMITTED:
-                        mine = token
+                        mine, committed = token, outcome
                     else:  # older appends this commit proves lost: resolved after the apply, so retries see it
                         superseded.append((token, outcome))
             transaction = None
@@ -344,7 +354,7 @@ class ClientPartition:
                 transaction = make_transaction(self.partition_id, entry, mine.data if mine else None, req_id)
                 hwm = txn_id
             if mine is not None or transaction is not None:
-                steps.append(_FeedStep(txn_id, mine, transaction))
+                steps.append(_FeedStep(txn_id, mine, transaction, committed))
         await self._apply_steps(steps)
         await self._fire(superseded)
         if gap_at is not None and self.state.accept_feed(gap_at, self.client_high_water_mark) is FeedDecision.GAP:
@@ -407,7 +417,7 @@ class ClientPartition:
         stats = self.env.stats
         applied = [s.transaction_id for s in steps if s.transaction is not None]
         stats.applied += len(applied)
-        mine = [(s.mine, Outcome.committed(s.transaction_id)) for s in steps if s.mine is not None]
+        mine = [(s.mine, s.committed) for s in steps if s.mine is not None and s.committed is not None]
         stats.committed += len(mine)
         self._resolve(mine)
         if applied:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from waltz_client.api import TransactionBuilder, TransactionContext
@@ -18,7 +17,7 @@ from waltz_client.tasks import CallbackThread, TaskSet
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Submitter:
     """What every submission of one client shares."""
 
@@ -26,10 +25,30 @@ class Submitter:
     tasks: TaskSet  # the tasks of submissions off the common path; close() waits for them
     stats: Stats
     max_retries: int  # client.maxRetries: failed attempts before giving up (negative: never)
+    pending: set[asyncio.Future[bool]] = field(default_factory=set)  # of the submissions not ended yet
+    _drained: asyncio.Event = field(default_factory=asyncio.Event)  # set when pending empties
 
-    def start(self, context: TransactionContext, partition: ClientPartition, future: asyncio.Future[bool]) -> None:
-        """Run the submission; a slot of the partition is held for it."""
+    def start(self, context: TransactionContext, partition: ClientPartition) -> asyncio.Future[bool]:
+        """Run the submission, for which a slot of the partition is held; the future it ends with."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.pending.add(future)  # until the submission ends, even if the application cancels the future
         _Submission(self, context, partition, future).execute()
+        return future
+
+    def ended(self, future: asyncio.Future[bool]) -> None:
+        self.pending.discard(future)
+        if not self.pending:
+            self._drained.set()
+
+    async def wait_drained(self, timeout: float) -> None:
+        """Wait (at most timeout seconds) until no submission is pending."""
+        if self.pending:
+            self._drained.clear()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._drained.wait()
+            except TimeoutError:
+                pass
 
     async def hook(self, hook: Callable[..., None], *args: Any) -> None:
         try:
@@ -44,7 +63,7 @@ class _Submission:
     the append queued at once, then the future resolved when the partition settles the commit.
     Anything else (a decline, an error, waiting for a mount, a retry) goes on in a task."""
 
-    __slots__ = ("attempts", "context", "future", "partition", "submitter")
+    __slots__ = ("attempts", "builder", "context", "future", "partition", "submitter")
 
     def __init__(self, submitter: Submitter, context: TransactionContext, partition: ClientPartition,
                  future: asyncio.Future[bool]) -> None:
@@ -53,14 +72,16 @@ class _Submission:
         self.partition = partition
         self.future = future
         self.attempts = 0  # failed attempts so far
+        self.builder: TransactionBuilder | None = None
 
     def execute(self) -> None:
         """With a slot held: build the append on the callback thread."""
-        builder = TransactionBuilder(self.partition.partition_id, self.partition.client_high_water_mark)
-        self.submitter.callback_thread.schedule(
-            self.context.execute, (builder,), functools.partial(self._executed, builder))
+        self.builder = builder = TransactionBuilder(self.partition.partition_id, self.partition.client_high_water_mark)
+        self.submitter.callback_thread.schedule(self.context.execute, (builder,), self._executed)
 
-    def _executed(self, builder: TransactionBuilder, ok: bool, value: Any) -> None:
+    def _executed(self, ok: bool, value: Any) -> None:
+        builder, self.builder = self.builder, None
+        assert builder is not None
         if ok and value and self.partition.can_append():
             self.partition.append_now(builder, self.context, self._ended)
         else:
@@ -118,11 +139,13 @@ class _Submission:
     async def _fail(self, exc: Exception) -> None:
         self.submitter.stats.errors += 1
         await self.submitter.hook(self.context.on_exception, exc)
-        if not self.future.done():
+        self.submitter.ended(self.future)
+        if not self.future.done():  # the application may have cancelled it
             self.future.set_exception(exc)
 
     def _set(self, result: bool) -> None:
-        if not self.future.done():  # the application may have cancelled it
+        self.submitter.ended(self.future)
+        if not self.future.done():
             self.future.set_result(result)
 
     def _spawn(self, coro: Any) -> None:
