@@ -15,7 +15,6 @@ from waltz_client.wire import message_partitions
 
 log = logging.getLogger(__name__)
 
-Outgoing = server_pb2.ClientMessage | server_pb2.AppendRequest
 Dispatch = Callable[["ServerConnection", int, server_pb2.ServerMessage | None], Awaitable[None]]
 """(connection, partition id, message); message None tells every partition the stream is gone."""
 
@@ -30,16 +29,35 @@ class ServerConnection:
         self.received_any = False
         self._stream = stream
         self._max_batch = max_batch
-        # Unbounded on purpose: appends are bounded by the partitions' monitors, and enqueue
+        # Unbounded on purpose: appends are bounded by the partitions' monitors, and queueing
         # must not await, so that registering an append and queueing it are one step.
-        self._out: deque[Outgoing] = deque()
+        self._out: deque[server_pb2.ClientMessage] = deque()
+        self._open: server_pb2.ClientMessage | None = None  # the last queued message, if appends can join it
+        self._open_count = 0
         self._wake = asyncio.Event()
 
-    def enqueue(self, item: Outgoing) -> None:
-        """Queue a message (or one append, to be batched with its neighbours) in order."""
+    def enqueue(self, message: server_pb2.ClientMessage) -> None:
+        """Queue a message (not an append: see new_append) in order."""
         if not self.closed:
-            self._out.append(item)
+            self._out.append(message)
+            self._open = None
             self._wake.set()
+
+    def new_append(self) -> server_pb2.AppendRequest:
+        """A new, empty AppendRequest at the end of the queue, for the caller to fill in now: it
+        joins the AppendBatch of the appends queued just before it (up to the batch size), built in
+        place, so that nothing is copied into a batch later."""
+        message = self._open
+        if message is None or self._open_count >= self._max_batch:
+            message = server_pb2.ClientMessage()
+            message.appends.SetInParent()
+            if not self.closed:
+                self._out.append(message)
+                self._wake.set()
+            self._open = message
+            self._open_count = 0
+        self._open_count += 1
+        return message.appends.requests.add()
 
     async def run(self, dispatch: Dispatch) -> None:
         """Send and receive until the stream fails; then tell the partitions and return."""
@@ -62,18 +80,12 @@ class ServerConnection:
                 self._wake.clear()
                 await asyncio.sleep(0)  # let appends submitted in the same instant join the batch
                 while self._out:
-                    await self._stream.send(self._next_message())
+                    message = self._out.popleft()
+                    if message is self._open:
+                        self._open = None  # sent from here on: later appends start a new batch
+                    await self._stream.send(message)
         except StreamClosedError:
             await self._stream.close()  # the receive loop then ends too
-
-    def _next_message(self) -> server_pb2.ClientMessage:
-        item = self._out.popleft()
-        if not isinstance(item, server_pb2.AppendRequest):
-            return item
-        batch = [item]
-        while self._out and len(batch) < self._max_batch and isinstance(self._out[0], server_pb2.AppendRequest):
-            batch.append(self._out.popleft())  # type: ignore[arg-type]
-        return server_pb2.ClientMessage(appends=server_pb2.AppendBatch(requests=batch))
 
     async def _receive_loop(self, dispatch: Dispatch) -> None:
         while True:

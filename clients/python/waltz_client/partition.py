@@ -17,7 +17,7 @@ from waltz_client.driver import Ownership
 from waltz_client.errors import ClientAheadError, StreamClosedError, TransactionRejectedError, WaltzTimeoutError
 from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
 from waltz_client.partition_state import ClientPartitionState, FeedDecision, MountResult, MountState
-from waltz_client.wire import append_request, feed_request, flush_request, mount_request, req_id_from_proto
+from waltz_client.wire import feed_request, fill_append_request, flush_request, mount_request, req_id_from_proto
 from waltz_common.types import ReqId
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class ClientPartition:
         self._reserved -= 1
         self.monitor.register(req_id, PendingAppend(context, builder.data, on_outcome),
                               asyncio.get_running_loop().time())
-        conn.enqueue(append_request(req_id, builder))
+        fill_append_request(conn.new_append(), req_id, builder)
 
     async def _wait(self, ready: Callable[[], bool], what: str) -> None:
         loop = asyncio.get_running_loop()

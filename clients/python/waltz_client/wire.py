@@ -23,13 +23,15 @@ def flush_request(req_id: ReqId) -> server_pb2.ClientMessage:
     return server_pb2.ClientMessage(flush=server_pb2.FlushRequest(req_id=req_id_to_proto(req_id)))
 
 
-def append_request(req_id: ReqId, builder: TransactionBuilder) -> server_pb2.AppendRequest:
+def fill_append_request(request: server_pb2.AppendRequest, req_id: ReqId, builder: TransactionBuilder) -> None:
+    """Fill an empty AppendRequest in place (one already inside its batch: nothing is copied)."""
     data = builder.data
-    request = server_pb2.AppendRequest(
-        client_high_water_mark=builder.client_high_water_mark,
-        header=builder.header, data_length=len(data), data=data, checksum=builder.checksum,
-    )
-    q = request.req_id  # filled in place: cheaper than building a ReqId message and copying it in
+    request.client_high_water_mark = builder.client_high_water_mark
+    request.header = builder.header
+    request.data_length = len(data)
+    request.data = data
+    request.checksum = builder.checksum
+    q = request.req_id  # field by field: cheaper than keyword arguments or a ReqId message copied in
     q.client_id = req_id.client_id
     q.generation = req_id.generation
     q.partition_id = req_id.partition_id
@@ -43,7 +45,6 @@ def append_request(req_id: ReqId, builder: TransactionBuilder) -> server_pb2.App
     if builder.append_locks:
         request.append_lock_request_length = len(builder.append_locks)
         request.append_locks.extend(builder.append_locks)
-    return request
 
 
 def message_partitions(message: server_pb2.ServerMessage) -> list[tuple[int, server_pb2.ServerMessage]]:

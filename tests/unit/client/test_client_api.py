@@ -8,7 +8,7 @@ from waltz.v1 import server_pb2
 from waltz_client.api import JsonSerializer, Transaction, TransactionBuilder
 from waltz_client.config import ClientConfig
 from waltz_client.locks import PartitionLocalLock
-from waltz_client.wire import append_request, message_partitions, req_id_from_proto, req_id_to_proto
+from waltz_client.wire import fill_append_request, message_partitions, req_id_from_proto, req_id_to_proto
 from waltz_common.config import ConfigError
 from waltz_common.types import INT32_MAX, ReqId, crc32
 
@@ -40,7 +40,8 @@ def test_builder_hashes_locks_checksums_data_and_bounds_the_header() -> None:
         builder.set_header(INT32_MAX + 1)
     with pytest.raises(TypeError):
         builder.set_data("text without a serializer")
-    request = append_request(ReqId(1, 2, 1, 9), builder)
+    request = server_pb2.AppendRequest()
+    fill_append_request(request, ReqId(1, 2, 1, 9), builder)
     assert request.write_lock_request_length == 1 and request.read_lock_request_length == 1
     assert request.append_lock_request_length == 0 and request.data_length == len(builder.data)
     assert request.client_high_water_mark == 7 and req_id_from_proto(request.req_id) == ReqId(1, 2, 1, 9)
