@@ -46,13 +46,24 @@ class StorageMetrics:
             registry=r,
         )
 
+        # Per partition: its three gauge children and the values they hold (set only when they change).
+        self._partitions: dict[int, tuple[list[Gauge], list[int]]] = {}
+
     def partition_state(self, partition_id: int, max_transaction_id: int, low_water_mark: int, session_id: int) -> None:
-        label = str(partition_id)
-        self.max_transaction_id.labels(label).set(max_transaction_id)
-        self.low_water_mark.labels(label).set(low_water_mark)
-        self.session_id.labels(label).set(session_id)
+        """Called after every request: the label lookups are done once per partition, unchanged values skipped."""
+        known = self._partitions.get(partition_id)
+        if known is None:
+            label = str(partition_id)
+            gauges = [g.labels(label) for g in (self.max_transaction_id, self.low_water_mark, self.session_id)]
+            known = self._partitions[partition_id] = (gauges, [None, None, None])  # type: ignore[list-item]
+        gauges, values = known
+        for i, value in enumerate((max_transaction_id, low_water_mark, session_id)):
+            if values[i] != value:
+                gauges[i].set(value)
+                values[i] = value
 
     def forget_partition(self, partition_id: int) -> None:
+        self._partitions.pop(partition_id, None)
         label = str(partition_id)
         for gauge in (self.max_transaction_id, self.low_water_mark, self.session_id):
             try:

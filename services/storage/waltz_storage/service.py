@@ -111,7 +111,7 @@ class StorageConnection:
                 responses = [await self.node.run(partition_id, executor.execute, kind, msg)]
             else:
                 group = [msg]
-                size = _batch_bytes(msg)
+                size = _batch_bytes(msg) if not queue.empty() else 0  # sized only when there is more to merge
                 while not queue.empty() and len(group) < MAX_GROUP_REQUESTS:
                     nxt = queue.get_nowait()
                     if nxt is _END or nxt[0] != "append" or not self._mergeable(msg, nxt[1]):
