@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from waltz_common.types import ReqId
 
@@ -49,10 +49,29 @@ class CapacityError(RuntimeError):
     """register() was called while the monitor was full; wait for has_capacity()."""
 
 
+class ReqIdFields(Protocol):
+    """A ReqId, or its protobuf message: the feed's entries are looked up without converting them."""
+
+    @property
+    def client_id(self) -> int: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def partition_id(self) -> int: ...
+    @property
+    def seq_num(self) -> int: ...
+
+
+def _same(a: ReqIdFields, b: ReqIdFields) -> bool:
+    return (a.seq_num == b.seq_num and a.client_id == b.client_id and a.generation == b.generation
+            and a.partition_id == b.partition_id)
+
+
 @dataclass(slots=True)
 class _Entry(Generic[T]):
     token: T
     registered_at: float
+    req_id: ReqId
     lock_failure_txn: int | None = None  # set by a LockFailure: waits for the client hwm
 
 
@@ -71,8 +90,10 @@ class TransactionMonitor(Generic[T]):
 
       - start: `TransactionMonitor(max_concurrent, client_high_water_mark=<application's>)`.
       - submit: wait until `has_capacity()`, then `register(req_id, token, now)` (ReqIds from
-        ClientPartitionState.next_req_id, whose sequence numbers order them), then send.
-      - FeedData that ClientPartitionState.accept_feed answers APPLY: `on_feed(req_id, txn_id)`,
+        ClientPartitionState.next_req_id, whose sequence numbers order them and tell them
+        apart: entries are kept by sequence number), then send.
+      - FeedData that ClientPartitionState.accept_feed answers APPLY: `on_feed(req_id, txn_id)`
+        (req_id may be the protobuf ReqId),
         fire its outcomes (a commit's onCompletion before applyTransaction), apply the
         transaction, then `on_client_high_water_mark(txn_id)`. For SKIP_DUPLICATE call only
         `on_feed` (the record proves the commit); for GAP call nothing (it is fed again).
@@ -96,7 +117,7 @@ class TransactionMonitor(Generic[T]):
             raise ValueError("max_concurrent must be at least 1")
         self.max_concurrent = max_concurrent
         self._client_hwm = client_high_water_mark
-        self._entries: dict[ReqId, _Entry[T]] = {}
+        self._entries: dict[int, _Entry[T]] = {}  # by sequence number: an int hashes faster than a ReqId
         self._flushes: list[tuple[ReqId, int]] = []  # (up to ReqId, hwm) not yet reached
         self._lock_failed = 0  # entries with lock_failure_txn set
 
@@ -113,30 +134,30 @@ class TransactionMonitor(Generic[T]):
     def register(self, req_id: ReqId, token: T, now: float) -> None:
         if not self.has_capacity():
             raise CapacityError(f"{self.max_concurrent} transactions already pending")
-        entry = _Entry(token, now)
-        if self._entries.setdefault(req_id, entry) is not entry:  # one hash of the ReqId, not two
-            raise ValueError(f"{req_id} is already registered")
+        entry = _Entry(token, now, req_id)
+        if self._entries.setdefault(req_id.seq_num, entry) is not entry:
+            raise ValueError(f"{req_id}: its sequence number is already registered")
 
-    def on_feed(self, req_id: ReqId, transaction_id: int) -> list[tuple[T, Outcome]]:
+    def on_feed(self, req_id: ReqIdFields, transaction_id: int) -> list[tuple[T, Outcome]]:
         """A transaction in the feed: if ours, it committed and older waiting entries failed."""
-        target = self._entries.get(req_id)
+        target = self._find(req_id)
         if target is None:
             return []
         older = []
-        for rid, entry in self._entries.items():  # usually the first one is the target
+        for seq, entry in self._entries.items():  # usually the first one is the target
             if entry is target:
                 break
             if entry.lock_failure_txn is None:
-                older.append(rid)
-        resolved = [self._resolve(rid, Outcome.failed(SUPERSEDED)) for rid in older]
-        resolved.append(self._resolve(rid, Outcome.committed(transaction_id)))  # the stored key: no __eq__ call
+                older.append(seq)
+        resolved = [self._resolve(seq, Outcome.failed(SUPERSEDED)) for seq in older]
+        resolved.append(self._resolve(req_id.seq_num, Outcome.committed(transaction_id)))
         return resolved
 
     def on_mount_complete(self) -> list[tuple[T, Outcome]]:
         """The server holds no request of ours any more: every waiting entry failed."""
         self._flushes.clear()
-        waiting = [rid for rid, e in self._entries.items() if e.lock_failure_txn is None]
-        return [self._resolve(rid, Outcome.failed(REMOUNTED)) for rid in waiting] + self._release()
+        waiting = [seq for seq, e in self._entries.items() if e.lock_failure_txn is None]
+        return [self._resolve(seq, Outcome.failed(REMOUNTED)) for seq in waiting] + self._release()
 
     def on_flush_response(
         self, up_to_req_id: ReqId, high_water_mark: int, client_high_water_mark: int
@@ -148,7 +169,7 @@ class TransactionMonitor(Generic[T]):
 
     def on_lock_failure(self, req_id: ReqId, transaction_id: int) -> list[tuple[T, Outcome]]:
         """Notify at once; the FAILED outcome waits until the client hwm >= transaction_id."""
-        entry = self._entries.get(req_id)
+        entry = self._find(req_id)
         if entry is None or entry.lock_failure_txn is not None:
             return []
         entry.lock_failure_txn = transaction_id
@@ -162,9 +183,9 @@ class TransactionMonitor(Generic[T]):
 
     def on_rejected(self, req_id: ReqId, reason: str) -> list[tuple[T, Outcome]]:
         """The server refused the append without enqueueing it."""
-        if req_id not in self._entries:
+        if self._find(req_id) is None:
             return []
-        return [self._resolve(req_id, Outcome.failed(f"rejected: {reason}"))]
+        return [self._resolve(req_id.seq_num, Outcome.failed(f"rejected: {reason}"))]
 
     def oldest_pending_age(self, now: float) -> float | None:
         """Age of the oldest entry still waiting for the server (not lock-failed), if any."""
@@ -173,16 +194,20 @@ class TransactionMonitor(Generic[T]):
 
     def flush_target(self) -> ReqId | None:
         """The newest entry waiting for the server: a flush up to it covers all of them."""
-        waiting = [rid for rid, e in self._entries.items() if e.lock_failure_txn is None]
+        waiting = [e.req_id for e in self._entries.values() if e.lock_failure_txn is None]
         return waiting[-1] if waiting else None
 
     def clear(self) -> list[tuple[T, Outcome]]:
         """Fail every entry (the client is closing) and forget pending flushes."""
         self._flushes.clear()
-        return [self._resolve(rid, Outcome.failed(CLEARED)) for rid in list(self._entries)]
+        return [self._resolve(seq, Outcome.failed(CLEARED)) for seq in list(self._entries)]
 
-    def _resolve(self, req_id: ReqId, outcome: Outcome) -> tuple[T, Outcome]:
-        entry = self._entries.pop(req_id)
+    def _find(self, req_id: ReqIdFields) -> _Entry[T] | None:
+        entry = self._entries.get(req_id.seq_num)
+        return entry if entry is not None and _same(entry.req_id, req_id) else None
+
+    def _resolve(self, seq_num: int, outcome: Outcome) -> tuple[T, Outcome]:
+        entry = self._entries.pop(seq_num)
         if entry.lock_failure_txn is not None:
             self._lock_failed -= 1
         return entry.token, outcome
@@ -193,12 +218,12 @@ class TransactionMonitor(Generic[T]):
             return []  # the common case, after every applied feed batch: nothing can be due
         reached = [up_to for up_to, hwm in self._flushes if hwm <= self._client_hwm]
         self._flushes = [(up_to, hwm) for up_to, hwm in self._flushes if hwm > self._client_hwm]
-        due: dict[ReqId, Outcome] = {}
-        for rid, entry in self._entries.items():
+        due: dict[int, Outcome] = {}
+        for seq, entry in self._entries.items():
             conflict = entry.lock_failure_txn
             if conflict is not None:
                 if conflict <= self._client_hwm:
-                    due[rid] = Outcome.failed(f"lock failure: conflict with transaction {conflict}")
-            elif any(_seq_not_after(rid, up_to) for up_to in reached):
-                due[rid] = Outcome.failed(FLUSHED)
-        return [self._resolve(rid, outcome) for rid, outcome in due.items()]
+                    due[seq] = Outcome.failed(f"lock failure: conflict with transaction {conflict}")
+            elif any(_seq_not_after(entry.req_id, up_to) for up_to in reached):
+                due[seq] = Outcome.failed(FLUSHED)
+        return [self._resolve(seq, outcome) for seq, outcome in due.items()]

@@ -38,15 +38,21 @@ _REMOUNT_REJECTIONS = {
 }
 
 
-@dataclass(slots=True, eq=False)
 class PendingAppend:
-    """One sent append, as the monitor's token: its context, data, and who hears its final outcome."""
+    """A sent append as the monitor's token: its context and data, and settle(), which hears its final
+    outcome (once per registration, on the event loop). A submission is one, registered again on a retry."""
 
-    context: TransactionContext
-    data: bytes
-    on_outcome: Callable[[PendingAppend, Outcome], None]  # called once, on the event loop
-    error: BaseException | None = None  # set when the failure must not be retried
-    ended: bool = False
+    __slots__ = ("context", "data", "ended", "error", "req_id")
+
+    def __init__(self, context: TransactionContext) -> None:
+        self.context = context
+        self.data = b""
+        self.req_id: ReqId | None = None  # of the append sent last
+        self.error: BaseException | None = None  # set when the failure must not be retried
+        self.ended = False
+
+    def settle(self, outcome: Outcome) -> None:
+        raise NotImplementedError
 
 
 @dataclass
@@ -149,15 +155,14 @@ class ClientPartition:
         """Wait until appends are allowed (WaltzTimeoutError after client.mountTimeout)."""
         await self._wait(lambda: True, "")
 
-    def append_now(self, builder: TransactionBuilder, context: TransactionContext,
-                   on_outcome: Callable[[PendingAppend, Outcome], None]) -> None:
+    def append_now(self, builder: TransactionBuilder, token: PendingAppend) -> None:
         """Turn a held slot into a registered, queued append; only when can_append()."""
         conn = self.conn
         assert conn is not None
         req_id = self.state.next_req_id()
         self._reserved -= 1
-        self.monitor.register(req_id, PendingAppend(context, builder.data, on_outcome),
-                              asyncio.get_running_loop().time())
+        token.data, token.req_id, token.error, token.ended = builder.data, req_id, None, False
+        self.monitor.register(req_id, token, asyncio.get_running_loop().time())
         fill_append_request(conn.new_append(), req_id, builder)
 
     async def _wait(self, ready: Callable[[], bool], what: str) -> None:
@@ -340,18 +345,16 @@ class ClientPartition:
                 gap_at = txn_id
                 break
             mine = committed = None
-            req_id = None
-            proto_req_id = entry.req_id
-            if proto_req_id.client_id == client_id:  # only this client's own appends are in the monitor
-                req_id = req_id_from_proto(proto_req_id)
-                for token, outcome in self.monitor.on_feed(req_id, txn_id):
+            if entry.req_id.client_id == client_id:  # only this client's own appends are in the monitor
+                for token, outcome in self.monitor.on_feed(entry.req_id, txn_id):  # no ReqId made for the lookup
                     if outcome.kind is OutcomeKind.COMMITTED:
                         mine, committed = token, outcome
                     else:  # older appends this commit proves lost: resolved after the apply, so retries see it
                         superseded.append((token, outcome))
             transaction = None
             if txn_id == hwm + 1:
-                transaction = make_transaction(self.partition_id, entry, mine.data if mine else None, req_id)
+                transaction = (make_transaction(self.partition_id, entry, None, None) if mine is None
+                               else make_transaction(self.partition_id, entry, mine.data, mine.req_id))
                 hwm = txn_id
             if mine is not None or transaction is not None:
                 steps.append(_FeedStep(txn_id, mine, transaction, committed))
@@ -450,7 +453,7 @@ class ClientPartition:
             if not token.ended:
                 token.ended = True
                 try:
-                    token.on_outcome(token, outcome)
+                    token.settle(outcome)
                 except Exception:
                     log.exception("partition %d: handling an append's outcome failed", self.partition_id)
         if outcomes:

@@ -57,18 +57,18 @@ class Submitter:
             log.exception("context hook %s raised", getattr(hook, "__name__", hook))
 
 
-class _Submission:
+class _Submission(PendingAppend):
     """The common path (execute returns True, the partition is mounted, the append commits) runs
     as callbacks on the event loop with no task of its own: execute on the callback thread, then
     the append queued at once, then the future resolved when the partition settles the commit.
     Anything else (a decline, an error, waiting for a mount, a retry) goes on in a task."""
 
-    __slots__ = ("attempts", "builder", "context", "future", "partition", "submitter")
+    __slots__ = ("attempts", "builder", "future", "partition", "submitter")
 
     def __init__(self, submitter: Submitter, context: TransactionContext, partition: ClientPartition,
                  future: asyncio.Future[bool]) -> None:
+        super().__init__(context)
         self.submitter = submitter
-        self.context = context
         self.partition = partition
         self.future = future
         self.attempts = 0  # failed attempts so far
@@ -83,7 +83,7 @@ class _Submission:
         builder, self.builder = self.builder, None
         assert builder is not None
         if ok and value and self.partition.can_append():
-            self.partition.append_now(builder, self.context, self._ended)
+            self.partition.append_now(builder, self)
         else:
             self._spawn(self._after_execute(builder, ok, value))
 
@@ -104,25 +104,26 @@ class _Submission:
             except BaseException:
                 partition.release_slot()
                 raise
-            partition.append_now(builder, self.context, self._ended)
+            partition.append_now(builder, self)
         except Exception as exc:
             await self._fail(exc)
 
-    def _ended(self, pending: PendingAppend, outcome: Outcome) -> None:
+    def settle(self, outcome: Outcome) -> None:
+        """The append's final outcome (from the partition)."""
         if outcome.kind is OutcomeKind.COMMITTED:
             self._set(True)
         else:
-            self._spawn(self._retry(pending, outcome))
+            self._spawn(self._retry(outcome))
 
-    async def _retry(self, pending: PendingAppend, outcome: Outcome) -> None:
+    async def _retry(self, outcome: Outcome) -> None:
         """The append failed: give up, or take a slot and execute again (it then sees the client's
         state at least as fresh as what the monitor waited for)."""
         partition = self.partition
         try:
             if partition.error is not None:
                 raise partition.error
-            if pending.error is not None:
-                raise pending.error
+            if self.error is not None:
+                raise self.error
             self.attempts += 1
             max_retries = self.submitter.max_retries
             if 0 <= max_retries < self.attempts:

@@ -15,6 +15,7 @@ from waltz_client.monitor import (
     TransactionMonitor,
 )
 from waltz_common.types import INT32_MAX, INT32_MIN, ReqId
+from waltz_common.wire import req_id_to_proto
 
 ME = 1
 OTHER = 2
@@ -54,6 +55,16 @@ def test_interleaving_with_other_clients() -> None:
     for req, txn in [(rid(9, OTHER), 0), (rid(1), 1), (rid(5, OTHER), 2), (rid(3), 3), (rid(2), 4)]:
         resolved += monitor.on_feed(req, txn)
     assert resolved == [("t1", Outcome.committed(1)), failed("t2", SUPERSEDED), ("t3", Outcome.committed(3))]
+
+
+def test_feed_entries_are_matched_on_every_req_id_field_also_as_protobuf_messages() -> None:
+    monitor = monitor_with(1, 2)
+    for stranger in (rid(1, OTHER), ReqId(ME, 1, 0, 1), ReqId(ME, 0, 3, 1)):  # same sequence number only
+        assert monitor.on_feed(stranger, 5) == []
+        assert monitor.on_feed(req_id_to_proto(stranger), 5) == []
+    assert monitor.on_lock_failure(rid(2, OTHER), 5) == [] and monitor.on_rejected(ReqId(ME, 1, 0, 2), "x") == []
+    assert monitor.pending_count() == 2
+    assert monitor.on_feed(req_id_to_proto(rid(2)), 6) == [failed("t1", SUPERSEDED), ("t2", Outcome.committed(6))]
 
 
 def test_mount_complete_fails_everything_still_pending() -> None:
