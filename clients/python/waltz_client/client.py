@@ -122,10 +122,12 @@ class AsyncWaltzClient:
         """
         self._check_open()
         pid = context.partition_id(self.num_partitions)
-        self._check_partition(pid)
-        partition = self._partitions.get(pid)
+        partition = self._partitions.get(pid) if type(pid) is int else None  # mounted: pid is valid
         if partition is None:
-            raise WaltzError(f"partition {pid} is not mounted (client.autoMount is false: call mount_partitions)")
+            self._check_partition(pid)
+            partition = self._partitions.get(pid)
+            if partition is None:
+                raise WaltzError(f"partition {pid} is not mounted (client.autoMount is false: call mount_partitions)")
         if not partition.try_acquire_slot():
             await partition.acquire_slot()
         return self._submitter.start(context, partition)

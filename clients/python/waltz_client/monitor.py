@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from waltz_common.types import ReqId
 
@@ -22,8 +22,7 @@ class OutcomeKind(Enum):
     LOCK_FAILED = "lock_failed"  # notice only; transaction_id caused it; FAILED follows later
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):  # immutable like a frozen dataclass, and made several times faster
     kind: OutcomeKind
     transaction_id: int | None = None
     reason: str = ""
@@ -60,11 +59,6 @@ class ReqIdFields(Protocol):
     def partition_id(self) -> int: ...
     @property
     def seq_num(self) -> int: ...
-
-
-def _same(a: ReqIdFields, b: ReqIdFields) -> bool:
-    return (a.seq_num == b.seq_num and a.client_id == b.client_id and a.generation == b.generation
-            and a.partition_id == b.partition_id)
 
 
 @dataclass(slots=True)
@@ -143,14 +137,17 @@ class TransactionMonitor(Generic[T]):
         target = self._find(req_id)
         if target is None:
             return []
+        seq_num = req_id.seq_num
+        if next(iter(self._entries)) == seq_num:  # the oldest one, as usual: nothing older to fail
+            return [self._resolve(seq_num, Outcome(OutcomeKind.COMMITTED, transaction_id))]
         older = []
-        for seq, entry in self._entries.items():  # usually the first one is the target
+        for seq, entry in self._entries.items():
             if entry is target:
                 break
             if entry.lock_failure_txn is None:
                 older.append(seq)
         resolved = [self._resolve(seq, Outcome.failed(SUPERSEDED)) for seq in older]
-        resolved.append(self._resolve(req_id.seq_num, Outcome.committed(transaction_id)))
+        resolved.append(self._resolve(seq_num, Outcome.committed(transaction_id)))
         return resolved
 
     def on_mount_complete(self) -> list[tuple[T, Outcome]]:
@@ -204,7 +201,12 @@ class TransactionMonitor(Generic[T]):
 
     def _find(self, req_id: ReqIdFields) -> _Entry[T] | None:
         entry = self._entries.get(req_id.seq_num)
-        return entry if entry is not None and _same(entry.req_id, req_id) else None
+        if entry is None:
+            return None
+        mine = entry.req_id
+        same = (mine.client_id == req_id.client_id and mine.generation == req_id.generation
+                and mine.partition_id == req_id.partition_id)
+        return entry if same else None
 
     def _resolve(self, seq_num: int, outcome: Outcome) -> tuple[T, Outcome]:
         entry = self._entries.pop(seq_num)

@@ -130,7 +130,8 @@ class ClientPartition:
 
     def try_acquire_slot(self) -> bool:
         """Take a pending slot if one is free now and the partition is mounted and not failed."""
-        if self.can_append() and self.monitor.pending_count() + self._reserved < self.monitor.max_concurrent:
+        monitor = self.monitor
+        if self.can_append() and monitor.pending_count() + self._reserved < monitor.max_concurrent:
             self._reserved += 1
             return True
         return False
@@ -147,7 +148,7 @@ class ClientPartition:
         self._notify()
 
     def can_append(self) -> bool:
-        """Mounted and not failed: a held slot can become an append at once (append_now)."""
+        """Mounted and not failed: a held slot can become an append at once (try_append)."""
         conn = self.conn
         return self.error is None and self.state.appends_allowed and conn is not None and not conn.closed
 
@@ -155,8 +156,10 @@ class ClientPartition:
         """Wait until appends are allowed (WaltzTimeoutError after client.mountTimeout)."""
         await self._wait(lambda: True, "")
 
-    def append_now(self, builder: TransactionBuilder, token: PendingAppend) -> None:
-        """Turn a held slot into a registered, queued append; only when can_append()."""
+    def try_append(self, builder: TransactionBuilder, token: PendingAppend) -> bool:
+        """Turn a held slot into a registered, queued append, if can_append() (else False)."""
+        if not self.can_append():
+            return False
         conn = self.conn
         assert conn is not None
         req_id = self.state.next_req_id()
@@ -164,6 +167,7 @@ class ClientPartition:
         token.data, token.req_id, token.error, token.ended = builder.data, req_id, None, False
         self.monitor.register(req_id, token, asyncio.get_running_loop().time())
         fill_append_request(conn.new_append(), req_id, builder)
+        return True
 
     async def _wait(self, ready: Callable[[], bool], what: str) -> None:
         loop = asyncio.get_running_loop()

@@ -33,10 +33,6 @@ def _check_int32(name: str, value: int) -> None:
         raise ValueError(f"{name} {value} is outside the signed 32-bit range")
 
 
-def _next_int32(value: int) -> int:
-    return INT32_MIN if value == INT32_MAX else value + 1
-
-
 class ClientPartitionState:
     """What a client knows about one partition; no I/O.
 
@@ -84,8 +80,9 @@ class ClientPartitionState:
 
     def next_req_id(self) -> ReqId:
         """A fresh ReqId with the current generation and the next sequence number."""
-        self._seq_num = _next_int32(self._seq_num)
-        return ReqId(self.client_id, self._generation, self.partition_id, self._seq_num)
+        seq = self._seq_num
+        self._seq_num = seq = INT32_MIN if seq == INT32_MAX else seq + 1  # wraps
+        return ReqId(self.client_id, self._generation, self.partition_id, seq)
 
     def update_generation(self, generation: int) -> bool:
         """Adopt a newer generation; True if it changed, which ends any mount (remount)."""

@@ -67,7 +67,7 @@ class _Submission(PendingAppend):
 
     def __init__(self, submitter: Submitter, context: TransactionContext, partition: ClientPartition,
                  future: asyncio.Future[bool]) -> None:
-        super().__init__(context)
+        PendingAppend.__init__(self, context)  # not super(): one object fewer per append
         self.submitter = submitter
         self.partition = partition
         self.future = future
@@ -82,9 +82,7 @@ class _Submission(PendingAppend):
     def _executed(self, ok: bool, value: Any) -> None:
         builder, self.builder = self.builder, None
         assert builder is not None
-        if ok and value and self.partition.can_append():
-            self.partition.append_now(builder, self)
-        else:
+        if not (ok and value and self.partition.try_append(builder, self)):
             self._spawn(self._after_execute(builder, ok, value))
 
     async def _after_execute(self, builder: TransactionBuilder, ok: bool, value: Any) -> None:
@@ -101,17 +99,18 @@ class _Submission(PendingAppend):
                     self._set(False)
                     return
                 await partition.wait_mounted()
+                while not partition.try_append(builder, self):  # only if lost again before this ran
+                    await partition.wait_mounted()
             except BaseException:
                 partition.release_slot()
                 raise
-            partition.append_now(builder, self)
         except Exception as exc:
             await self._fail(exc)
 
     def settle(self, outcome: Outcome) -> None:
         """The append's final outcome (from the partition)."""
         if outcome.kind is OutcomeKind.COMMITTED:
-            self._set(True)
+            self._set(True)  # the common path ends here
         else:
             self._spawn(self._retry(outcome))
 

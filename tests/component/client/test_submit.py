@@ -106,6 +106,15 @@ def test_close_fails_what_is_pending() -> None:
     run(main())
 
 
+class _BadPartition(Ctx):
+    def __init__(self, partition: object) -> None:
+        super().__init__(b"bad")
+        self.bad = partition
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.bad  # type: ignore[return-value]
+
+
 def test_submit_rejects_bad_partitions_and_unmounted_ones() -> None:
     async def main() -> None:
         server = MockServer(2)
@@ -115,6 +124,9 @@ def test_submit_rejects_bad_partitions_and_unmounted_ones() -> None:
                 await c.submit(Ctx(b"x", partition=1))
             c.mount_partitions([1])
             assert await (await c.submit(Ctx(b"x", partition=1))) is True
+            for bad in (1.0, 7, -1, "1"):
+                with pytest.raises(ValueError, match=r"is not in 0\.\.1"):
+                    await c.submit(_BadPartition(bad))
             with pytest.raises(ValueError):
                 c.mount_partitions([5])
         assert payloads(server, 1) == [b"x"]
