@@ -33,17 +33,45 @@ class JsonSerializer:
         return json.loads(data.decode("utf-8"))
 
 
+class _LockHashes:
+    """A builder's list of lock hashes, made on first use: most appends take no locks, and each
+    list made for nothing is one more object for the garbage collector to count."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = "_" + name
+
+    def __get__(self, builder: Any, owner: type | None = None) -> list[int]:
+        if builder is None:
+            return self  # type: ignore[return-value]  # the class attribute itself
+        hashes: list[int] | None = getattr(builder, self._slot)
+        if hashes is None:
+            hashes = []
+            setattr(builder, self._slot, hashes)
+        return hashes
+
+    def __set__(self, builder: Any, hashes: list[int]) -> None:
+        setattr(builder, self._slot, hashes)
+
+
 class TransactionBuilder:
     """Filled in by TransactionContext.execute: header, data and locks of one append."""
+
+    write_locks = _LockHashes()
+    read_locks = _LockHashes()
+    append_locks = _LockHashes()
 
     def __init__(self, partition_id: int, client_high_water_mark: int) -> None:
         self.partition_id = partition_id
         self.client_high_water_mark = client_high_water_mark
         self.header = 0
         self.data = b""
-        self.write_locks: list[int] = []
-        self.read_locks: list[int] = []
-        self.append_locks: list[int] = []
+        self._write_locks: list[int] | None = None
+        self._read_locks: list[int] | None = None
+        self._append_locks: list[int] | None = None
+
+    def takes_locks(self) -> bool:
+        """Whether any lock list is non-empty (without making the lists)."""
+        return bool(self._write_locks or self._read_locks or self._append_locks)
 
     def set_header(self, header: int) -> None:
         if not INT32_MIN <= header <= INT32_MAX:

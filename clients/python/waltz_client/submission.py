@@ -12,7 +12,7 @@ from waltz_client.api import TransactionBuilder, TransactionContext
 from waltz_client.errors import RetriesExhaustedError, WaltzClosedError
 from waltz_client.monitor import Outcome, OutcomeKind
 from waltz_client.partition import ClientPartition, PendingAppend, Stats
-from waltz_client.tasks import CallbackThread, TaskSet
+from waltz_client.tasks import CallbackThread, Job, TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Submitter:
             log.exception("context hook %s raised", getattr(hook, "__name__", hook))
 
 
-class _Submission(PendingAppend):
+class _Submission(PendingAppend, Job):
     """The common path (execute returns True, the partition is mounted, the append commits) runs
     as callbacks on the event loop with no task of its own: execute on the callback thread, then
     the append queued at once, then the future resolved when the partition settles the commit.
@@ -75,11 +75,15 @@ class _Submission(PendingAppend):
         self.builder: TransactionBuilder | None = None
 
     def execute(self) -> None:
-        """With a slot held: build the append on the callback thread."""
-        self.builder = builder = TransactionBuilder(self.partition.partition_id, self.partition.client_high_water_mark)
-        self.submitter.callback_thread.schedule(self.context.execute, (builder,), self._executed)
+        """With a slot held: build the append on the callback thread (run, then done)."""
+        self.builder = TransactionBuilder(self.partition.partition_id, self.partition.client_high_water_mark)
+        self.submitter.callback_thread.schedule(self)
 
-    def _executed(self, ok: bool, value: Any) -> None:
+    def run(self) -> Any:
+        assert self.builder is not None
+        return self.context.execute(self.builder)
+
+    def done(self, ok: bool, value: Any) -> None:
         builder, self.builder = self.builder, None
         assert builder is not None
         if not (ok and value and self.partition.try_append(builder, self)):

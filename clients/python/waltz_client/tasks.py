@@ -45,27 +45,68 @@ class TaskSet:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-Done = Callable[[bool, Any], None]
-"""Where a scheduled call's outcome goes, on the event loop: (True, result) or (False, exception);
-(False, None) when the call never ran because the thread was shut down."""
-_Call = tuple[Callable[..., Any], tuple[Any, ...], "Done | asyncio.Future[Any]"]
+class Job:
+    """A call for the callback thread: run() there, then done() with its outcome on the event loop:
+    (True, what run returned) or (False, what it raised); (False, None) when it never ran because
+    the thread was shut down. A submission is its own job: no objects made per call."""
+
+    __slots__ = ()
+
+    def run(self) -> Any:
+        raise NotImplementedError
+
+    def done(self, ok: bool, value: Any) -> None:
+        raise NotImplementedError
+
+
+class _Call(Job):
+    __slots__ = ("args", "fn", "future")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], future: asyncio.Future[Any]) -> None:
+        self.fn, self.args, self.future = fn, args, future
+
+    def run(self) -> Any:
+        return self.fn(*self.args)
+
+    def done(self, ok: bool, value: Any) -> None:
+        future = self.future
+        if future.done():  # cancelled meanwhile
+            return
+        if ok:
+            future.set_result(value)
+        elif value is None:
+            future.cancel()
+        else:
+            future.set_exception(value)
+
+
+class _Raised:
+    """What a job raised, among the values a batch returned."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_NEVER_RAN = _Raised(None)  # type: ignore[arg-type]  # done(False, None)
 
 
 class CallbackThread:
     """Runs every application callback and context hook, one at a time, on one thread.
 
-    Calls made in the same event-loop iteration, or while the thread is busy, wait together and
-    then run as one batch, in the order they were made: a hop between the event loop and a
+    Jobs scheduled in the same event-loop iteration, or while the thread is busy, wait together and
+    then run as one batch, in the order they were scheduled: a hop between the event loop and a
     thread costs far more than most hooks (two thread wake-ups, and with the GIL up to a switch
     interval when the loop is busy), so many submissions share one hop instead of taking one each.
     The thread is a plain one fed by a queue: an executor's futures cost more than the hooks.
     """
 
     def __init__(self, name: str) -> None:
-        self._queue: SimpleQueue[tuple[list[_Call], asyncio.AbstractEventLoop] | None] = SimpleQueue()
+        self._queue: SimpleQueue[tuple[list[Job], asyncio.AbstractEventLoop] | None] = SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
-        self._waiting: list[_Call] = []
+        self._waiting: list[Job] = []
         self._busy = False  # a batch is queued or running, or one is about to start
         self._shut = False
         self._shut_lock = threading.Lock()  # nothing is queued after the thread's stop signal
@@ -75,19 +116,19 @@ class CallbackThread:
 
     async def call(self, fn: Callable[..., R], *args: Any) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self.schedule(fn, args, future)
+        self.schedule(_Call(fn, args, future))
         return await future
 
-    def schedule(self, fn: Callable[..., Any], args: tuple[Any, ...], done: Done | asyncio.Future[Any]) -> None:
-        """Run fn(*args) on the thread; done (a callable, or a future that is set unless cancelled
-        meanwhile) gets the outcome on the event loop, later, never from inside this call."""
-        self._waiting.append((fn, args, done))
+    def schedule(self, job: Job) -> None:
+        """Run job on the thread; its done() is called on the event loop, later, never from inside
+        this call."""
+        self._waiting.append(job)
         if not self._busy:
-            self._busy = True  # start on the next iteration: calls made in this one join the batch
+            self._busy = True  # start on the next iteration: jobs scheduled in this one join the batch
             asyncio.get_running_loop().call_soon(self._run_waiting)
 
     def _run_waiting(self) -> None:
-        batch = [call for call in self._waiting if not (isinstance(call[2], asyncio.Future) and call[2].cancelled())]
+        batch = [job for job in self._waiting if not (type(job) is _Call and job.future.cancelled())]
         self._waiting = []
         if not batch:
             self._busy = False
@@ -96,40 +137,34 @@ class CallbackThread:
             if not self._shut:
                 self._queue.put((batch, asyncio.get_running_loop()))
                 return
-        self._finish(batch, [(False, RuntimeError("the callback thread is shut down"))] * len(batch))
+        self._finish(batch, [_Raised(RuntimeError("the callback thread is shut down"))] * len(batch))
 
     def _serve(self) -> None:
         while (item := self._queue.get()) is not None:
             batch, loop = item
-            outcomes = [(False, None)] * len(batch) if self._shut else _run_batch(batch)
+            values = [_NEVER_RAN] * len(batch) if self._shut else _run_batch(batch)
             try:
-                loop.call_soon_threadsafe(self._finish, batch, outcomes)
+                loop.call_soon_threadsafe(self._finish, batch, values)
             except RuntimeError:  # the loop is closed: nobody waits any more
                 pass
 
-    def _finish(self, batch: list[_Call], outcomes: list[tuple[bool, Any]]) -> None:
-        for (_, _, done), (ok, value) in zip(batch, outcomes, strict=True):
-            if not isinstance(done, asyncio.Future):
-                try:
-                    done(ok, value)
-                except Exception:
-                    log.exception("callback-thread completion %r failed", done)
-            elif done.done():
-                continue
-            elif ok:
-                done.set_result(value)
-            elif value is None:
-                done.cancel()
-            else:
-                done.set_exception(value)
+    def _finish(self, batch: list[Job], values: list[Any]) -> None:
+        for job, value in zip(batch, values, strict=True):
+            try:
+                if type(value) is _Raised:
+                    job.done(False, value.exc)
+                else:
+                    job.done(True, value)
+            except Exception:
+                log.exception("callback-thread completion of %r failed", job)
         self._busy = False
-        if self._waiting:  # made while this batch ran: they go together, now
+        if self._waiting:  # scheduled while this batch ran: they go together, now
             self._busy = True
             self._run_waiting()
 
     def shutdown(self) -> None:
-        """Stop the thread (waiting for a running call unless called from it); what has not run
-        yet never will (futures cancelled, done callables get (False, None))."""
+        """Stop the thread (waiting for a running job unless called from it); what has not run yet
+        never will (futures of call() cancelled, other jobs told done(False, None))."""
         with self._shut_lock:
             self._shut = True
             self._queue.put(None)
@@ -137,12 +172,12 @@ class CallbackThread:
             self._thread.join()
 
 
-def _run_batch(batch: list[_Call]) -> list[tuple[bool, Any]]:
-    """On the callback thread: each call in order; a raising call does not stop the others."""
-    outcomes: list[tuple[bool, Any]] = []
-    for fn, args, _ in batch:
+def _run_batch(batch: list[Job]) -> list[Any]:
+    """On the callback thread: each job in order; a raising job does not stop the others."""
+    values: list[Any] = []
+    for job in batch:
         try:
-            outcomes.append((True, fn(*args)))
+            values.append(job.run())
         except BaseException as exc:  # handed to the caller, as run_in_executor does
-            outcomes.append((False, exc))
-    return outcomes
+            values.append(_Raised(exc))
+    return values

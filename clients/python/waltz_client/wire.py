@@ -36,7 +36,9 @@ def fill_append_request(request: server_pb2.AppendRequest, req_id: ReqId, builde
     q.generation = req_id.generation
     q.partition_id = req_id.partition_id
     q.seq_num = req_id.seq_num
-    if builder.write_locks:  # most appends take no locks
+    if not builder.takes_locks():  # the common case
+        return
+    if builder.write_locks:
         request.write_lock_request_length = len(builder.write_locks)
         request.write_locks.extend(builder.write_locks)
     if builder.read_locks:

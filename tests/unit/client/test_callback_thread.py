@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from waltz_client import tasks
-from waltz_client.tasks import CallbackThread
+from waltz_client.tasks import CallbackThread, Job
 
 
 @pytest.fixture
@@ -65,27 +65,38 @@ def test_a_call_after_shutdown_raises() -> None:
     asyncio.run(main())
 
 
-def test_calls_made_in_one_loop_iteration_share_one_batch_and_done_callables_hear_each_outcome(
+class RecordingJob(Job):
+    """Runs on the thread (work(i)); done() records the outcome, on which thread, and when all are in."""
+
+    def __init__(self, i: int, heard: list[tuple[int, bool, object, threading.Thread]], expected: int = 1) -> None:
+        self.i, self.heard, self.expected = i, heard, expected
+        self.all_heard = asyncio.Event()
+        self.ran_on: threading.Thread | None = None
+
+    def run(self) -> int:
+        self.ran_on = threading.current_thread()
+        if self.i == 3:
+            raise ValueError("three")
+        return self.i * 10
+
+    def done(self, ok: bool, value: object) -> None:
+        self.heard.append((self.i, ok, value, threading.current_thread()))
+        if len(self.heard) == self.expected:
+            self.all_heard.set()
+
+
+def test_jobs_scheduled_in_one_loop_iteration_share_one_batch_and_each_hears_its_outcome(
     batches: list[int],
 ) -> None:
     thread = CallbackThread("test-callbacks")
     heard: list[tuple[int, bool, object, threading.Thread]] = []
-
-    def work(i: int) -> int:
-        if i == 3:
-            raise ValueError("three")
-        return i * 10
+    jobs = [RecordingJob(i, heard, expected=6) for i in range(6)]
 
     async def main() -> None:
-        done = asyncio.Event()
-        for i in range(6):
-            def record(ok: bool, value: object, i: int = i) -> None:
-                heard.append((i, ok, value, threading.current_thread()))
-                if len(heard) == 6:
-                    done.set()
-            thread.schedule(work, (i,), record)
+        for job in jobs:
+            thread.schedule(job)
         assert heard == []  # never from inside schedule()
-        await done.wait()
+        await jobs[-1].all_heard.wait()
 
     try:
         asyncio.run(main())
@@ -96,16 +107,18 @@ def test_calls_made_in_one_loop_iteration_share_one_batch_and_done_callables_hea
     assert [v for i, _, v, _ in heard if i != 3] == [0, 10, 20, 40, 50]
     assert isinstance(heard[3][2], ValueError)
     assert {t for *_, t in heard} == {threading.main_thread()}
+    assert {job.ran_on for job in jobs} == {thread._thread}
 
 
-def test_a_call_scheduled_after_shutdown_is_refused_through_its_done_callable() -> None:
+def test_a_job_scheduled_after_shutdown_is_refused_through_done() -> None:
     thread = CallbackThread("test-callbacks")
     thread.shutdown()
-    heard: list[tuple[bool, object]] = []
+    heard: list[tuple[int, bool, object, threading.Thread]] = []
+    job = RecordingJob(1, heard)
 
     async def main() -> None:
-        thread.schedule(lambda: 1, (), lambda ok, value: heard.append((ok, value)))
-        await asyncio.sleep(0.01)
+        thread.schedule(job)
+        await asyncio.wait_for(job.all_heard.wait(), 1)
 
     asyncio.run(main())
-    assert len(heard) == 1 and heard[0][0] is False and isinstance(heard[0][1], RuntimeError)
+    assert job.ran_on is None and heard[0][1] is False and isinstance(heard[0][2], RuntimeError)

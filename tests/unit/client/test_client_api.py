@@ -47,6 +47,22 @@ def test_builder_hashes_locks_checksums_data_and_bounds_the_header() -> None:
     assert request.client_high_water_mark == 7 and req_id_from_proto(request.req_id) == ReqId(1, 2, 1, 9)
 
 
+def test_lock_lists_are_made_on_first_use_and_what_is_put_in_them_is_sent() -> None:
+    builder = TransactionBuilder(partition_id=0, client_high_water_mark=-1)
+    assert not builder.takes_locks()
+    assert builder.read_locks == [] and not builder.takes_locks()  # read: an empty list, still no lock
+    builder.append_locks.append(PartitionLocalLock("parent", 1).lock_hash)  # a list like any other
+    builder.write_locks = [5]
+    assert builder.takes_locks()
+    request = server_pb2.AppendRequest()
+    fill_append_request(request, ReqId(1, 0, 0, 1), builder)
+    assert list(request.append_locks) == builder.append_locks and request.append_lock_request_length == 1
+    assert list(request.write_locks) == [5] and request.read_lock_request_length == 0
+    plain = server_pb2.AppendRequest()
+    fill_append_request(plain, ReqId(1, 0, 0, 2), TransactionBuilder(0, -1))
+    assert not plain.write_locks and not plain.read_locks and not plain.append_locks
+
+
 def test_server_messages_are_split_by_partition_in_order() -> None:
     def entry(pid: int, txn: int) -> server_pb2.FeedData:
         return server_pb2.FeedData(req_id=req_id_to_proto(ReqId(1, 0, pid, 0)), transaction_id=txn)
