@@ -76,9 +76,8 @@ class ServerConnection:
     async def _send_loop(self) -> None:
         try:
             while True:
-                await self._wake.wait()
-                self._wake.clear()
-                await asyncio.sleep(0)  # let appends submitted in the same instant join the batch
+                await self._wake.wait()  # resumes on the iteration after the set(): what the iteration
+                self._wake.clear()  # of the set() queued goes together (a batch's appends are queued at once)
                 while self._out:
                     message = self._out.popleft()
                     if message is self._open:

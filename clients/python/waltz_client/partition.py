@@ -251,15 +251,17 @@ class ClientPartition:
         loop = asyncio.get_running_loop()
         mount_deadline = loop.time() + self.env.config.request_timeout_s
         while True:
-            waiting = self.state.mount_state is MountState.MOUNTING
-            try:
-                async with asyncio.timeout(max(0.0, mount_deadline - loop.time()) if waiting else None):
-                    event = await self.inbox.get()
-            except TimeoutError:
-                log.warning("partition %d: no mount response from %s; mounting again", self.partition_id,
-                            conn.endpoint)
-                self.state.on_disconnect()
-                return _Verdict.REMOUNT
+            if self.state.mount_state is not MountState.MOUNTING:
+                event = await self.inbox.get()  # mounted: no deadline (and no timeout object per event)
+            else:
+                try:
+                    async with asyncio.timeout(max(0.0, mount_deadline - loop.time())):
+                        event = await self.inbox.get()
+                except TimeoutError:
+                    log.warning("partition %d: no mount response from %s; mounting again", self.partition_id,
+                                conn.endpoint)
+                    self.state.on_disconnect()
+                    return _Verdict.REMOUNT
             verdict = await self._handle(event)
             if verdict is None and self.env.ownership(self.partition_id) != owner:
                 verdict = _Verdict.REMOUNT  # moved to another server, or a new generation
@@ -342,15 +344,16 @@ class ClientPartition:
         superseded: list[tuple[PendingAppend, Outcome]] = []
         hwm = self.client_high_water_mark
         gap_at: int | None = None
-        client_id, make_transaction = self.env.client_id, self.env.make_transaction
+        client_id, make_transaction, on_feed = self.env.client_id, self.env.make_transaction, self.monitor.on_feed
         for entry in entries:
             txn_id = entry.transaction_id
             if txn_id > hwm + 1:
                 gap_at = txn_id
                 break
             mine = committed = None
-            if entry.req_id.client_id == client_id:  # only this client's own appends are in the monitor
-                for token, outcome in self.monitor.on_feed(entry.req_id, txn_id):  # no ReqId made for the lookup
+            req_id = entry.req_id
+            if req_id.client_id == client_id:  # only this client's own appends are in the monitor
+                for token, outcome in on_feed(req_id, txn_id):  # the protobuf ReqId: none made for the lookup
                     if outcome.kind is OutcomeKind.COMMITTED:
                         mine, committed = token, outcome
                     else:  # older appends this commit proves lost: resolved after the apply, so retries see it

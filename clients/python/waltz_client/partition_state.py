@@ -64,6 +64,7 @@ class ClientPartitionState:
         self._generation = generation
         self._seq_num = last_seq_num
         self._mount_state = MountState.UNMOUNTED
+        self.appends_allowed = False  # MOUNTED; an attribute, not a property: read for every append
         self._mount_req_id: ReqId | None = None
 
     @property
@@ -74,9 +75,9 @@ class ClientPartitionState:
     def mount_state(self) -> MountState:
         return self._mount_state
 
-    @property
-    def appends_allowed(self) -> bool:
-        return self._mount_state is MountState.MOUNTED
+    def _enter(self, state: MountState) -> None:
+        self._mount_state = state
+        self.appends_allowed = state is MountState.MOUNTED
 
     def next_req_id(self) -> ReqId:
         """A fresh ReqId with the current generation and the next sequence number."""
@@ -99,7 +100,7 @@ class ClientPartitionState:
         if self._mount_state in (MountState.MOUNTING, MountState.MOUNTED):
             raise RuntimeError(f"cannot mount partition {self.partition_id}: {self._mount_state.value}")
         self._mount_req_id = self.next_req_id()
-        self._mount_state = MountState.MOUNTING
+        self._enter(MountState.MOUNTING)
         return self._mount_req_id
 
     def on_mount_response(self, req_id: ReqId, result: MountResult) -> bool:
@@ -107,17 +108,17 @@ class ClientPartitionState:
         if self._mount_state is not MountState.MOUNTING or req_id != self._mount_req_id:
             return False
         self._mount_req_id = None
-        self._mount_state = {
+        self._enter({
             MountResult.READY: MountState.MOUNTED,
             MountResult.NOT_READY: MountState.UNMOUNTED,
             MountResult.CLIENT_AHEAD: MountState.CLIENT_AHEAD,
-        }[result]
+        }[result])
         return True
 
     def on_disconnect(self) -> None:
         """The connection to the partition's server is gone (or unusable): block appends."""
         if self._mount_state is not MountState.CLIENT_AHEAD:
-            self._mount_state = MountState.UNMOUNTED
+            self._enter(MountState.UNMOUNTED)
         self._mount_req_id = None
 
     def accept_feed(self, transaction_id: int, client_high_water_mark: int) -> FeedDecision:
