@@ -25,7 +25,11 @@ from waltz_storage.admin_client import StorageAdminClient
 PARTITIONS = 4
 # A killed server's ephemeral znode goes when its ZooKeeper session expires: 4 s is the least
 # ZooKeeper grants with its 2 s tick. Reconnects to a restarted storage node retry at most 1 s apart.
-SERVER_OVERRIDES = {"zookeeper.sessionTimeout": 4000, "storage.maxRetryInterval": 1000}
+SERVER_OVERRIDES = {
+    "zookeeper.sessionTimeout": 4000,
+    "storage.maxRetryInterval": 1000,
+    "storage.maxBatchesInFlight": 3,  # faults land with several batches at the replicas
+}
 CLIENT = {"client.longWaitThreshold": 500, "client.mountTimeout": 120, "client.requestTimeout": 120}
 DEADLINE_S = 240.0
 

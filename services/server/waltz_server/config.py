@@ -24,8 +24,9 @@ SERVER_KEYS = (
     Key("server.shutdownGraceSeconds", float, 10.0, "how long in-flight calls may finish on SIGTERM"),
     Key("storage.maxBatchSize", int, 500, "appends per store batch (one request per replica)"),
     Key("storage.maxBatchBytes", int, 4194304, "transaction bytes per store batch"),
-    Key("storage.maxBatchesInFlight", int, 4,
-        "store batches of a partition sent to its replicas and not committed yet (1: one at a time)"),
+    Key("storage.maxBatchesInFlight", int, 1,
+        "store batches of a partition at its replicas, not committed yet; more overlap round trips to "
+        "distant storage nodes, 1 batches the most (least CPU per append)"),
 )
 
 
@@ -49,7 +50,7 @@ class PartitionSettings:
     feed_fetch_size: int = 5000
     max_batch_size: int = 500
     max_batch_bytes: int = 4194304
-    max_batches_in_flight: int = 4
+    max_batches_in_flight: int = 1
     read_batch_size: int = 500
 
     def __post_init__(self) -> None:
