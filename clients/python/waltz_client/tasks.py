@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Coroutine
 from queue import SimpleQueue
 from typing import Any, TypeVar
@@ -91,6 +92,19 @@ class _Raised:
 
 _NEVER_RAN = _Raised(None)  # type: ignore[arg-type]  # done(False, None)
 
+# The callback threads not shut down yet. At interpreter exit (before non-daemon threads are joined)
+# each is told to stop after the jobs already queued, as ThreadPoolExecutor's workers are: a client
+# never closed neither hangs the exit nor has a running apply_transaction cut short.
+_LIVE: weakref.WeakKeyDictionary[threading.Thread, SimpleQueue[Any]] = weakref.WeakKeyDictionary()
+
+
+def _stop_at_exit() -> None:
+    for queue in list(_LIVE.values()):
+        queue.put(None)
+
+
+threading._register_atexit(_stop_at_exit)  # type: ignore[attr-defined]  # what concurrent.futures uses
+
 
 class CallbackThread:
     """Runs every application callback and context hook, one at a time, on one thread.
@@ -104,8 +118,9 @@ class CallbackThread:
 
     def __init__(self, name: str) -> None:
         self._queue: SimpleQueue[tuple[list[Job], asyncio.AbstractEventLoop] | None] = SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=name)
         self._thread.start()
+        _LIVE[self._thread] = self._queue
         self._waiting: list[Job] = []
         self._busy = False  # a batch is queued or running, or one is about to start
         self._shut = False

@@ -1,6 +1,9 @@
 """CallbackThread: calls made while the thread is busy run together, in order, on its one thread."""
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
@@ -122,3 +125,20 @@ def test_a_job_scheduled_after_shutdown_is_refused_through_done() -> None:
 
     asyncio.run(main())
     assert job.ran_on is None and heard[0][1] is False and isinstance(heard[0][2], RuntimeError)
+
+
+def test_at_interpreter_exit_a_thread_never_shut_down_finishes_its_job_and_lets_the_process_end() -> None:
+    script = textwrap.dedent("""
+        import asyncio, time
+        from waltz_client.tasks import CallbackThread
+        thread = CallbackThread("never-shut-down")
+        def slow():
+            time.sleep(0.2)
+            print("job finished", flush=True)
+        async def main():
+            asyncio.ensure_future(thread.call(slow))
+            await asyncio.sleep(0.05)
+        asyncio.run(main())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.strip() == "job finished", done.stderr
