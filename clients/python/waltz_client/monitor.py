@@ -44,6 +44,9 @@ class Outcome(NamedTuple):  # immutable like a frozen dataclass, and made severa
         return Outcome(OutcomeKind.LOCK_FAILED, transaction_id, "lock failure")
 
 
+_NO_OUTCOME = Outcome(OutcomeKind.COMMITTED)  # for _resolve in commit_oldest; not handed out
+
+
 class CapacityError(RuntimeError):
     """register() was called while the monitor was full; wait for has_capacity()."""
 
@@ -131,6 +134,15 @@ class TransactionMonitor(Generic[T]):
         entry = _Entry(token, now, req_id)
         if self._entries.setdefault(req_id.seq_num, entry) is not entry:
             raise ValueError(f"{req_id}: its sequence number is already registered")
+
+    def commit_oldest(self, req_id: ReqIdFields) -> T | None:
+        """The common case of on_feed, for the shell's feed loop: if req_id is the oldest pending
+        entry, resolve it as committed and return its token (nothing older can fail); otherwise
+        change nothing and return None (then call on_feed)."""
+        seq_num = req_id.seq_num
+        if self._find(req_id) is None or next(iter(self._entries)) != seq_num:
+            return None
+        return self._resolve(seq_num, _NO_OUTCOME)[0]
 
     def on_feed(self, req_id: ReqIdFields, transaction_id: int) -> list[tuple[T, Outcome]]:
         """A transaction in the feed: if ours, it committed and older waiting entries failed."""

@@ -344,7 +344,8 @@ class ClientPartition:
         superseded: list[tuple[PendingAppend, Outcome]] = []
         hwm = self.client_high_water_mark
         gap_at: int | None = None
-        client_id, make_transaction, on_feed = self.env.client_id, self.env.make_transaction, self.monitor.on_feed
+        client_id, make_transaction = self.env.client_id, self.env.make_transaction
+        commit_oldest, on_feed = self.monitor.commit_oldest, self.monitor.on_feed
         for entry in entries:
             txn_id = entry.transaction_id
             if txn_id > hwm + 1:
@@ -353,11 +354,15 @@ class ClientPartition:
             mine = committed = None
             req_id = entry.req_id
             if req_id.client_id == client_id:  # only this client's own appends are in the monitor
-                for token, outcome in on_feed(req_id, txn_id):  # the protobuf ReqId: none made for the lookup
-                    if outcome.kind is OutcomeKind.COMMITTED:
-                        mine, committed = token, outcome
-                    else:  # older appends this commit proves lost: resolved after the apply, so retries see it
-                        superseded.append((token, outcome))
+                mine = commit_oldest(req_id)  # the protobuf ReqId: none made for the lookup
+                if mine is not None:
+                    committed = Outcome(OutcomeKind.COMMITTED, txn_id)
+                else:
+                    for token, outcome in on_feed(req_id, txn_id):
+                        if outcome.kind is OutcomeKind.COMMITTED:
+                            mine, committed = token, outcome
+                        else:  # older appends this commit proves lost: resolved after the apply, so retries see it
+                            superseded.append((token, outcome))
             transaction = None
             if txn_id == hwm + 1:
                 transaction = (make_transaction(self.partition_id, entry, None, None) if mine is None

@@ -67,6 +67,17 @@ def test_feed_entries_are_matched_on_every_req_id_field_also_as_protobuf_message
     assert monitor.on_feed(req_id_to_proto(rid(2)), 6) == [failed("t1", SUPERSEDED), ("t2", Outcome.committed(6))]
 
 
+def test_commit_oldest_is_on_feed_for_the_oldest_pending_append_and_changes_nothing_otherwise() -> None:
+    monitor = monitor_with(1, 2, 3)
+    for not_oldest in (rid(2), rid(1, OTHER), ReqId(ME, 1, 0, 1), rid(9)):
+        assert monitor.commit_oldest(not_oldest) is None
+    assert monitor.pending_count() == 3
+    assert monitor.commit_oldest(req_id_to_proto(rid(1))) == "t1"
+    assert monitor.commit_oldest(rid(1)) is None and monitor.pending_count() == 2
+    assert monitor.on_feed(rid(3), 8) == [failed("t2", SUPERSEDED), ("t3", Outcome.committed(8))]
+    assert monitor.commit_oldest(rid(4)) is None  # empty
+
+
 def test_mount_complete_fails_everything_still_pending() -> None:
     monitor = monitor_with(1, 2, 3)
     assert monitor.on_feed(rid(1), 0) == [("t1", Outcome.committed(0))]  # catch-up feed
