@@ -39,9 +39,6 @@ class BatchHistogram(Collector):
                 counts[i] += 1
             self._sum += total
 
-    def observe(self, value: float) -> None:
-        self.observe_many((value,))
-
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             counts, total = list(self._counts), self._sum

@@ -20,13 +20,12 @@ from waltz_server.locks import LockRequest, LockTable
 from waltz_server.metrics import PartitionMetrics
 from waltz_server.mounts import MountRegistry
 from waltz_server.store.api import StorePartition, StoreUnavailable
-from waltz_server.store_batches import StoreBatches, wait_store_ready
+from waltz_server.store_batches import RETRY_S, StoreBatches, wait_store_ready
 from waltz_server.validation import append_problem
 
 log = logging.getLogger(__name__)
 
 Reason = server_pb2.AppendRejected.Reason
-_RETRY_S = 0.05
 _NO_LOCKS = LockRequest()
 
 
@@ -344,7 +343,7 @@ class Partition:
             except PartitionClosed:
                 return
             except StoreUnavailable:
-                await asyncio.sleep(_RETRY_S)  # the store is between sessions: read again soon
+                await asyncio.sleep(RETRY_S)  # the store is between sessions: read again soon
             except Exception:
                 log.exception("partition %d: feed of stream %d ended", self.partition_id, context.stream.stream_id)
                 if self._feeds.get(context.stream.stream_id) is context:
