@@ -1,7 +1,8 @@
-"""Bounded in-memory caches of one partition: recent feed entries (ring) and transaction data (LRU)."""
+"""Bounded in-memory caches of one partition: recent feed entries (by batch) and transaction data (LRU)."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
@@ -12,15 +13,18 @@ T = TypeVar("T")
 class FeedCache(Generic[T]):
     """The feed entries of the most recent `capacity` committed transactions, by transaction id.
 
-    A ring buffer indexed by id modulo capacity, so reading a window near the tail costs only
-    the window, whatever the capacity.
+    Kept as the sequences appended (one per committed batch, never copied entry by entry: the
+    append path adds a batch's feed message as it is), found by bisecting their first ids, so
+    reading a window near the tail costs only the window, whatever the capacity.
     """
 
     def __init__(self, capacity: int, high_water_mark: int = -1) -> None:
         if capacity < 1:
             raise ValueError("feed cache capacity must be at least 1")
         self._capacity = capacity
-        self._ring: list[T | None] = [None] * capacity
+        self._firsts: list[int] = []  # first id of each segment, ascending
+        self._segments: list[Sequence[T]] = []
+        self._head = 0  # segments before it are wholly below first_id (dropped in bulk now and then)
         self._last = high_water_mark
         self._count = 0
 
@@ -34,26 +38,31 @@ class FeedCache(Generic[T]):
         return self._last - self._count + 1
 
     def append(self, first_id: int, entries: Sequence[T]) -> None:
-        """Add the entries of consecutive ids from first_id; a gap (or overlap) restarts the cache."""
-        cap = self._capacity
+        """Add the entries of consecutive ids from first_id; a gap (or overlap) restarts the cache.
+
+        The cache keeps entries as it is given them: the caller must not change them afterwards.
+        """
         if first_id != self._last + 1:
+            self._firsts.clear()
+            self._segments.clear()
+            self._head = 0
             self._count = 0
             self._last = first_id - 1
-        if len(entries) > cap:
-            skipped = len(entries) - cap
-            entries = entries[skipped:]
-            self._last += skipped
-            self._count = 0
         n = len(entries)
-        start = (self._last + 1) % cap
-        end = start + n
-        if end <= cap:
-            self._ring[start:end] = entries
-        else:
-            self._ring[start:] = entries[: cap - start]
-            self._ring[: end - cap] = entries[cap - start :]
+        if n == 0:
+            return
+        self._firsts.append(first_id)
+        self._segments.append(entries)
         self._last += n
-        self._count = min(cap, self._count + n)
+        self._count = min(self._capacity, self._count + n)
+        first = self.first_id
+        firsts, segments, head = self._firsts, self._segments, self._head
+        while firsts[head] + len(segments[head]) <= first:
+            head += 1
+        if head > 32 and 2 * head > len(segments):
+            del firsts[:head], segments[:head]
+            head = 0
+        self._head = head
 
     def get(self, from_id: int, max_count: int) -> list[T] | None:
         """Entries from from_id on (at most max_count, fewer at the tail); None when from_id is not held."""
@@ -62,13 +71,13 @@ class FeedCache(Generic[T]):
         count = min(max_count, self._last - from_id + 1)
         if count <= 0:
             return []
-        start = from_id % self._capacity
-        end = start + count
-        if end <= self._capacity:
-            part = self._ring[start:end]
-        else:
-            part = self._ring[start:] + self._ring[: end - self._capacity]
-        return part  # type: ignore[return-value]
+        i = bisect_right(self._firsts, from_id, self._head) - 1
+        out: list[T] = []
+        while len(out) < count:
+            offset = from_id + len(out) - self._firsts[i]
+            out.extend(self._segments[i][offset : offset + count - len(out)])
+            i += 1
+        return out
 
 
 class TransactionData(Protocol):

@@ -18,8 +18,13 @@ _stream_ids = itertools.count(1)
 
 
 def coalesce(messages: list[server_pb2.ServerMessage], max_entries: int) -> list[server_pb2.ServerMessage]:
-    """Merge adjacent feed batches of one partition with consecutive ids (fewer, larger messages)."""
+    """Merge adjacent feed batches of one partition with consecutive ids (fewer, larger messages).
+
+    The messages given are never changed (a feed batch is shared by every stream it goes to): a
+    merge builds a new message.
+    """
     out: list[server_pb2.ServerMessage] = []
+    merged = False  # out[-1] is a message built here
     for message in messages:
         if out and message.WhichOneof("message") == "feed" and out[-1].WhichOneof("message") == "feed":
             last, this = out[-1].feed.transactions, message.feed.transactions
@@ -30,9 +35,13 @@ def coalesce(messages: list[server_pb2.ServerMessage], max_entries: int) -> list
                 and last[-1].req_id.partition_id == this[0].req_id.partition_id
                 and last[-1].transaction_id + 1 == this[0].transaction_id
             ):
-                last.extend(this)
+                if not merged:
+                    out[-1] = server_pb2.ServerMessage(feed=out[-1].feed)
+                    merged = True
+                out[-1].feed.transactions.extend(this)
                 continue
         out.append(message)
+        merged = False
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Protocol
 
 from waltz.v1 import common_pb2, server_pb2
@@ -36,7 +37,10 @@ class FeedSource(Protocol):
     @property
     def cache_first_id(self) -> int: ...
 
-    def cached_feed(self, first: int, count: int) -> list[server_pb2.FeedData] | None: ...
+    def cached_feed(self, first: int, count: int) -> server_pb2.ServerMessage | None:
+        """The feed message of [first, first + count) from the cache (shared: never change it), or None
+        when the cache no longer holds first."""
+        ...
 
     async def stored_headers(self, first: int, count: int) -> list[RecordHeader]: ...
 
@@ -58,7 +62,7 @@ def stored_feed_message(headers: list[RecordHeader]) -> server_pb2.ServerMessage
     return message
 
 
-def feed_message(entries: list[server_pb2.FeedData]) -> server_pb2.ServerMessage:
+def feed_message(entries: Sequence[server_pb2.FeedData]) -> server_pb2.ServerMessage:
     return server_pb2.ServerMessage(feed=server_pb2.FeedDataBatch(transactions=entries))
 
 
@@ -96,10 +100,10 @@ class FeedContext:
             elif step.source is Source.WAIT:
                 await source.wait_for_commit(cursor.next_id - 1)
             elif step.source is Source.CACHE:
-                entries = source.cached_feed(step.first, step.count)
-                if entries:  # None: the cache moved on meanwhile; step again
-                    await self.stream.send_feed(feed_message(entries))
-                    cursor.sent(len(entries))
+                message = source.cached_feed(step.first, step.count)
+                if message is not None and message.feed.transactions:  # None: the cache moved on; step again
+                    await self.stream.send_feed(message)
+                    cursor.sent(len(message.feed.transactions))
             else:
                 headers = await source.stored_headers(step.first, step.count)
                 if not headers or headers[0].transaction_id != step.first:  # between sessions: read again

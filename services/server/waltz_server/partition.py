@@ -14,7 +14,7 @@ from waltz_common.types import RecordHeader
 from waltz_server.append_pipeline import AppendPipeline, ClientPending, QueuedAppend, Resolved
 from waltz_server.caches import DataCache, FeedCache
 from waltz_server.config import PartitionSettings
-from waltz_server.feed import FeedContext, StreamPort
+from waltz_server.feed import FeedContext, StreamPort, feed_message
 from waltz_server.feed_cursor import FeedCursor
 from waltz_server.locks import LockRequest, LockTable
 from waltz_server.metrics import PartitionMetrics
@@ -94,6 +94,7 @@ class Partition:
         self._mounts = MountRegistry()
         self._feeds: dict[int, FeedContext] = {}  # stream id -> its feed of this partition
         self._feed_cache: FeedCache[server_pb2.FeedData] = FeedCache(settings.feed_cache_size)
+        self._last_feed: tuple[int, server_pb2.ServerMessage] = (-1, server_pb2.ServerMessage())
         self.data_cache = DataCache(settings.data_cache_bytes)
         self._group: asyncio.TaskGroup | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -189,8 +190,12 @@ class Partition:
     def cache_first_id(self) -> int:
         return self._feed_cache.first_id
 
-    def cached_feed(self, first: int, count: int) -> list[server_pb2.FeedData] | None:
-        return self._feed_cache.get(first, count)
+    def cached_feed(self, first: int, count: int) -> server_pb2.ServerMessage | None:
+        last_first, last = self._last_feed
+        if first == last_first and count == len(last.feed.transactions):
+            return last  # a realtime feed: the newest batch, built once for every stream
+        entries = self._feed_cache.get(first, count)
+        return None if entries is None else feed_message(entries)
 
     async def stored_headers(self, first: int, count: int) -> list[RecordHeader]:
         return await self.store.get_headers(first, count)
@@ -369,6 +374,7 @@ class Partition:
         hwm = self.store.high_water_mark
         self._high_water_mark = hwm
         self._feed_cache = FeedCache(self.settings.feed_cache_size, hwm)
+        self._last_feed = (-1, server_pb2.ServerMessage())
         s = self.settings
         pipeline: AppendPipeline[_Origin] = AppendPipeline(
             LockTable(hwm, s.lock_table_size), s.max_batch_size, s.max_batch_bytes, s.max_batches_in_flight
@@ -394,15 +400,18 @@ class Partition:
         now = self._clock()
         committed = resolved.committed
         if committed:
-            entries: list[server_pb2.FeedData] = []
-            add_entry = entries.append
-            feed_data = server_pb2.FeedData
+            # The feed message of the batch is built in place once: a realtime feed sends it as it is
+            # (cached_feed), the ring keeps its entries for feeds that read another range.
+            message = server_pb2.ServerMessage()
+            add_entry = message.feed.transactions.add
             put = self.data_cache.put
             for item, transaction_id in committed:
                 r = item.origin.request
-                add_entry(feed_data(req_id=r.req_id, transaction_id=transaction_id, header=r.header))
+                add_entry(req_id=r.req_id, transaction_id=transaction_id, header=r.header)
                 put(transaction_id, r, item.size)  # an AppendRequest has the data and checksum a read needs
-            self._feed_cache.append(committed[0][1], entries)
+            first = committed[0][1]
+            self._feed_cache.append(first, message.feed.transactions)
+            self._last_feed = (first, message)
             self._high_water_mark = max(self._high_water_mark, committed[-1][1])
             self._wake_feeds()
         if self.metrics is not None:

@@ -1,4 +1,4 @@
-"""FeedCache (ring of recent feed entries by id) and DataCache (LRU by data bytes)."""
+"""FeedCache (recent feed entries by id) and DataCache (LRU by data bytes)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,19 @@ def test_feed_cache_matches_a_model(capacity, batch_sizes, start, count):
         assert got == list(range(start, min(next_id, start + count)))
     else:
         assert got is None
+
+
+def test_feed_cache_stays_exact_over_many_batches():
+    cache: FeedCache[int] = FeedCache(10)
+    next_id = 0
+    for i in range(500):  # enough batches that the dropped ones are compacted away several times
+        size = 1 + i % 3
+        cache.append(next_id, list(range(next_id, next_id + size)))
+        next_id += size
+        assert cache.first_id == max(0, next_id - 10)
+        assert cache.get(cache.first_id, 100) == list(range(cache.first_id, next_id))
+        assert cache.get(cache.first_id - 1, 1) is None or cache.first_id == 0
+    assert len(cache._segments) < 80  # dropped batches do not pile up
 
 
 def record(txn: int, size: int) -> Record:

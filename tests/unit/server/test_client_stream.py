@@ -35,6 +35,14 @@ def test_adjacent_consecutive_batches_of_a_partition_merge_up_to_the_limit():
     ]
 
 
+def test_merging_never_changes_the_messages_given():
+    # a realtime feed batch is one message shared by every stream it goes to
+    messages = [feed(0, 1, 2), feed(0, 3), feed(0, 4), flush(), feed(0, 5), feed(0, 6)]
+    before = [m.SerializeToString() for m in messages]
+    assert shape(coalesce(messages, 10)) == [[(0, 1), (0, 2), (0, 3), (0, 4)], "flush", [(0, 5), (0, 6)]]
+    assert [m.SerializeToString() for m in messages] == before
+
+
 def test_outbound_holds_feeds_back_when_full_but_never_answers():
     async def scenario():
         outbound = Outbound(limit=2)
