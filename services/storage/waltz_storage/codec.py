@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import struct
 import uuid
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from isal.isal_zlib import crc32 as crc32_unsigned
 
 from waltz_common.types import INT32_MAX, INT32_MIN, Record, RecordHeader, ReqId, crc32
 from waltz_storage.errors import (
@@ -344,7 +345,7 @@ def decode_records(buf: bytes, offsets: Sequence[int], first_transaction_id: int
     view = memoryview(buf)
     unpack_prefix = RECORD_PREFIX.unpack_from
     unpack_crc = UINT32.unpack_from
-    crc = zlib.crc32
+    crc = crc32_unsigned
     out: list[RecordFields] = []
     append = out.append
     txn = first_transaction_id
