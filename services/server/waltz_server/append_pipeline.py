@@ -9,7 +9,7 @@ clients and feeds.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -34,7 +34,7 @@ class QueuedAppend(Generic[T]):
 
     @property
     def has_locks(self) -> bool:
-        return bool(self.locks.write or self.locks.read or self.locks.append)
+        return self.locks.any
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,28 +140,41 @@ class AppendPipeline(Generic[T]):
     def poll(self) -> list[tuple[QueuedAppend[T], int]]:
         """Lock-check the waiting appends that may go now; returns the lock failures."""
         failures: list[tuple[QueuedAppend[T], int]] = []
-        if self._scanned == len(self._waiting):
+        waiting = self._waiting
+        if self._scanned == len(waiting):
             return failures  # nothing new, and nothing resolved that could free what waits
         kept: deque[QueuedAppend[T]] = deque()
         for _ in range(self._scanned):
-            kept.append(self._waiting.popleft())
-        while self._waiting:
-            item = self._waiting.popleft()
-            if self._queued_behind(item):
+            kept.append(waiting.popleft())
+        # the loop runs once per append: the checks of an append without locks are written out inline
+        blocked_clients, blocked_locks = self._blocked_clients, self._blocked_locks
+        building, max_count, max_bytes = self._building, self._max_count, self._max_bytes
+        building_bytes = self._building_bytes
+        while waiting:
+            item = waiting.popleft()
+            locked = item.locks.any  # most appends take no locks: skip the table for them
+            if item.client_id in blocked_clients or (
+                locked and blocked_locks and not blocked_locks.isdisjoint(item.all_locks)
+            ):
                 self._block(item)
                 kept.append(item)
                 continue
-            locked = item.has_locks  # most appends take no locks: skip the table for them
-            conflict = self._locks.check(item.locks, item.client_high_water_mark) if locked else None
-            if conflict is not None:
-                failures.append((item, conflict))
-                continue
-            if self._batch_full(item) or (locked and not self._locks.begin(item.locks)):
+            if locked:
+                conflict = self._locks.check(item.locks, item.client_high_water_mark)
+                if conflict is not None:
+                    failures.append((item, conflict))
+                    continue
+            if len(building) >= max_count or (building and building_bytes + item.size > max_bytes):
                 self._block(item)
                 kept.append(item)
                 continue
-            self._building.append(item)
-            self._building_bytes += item.size
+            if locked and not self._locks.begin(item.locks):
+                self._block(item)
+                kept.append(item)
+                continue
+            building.append(item)
+            building_bytes += item.size
+        self._building_bytes = building_bytes
         self._waiting = kept
         self._scanned = len(kept)
         return failures
@@ -185,17 +198,14 @@ class AppendPipeline(Generic[T]):
         """The oldest in-flight batch broke; its appends with an id at or below committed_up_to committed."""
         batch = self._in_flight.popleft() if self._in_flight else []
         self._in_flight_count -= len(batch)
-        committed: list[tuple[QueuedAppend[T], int]] = []
-        failed: list[QueuedAppend[T]] = []
+        kept = max(0, min(len(batch), committed_up_to - first_transaction_id + 1))
+        ids = range(first_transaction_id, first_transaction_id + kept)
+        committed: list[tuple[QueuedAppend[T], int]] = list(zip(batch[:kept], ids, strict=True))
+        failed = batch[kept:]
         for offset, item in enumerate(batch):
-            transaction_id = first_transaction_id + offset
-            if transaction_id <= committed_up_to:
-                committed.append((item, transaction_id))
-                if item.has_locks:
-                    self._locks.commit(item.locks, transaction_id)
-            else:
-                failed.append(item)
-            if item.has_locks:
+            if item.locks.any:
+                if offset < kept:
+                    self._locks.commit(item.locks, first_transaction_id + offset)
                 self._locks.end(item.locks)
         self._rescan()
         return Resolved(committed, failed)
@@ -212,17 +222,6 @@ class AppendPipeline(Generic[T]):
         self._building_bytes = sum(item.size for item in self._building)
         self._rescan()
         return dropped + batched
-
-    def _queued_behind(self, item: QueuedAppend[T]) -> bool:
-        return item.client_id in self._blocked_clients or self._touches_blocked(item.all_locks)
-
-    def _batch_full(self, item: QueuedAppend[T]) -> bool:
-        if len(self._building) >= self._max_count:
-            return True
-        return bool(self._building) and self._building_bytes + item.size > self._max_bytes
-
-    def _touches_blocked(self, locks: Iterable[int]) -> bool:
-        return bool(self._blocked_locks) and any(lock in self._blocked_locks for lock in locks)
 
     def _block(self, item: QueuedAppend[T]) -> None:
         self._blocked_clients.add(item.client_id)

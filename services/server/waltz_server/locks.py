@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 DEFAULT_SIZE: Final = 30000  # server.lockTableSize of the original
@@ -22,6 +22,10 @@ class LockRequest:
     write: tuple[int, ...] = ()
     read: tuple[int, ...] = ()
     append: tuple[int, ...] = ()
+    any: bool = field(init=False, compare=False)  # some lock at all (most appends take none)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "any", bool(self.write or self.read or self.append))
 
 
 class LockTable:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from waltz.v1 import common_pb2, server_pb2
@@ -211,14 +211,19 @@ class Partition:
 
     # client stream messages
 
-    async def submit(self, stream: StreamPort, requests: list[server_pb2.AppendRequest]) -> None:
+    async def submit(self, stream: StreamPort, requests: Sequence[server_pb2.AppendRequest]) -> None:
         """Queue appends in order; waits while the append queue is full (back-pressure)."""
         arrived = self._clock()
-        for request in requests:
+        done, total = 0, len(requests)
+        while done < total:
             if self._must_wait():
                 await self._wait_for_room()
                 arrived = self._clock()
-            self._submit_one(stream, request, arrived)
+            room = total - done  # as many as the queue takes now, without a check per append
+            if self._pipeline is not None and not self._closed:
+                room = min(room, max(1, self.settings.append_queue_size - len(self._pipeline)))
+            self._submit_some(stream, requests[done : done + room] if room < total else requests, arrived)
+            done += room
         if self._pipeline is not None:
             self._answer_lock_failures(self._pipeline.poll())
             self._work.set()
@@ -243,32 +248,42 @@ class Partition:
             else:
                 return
 
-    def _submit_one(self, stream: StreamPort, request: server_pb2.AppendRequest, arrived: float) -> None:
-        req_id = request.req_id
-        client_id = req_id.client_id
-        origin = _Origin(stream, request, arrived)
-        if self._closed or self._pipeline is None:
-            self._reject(origin, Reason.PARTITION_NOT_READY, f"partition {self.partition_id} is not ready here")
+    def _submit_some(self, stream: StreamPort, requests: Sequence[server_pb2.AppendRequest], arrived: float) -> None:
+        """Validate and queue requests (the queue has room for them). Runs once per append: keep it lean."""
+        pipeline = self._pipeline
+        if self._closed or pipeline is None:
+            message = f"partition {self.partition_id} is not ready here"
+            for request in requests:
+                self._reject(_Origin(stream, request, arrived), Reason.PARTITION_NOT_READY, message)
             return
-        if req_id.generation != self.generation:
-            self._reject(origin, Reason.WRONG_GENERATION, self._generation_message(req_id.generation))
-            return
-        if not self._mounts.is_current(client_id, stream.stream_id):
-            if not self._mounts.is_known(client_id):
-                message = f"partition {self.partition_id} is not mounted by client {client_id}: mount it first"
-                self._reject(origin, Reason.NOT_MOUNTED, message)
-            return  # a stale network client: a newer stream of the same client mounted the partition
-        problem = append_problem(request, self.settings.max_transaction_bytes)
-        if problem is not None:
-            self._reject(origin, Reason.INVALID, f"partition {self.partition_id}: {problem}")
-            return
-        locks = _NO_LOCKS
-        if request.write_locks or request.read_locks or request.append_locks:
-            locks = LockRequest(tuple(request.write_locks), tuple(request.read_locks), tuple(request.append_locks))
-        # append_problem checked that data_length is the data's size (reading the data would copy it)
-        item = QueuedAppend(client_id, request.client_high_water_mark, locks, request.data_length, origin)
-        self._pending.offered(client_id)
-        self._pipeline.offer(item)
+        generation, stream_id, max_bytes = self.generation, stream.stream_id, self.settings.max_transaction_bytes
+        mounted: dict[int, bool] = {}  # client id -> this stream holds its current mount
+        offer, offered = pipeline.offer, self._pending.offered
+        for request in requests:
+            req_id = request.req_id
+            client_id = req_id.client_id
+            origin = _Origin(stream, request, arrived)
+            if req_id.generation != generation:
+                self._reject(origin, Reason.WRONG_GENERATION, self._generation_message(req_id.generation))
+                continue
+            current = mounted.get(client_id)
+            if current is None:
+                current = mounted[client_id] = self._mounts.is_current(client_id, stream_id)
+            if not current:
+                if not self._mounts.is_known(client_id):
+                    message = f"partition {self.partition_id} is not mounted by client {client_id}: mount it first"
+                    self._reject(origin, Reason.NOT_MOUNTED, message)
+                continue  # else a stale network client: a newer stream of the same client mounted the partition
+            problem = append_problem(request, max_bytes)
+            if problem is not None:
+                self._reject(origin, Reason.INVALID, f"partition {self.partition_id}: {problem}")
+                continue
+            locks = _NO_LOCKS
+            if request.write_locks or request.read_locks or request.append_locks:
+                locks = LockRequest(tuple(request.write_locks), tuple(request.read_locks), tuple(request.append_locks))
+            # append_problem checked that data_length is the data's size (reading the data would copy it)
+            offered(client_id)
+            offer(QueuedAppend(client_id, request.client_high_water_mark, locks, request.data_length, origin))
 
     def flush(self, stream: StreamPort, request: server_pb2.FlushRequest) -> None:
         """Answer the high-water mark once every earlier append of the client has resolved."""

@@ -27,6 +27,21 @@ def append_problem(request: server_pb2.AppendRequest, max_transaction_bytes: int
         return f"transaction data of {size} bytes exceeds server.maxTransactionBytes={max_transaction_bytes}"
     if request.data_length != size:
         return f"data_length {request.data_length} does not match the {size} bytes of data"
+    if request.checksum != crc32(data):
+        return f"checksum {request.checksum} is not the CRC-32 of the data ({crc32(data)})"
+    if (
+        request.write_lock_request_length
+        or request.read_lock_request_length
+        or request.append_lock_request_length
+        or request.write_locks
+        or request.read_locks
+        or request.append_locks
+    ):
+        return _lock_problem(request)
+    return None
+
+
+def _lock_problem(request: server_pb2.AppendRequest) -> str | None:
     for name, length, values in (
         ("write", request.write_lock_request_length, request.write_locks),
         ("read", request.read_lock_request_length, request.read_locks),
@@ -34,6 +49,4 @@ def append_problem(request: server_pb2.AppendRequest, max_transaction_bytes: int
     ):
         if length != len(values):
             return f"{name}_lock_request_length {length} does not match the {len(values)} {name} locks"
-    if request.checksum != crc32(data):
-        return f"checksum {request.checksum} is not the CRC-32 of the data ({crc32(data)})"
     return None
