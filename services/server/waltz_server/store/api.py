@@ -25,6 +25,11 @@ class PendingRecord(Protocol):
     def data(self) -> bytes: ...
 
     @property
+    def data_length(self) -> int:
+        """len(data), known without reading data (reading a protobuf bytes field copies it)."""
+        ...
+
+    @property
     def checksum(self) -> int: ...
 
 
@@ -36,6 +41,10 @@ class NewRecord:
     header: int
     data: bytes
     checksum: int
+
+    @property
+    def data_length(self) -> int:
+        return len(self.data)
 
 
 class AppendFailed(Exception):

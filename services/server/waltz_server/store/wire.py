@@ -31,15 +31,17 @@ def append_pending_request(
     append.partition_id = partition_id
     append.record_list_length = len(records)
     add = append.records.add
-    for i, r in enumerate(records):
+    transaction_id = first
+    for r in records:
         add(
-            transaction_id=first + i,
+            transaction_id=transaction_id,
             req_id=r.req_id,
             header=r.header,
-            data_length=len(r.data),
+            data_length=r.data_length,
             data=r.data,
             checksum=r.checksum,
         )
+        transaction_id += 1
     return request
 
 
