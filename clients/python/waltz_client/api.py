@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, overload
 
 from waltz_client.locks import PartitionLocalLock, lock_hashes
+from waltz_client.monitor import ReqIdFields
 from waltz_common.types import INT32_MAX, INT32_MIN, ReqId, crc32
 
 T = TypeVar("T")
@@ -136,17 +137,30 @@ class TransactionContext(ABC):
 class Transaction:
     """A committed transaction in the feed; its data is fetched lazily on first use."""
 
+    _lock: threading.Lock | None = None  # made by the first data() that has to fetch
+
     def __init__(
         self, partition_id: int, transaction_id: int, req_id: ReqId, header: int,
         fetch: Callable[[], bytes], data: bytes | None = None,
     ) -> None:
         self.partition_id = partition_id
         self.transaction_id = transaction_id
-        self.req_id = req_id
+        self._req_id: ReqIdFields = req_id
         self.header = header
         self._fetch = fetch
         self._data = data
-        self._lock = threading.Lock()
+
+    @property
+    def req_id(self) -> ReqId:
+        """The ReqId of the append that created the transaction."""
+        r = self._req_id
+        if type(r) is not ReqId and r is not None:  # the feed's protobuf ReqId: converted on first use
+            r = self._req_id = ReqId(r.client_id, r.generation, r.partition_id, r.seq_num)
+        return r
+
+    @req_id.setter
+    def req_id(self, req_id: ReqId) -> None:
+        self._req_id = req_id
 
     @overload
     def data(self) -> bytes: ...
@@ -156,14 +170,43 @@ class Transaction:
 
     def data(self, serializer: Serializer[Any] | None = None) -> Any:
         """The transaction data (fetched once, checksum verified), deserialized if asked."""
-        with self._lock:
-            if self._data is None:
-                self._data = self._fetch()
-            raw = self._data
+        raw = self._data
+        if raw is None:
+            with _LOCK_GUARD:
+                lock = self._lock
+                if lock is None:
+                    lock = self._lock = threading.Lock()
+            with lock:
+                if self._data is None:
+                    self._data = self._load()
+                raw = self._data
         return serializer.deserialize(raw) if serializer is not None else raw
+
+    def _load(self) -> bytes:
+        return self._fetch()
 
     def __repr__(self) -> str:
         return f"Transaction(partition={self.partition_id}, id={self.transaction_id}, header={self.header})"
+
+
+_LOCK_GUARD = threading.Lock()  # makes a transaction's lock: most transactions never need one
+
+
+class FedTransaction(Transaction):
+    """A transaction as the client makes one per feed entry: its req_id may be the feed's protobuf ReqId,
+    and its data comes from source(partition_id, transaction_id) (one per client, not one per transaction)."""
+
+    def __init__(self, partition_id: int, transaction_id: int, req_id: ReqIdFields, header: int,
+                 source: Callable[[int, int], bytes], data: bytes | None) -> None:
+        self.partition_id = partition_id
+        self.transaction_id = transaction_id
+        self._req_id = req_id
+        self.header = header
+        self._source = source
+        self._data = data
+
+    def _load(self) -> bytes:
+        return self._source(self.partition_id, self.transaction_id)
 
 
 class WaltzClientCallbacks(ABC):

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from waltz_client.api import TransactionContext, WaltzClientCallbacks
 from waltz_client.client import AsyncWaltzClient, ConfigSource
 from waltz_client.errors import WaltzError
-from waltz_client.partition import Stats
+from waltz_client.partition_env import Stats
 
 R = TypeVar("R")
 _MARGIN_S = 5.0  # the async side bounds its own waits; this only guards against a stuck loop

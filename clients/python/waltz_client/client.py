@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 from collections.abc import Iterable, Mapping
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from waltz.v1 import server_pb2
-from waltz_client.api import Transaction, TransactionContext, WaltzClientCallbacks
+from waltz_client.api import TransactionContext, WaltzClientCallbacks
 from waltz_client.config import ClientConfig
 from waltz_client.connection import ConnectionManager, ServerConnection
 from waltz_client.driver import Driver, Ownership, Topology
@@ -21,10 +20,11 @@ from waltz_client.errors import (
     WaltzError,
     WaltzTimeoutError,
 )
-from waltz_client.partition import ClientPartition, PartitionEnv, Stats
+from waltz_client.partition import ClientPartition
+from waltz_client.partition_env import PartitionEnv, Stats
 from waltz_client.submission import Submitter
 from waltz_client.tasks import CallbackThread, TaskSet
-from waltz_client.wire import req_id_from_proto, req_id_to_proto
+from waltz_client.wire import req_id_to_proto
 from waltz_common.config import Config
 from waltz_common.types import ReqId, crc32
 
@@ -87,7 +87,7 @@ class AsyncWaltzClient:
         self._env = PartitionEnv(
             client_id=self.client_id, config=self.config, callbacks=self.callbacks, call=self._callback_thread.call,
             connections=self._connections, ownership=self._topology.get, topology_changed=lambda: self._topology_event,
-            make_transaction=self._make_transaction, stats=self.stats,
+            fetch=self._fetch_blocking, stats=self.stats,
         )
         if self.config.auto_mount:
             self.mount_partitions(range(self.num_partitions))
@@ -261,12 +261,6 @@ class AsyncWaltzClient:
         partition = self._partitions.get(pid)
         if partition is not None:
             await partition.deliver(conn, message)
-
-    def _make_transaction(self, pid: int, entry: server_pb2.FeedData, data: bytes | None,
-                          req_id: ReqId | None = None) -> Transaction:
-        txn_id = entry.transaction_id
-        fetch = functools.partial(self._fetch_blocking, pid, txn_id)
-        return Transaction(pid, txn_id, req_id or req_id_from_proto(entry.req_id), entry.header, fetch, data)
 
     def _fetch_blocking(self, pid: int, transaction_id: int) -> bytes:
         if threading.current_thread() is self._loop_thread or self._loop is None:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from waltz.v1 import server_pb2
 from waltz_client.driver import Driver, ServerStream
@@ -33,6 +34,7 @@ class ServerConnection:
         # must not await, so that registering an append and queueing it are one step.
         self._out: deque[server_pb2.ClientMessage] = deque()
         self._open: server_pb2.ClientMessage | None = None  # the last queued message, if appends can join it
+        self._open_requests: Any = None  # its repeated AppendRequest field: two lookups fewer per append
         self._open_count = 0
         self._wake = asyncio.Event()
 
@@ -47,17 +49,17 @@ class ServerConnection:
         """A new, empty AppendRequest at the end of the queue, for the caller to fill in now: it
         joins the AppendBatch of the appends queued just before it (up to the batch size), built in
         place, so that nothing is copied into a batch later."""
-        message = self._open
-        if message is None or self._open_count >= self._max_batch:
+        if self._open is None or self._open_count >= self._max_batch:
             message = server_pb2.ClientMessage()
             message.appends.SetInParent()
             if not self.closed:
                 self._out.append(message)
                 self._wake.set()
             self._open = message
+            self._open_requests = message.appends.requests
             self._open_count = 0
         self._open_count += 1
-        return message.appends.requests.add()
+        return self._open_requests.add()
 
     async def run(self, dispatch: Dispatch) -> None:
         """Send and receive until the stream fails; then tell the partitions and return."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
@@ -44,9 +43,6 @@ class Outcome(NamedTuple):  # immutable like a frozen dataclass, and made severa
         return Outcome(OutcomeKind.LOCK_FAILED, transaction_id, "lock failure")
 
 
-_NO_OUTCOME = Outcome(OutcomeKind.COMMITTED)  # for _resolve in commit_oldest; not handed out
-
-
 class CapacityError(RuntimeError):
     """register() was called while the monitor was full; wait for has_capacity()."""
 
@@ -64,15 +60,7 @@ class ReqIdFields(Protocol):
     def seq_num(self) -> int: ...
 
 
-@dataclass(slots=True)
-class _Entry(Generic[T]):
-    token: T
-    registered_at: float
-    req_id: ReqId
-    lock_failure_txn: int | None = None  # set by a LockFailure: waits for the client hwm
-
-
-def _seq_not_after(a: ReqId, b: ReqId) -> bool:
+def _seq_not_after(a: ReqIdFields, b: ReqIdFields) -> bool:
     """a was created no later than b by the same client for the same partition (int32 wrap)."""
     same_origin = a.client_id == b.client_id and a.partition_id == b.partition_id
     return same_origin and (b.seq_num - a.seq_num) & 0xFFFFFFFF < 2**31
@@ -88,7 +76,8 @@ class TransactionMonitor(Generic[T]):
       - start: `TransactionMonitor(max_concurrent, client_high_water_mark=<application's>)`.
       - submit: wait until `has_capacity()`, then `register(req_id, token, now)` (ReqIds from
         ClientPartitionState.next_req_id, whose sequence numbers order them and tell them
-        apart: entries are kept by sequence number), then send.
+        apart: entries are kept by sequence number; req_id may be any object with a ReqId's
+        four fields that keeps them until the entry is resolved), then send.
       - FeedData that ClientPartitionState.accept_feed answers APPLY: `on_feed(req_id, txn_id)`
         (req_id may be the protobuf ReqId),
         fire its outcomes (a commit's onCompletion before applyTransaction), apply the
@@ -114,9 +103,11 @@ class TransactionMonitor(Generic[T]):
             raise ValueError("max_concurrent must be at least 1")
         self.max_concurrent = max_concurrent
         self._client_hwm = client_high_water_mark
-        self._entries: dict[int, _Entry[T]] = {}  # by sequence number: an int hashes faster than a ReqId
-        self._flushes: list[tuple[ReqId, int]] = []  # (up to ReqId, hwm) not yet reached
-        self._lock_failed = 0  # entries with lock_failure_txn set
+        # by sequence number (an int hashes faster than a ReqId): (token, registered at, its ReqId); a tuple
+        # is the cheapest record there is, and the common path makes one per append
+        self._entries: dict[int, tuple[T, float, ReqIdFields]] = {}
+        self._flushes: list[tuple[ReqIdFields, int]] = []  # (up to ReqId, hwm) not yet reached
+        self._lock_failures: dict[int, int] = {}  # sequence number -> the transaction it conflicted with
 
     @property
     def client_high_water_mark(self) -> int:
@@ -128,35 +119,44 @@ class TransactionMonitor(Generic[T]):
     def pending_count(self) -> int:
         return len(self._entries)
 
-    def register(self, req_id: ReqId, token: T, now: float) -> None:
-        if not self.has_capacity():
+    def register(self, req_id: ReqIdFields, token: T, now: float) -> None:
+        entries = self._entries
+        if len(entries) >= self.max_concurrent:
             raise CapacityError(f"{self.max_concurrent} transactions already pending")
-        entry = _Entry(token, now, req_id)
-        if self._entries.setdefault(req_id.seq_num, entry) is not entry:
+        seq_num = req_id.seq_num
+        if seq_num in entries:
             raise ValueError(f"{req_id}: its sequence number is already registered")
+        entries[seq_num] = (token, now, req_id)
 
     def commit_oldest(self, req_id: ReqIdFields) -> T | None:
         """The common case of on_feed, for the shell's feed loop: if req_id is the oldest pending
         entry, resolve it as committed and return its token (nothing older can fail); otherwise
         change nothing and return None (then call on_feed)."""
+        entries = self._entries
         seq_num = req_id.seq_num
-        if self._find(req_id) is None or next(iter(self._entries)) != seq_num:
+        entry = entries.get(seq_num)
+        if entry is None:
             return None
-        return self._resolve(seq_num, _NO_OUTCOME)[0]
+        mine = entry[2]
+        if (mine.generation != req_id.generation or mine.client_id != req_id.client_id
+                or mine.partition_id != req_id.partition_id or next(iter(entries)) != seq_num):
+            return None
+        del entries[seq_num]
+        if self._lock_failures:
+            self._lock_failures.pop(seq_num, None)
+        return entry[0]
 
     def on_feed(self, req_id: ReqIdFields, transaction_id: int) -> list[tuple[T, Outcome]]:
         """A transaction in the feed: if ours, it committed and older waiting entries failed."""
-        target = self._find(req_id)
-        if target is None:
+        if self._find(req_id) is None:
             return []
         seq_num = req_id.seq_num
-        if next(iter(self._entries)) == seq_num:  # the oldest one, as usual: nothing older to fail
-            return [self._resolve(seq_num, Outcome(OutcomeKind.COMMITTED, transaction_id))]
+        lock_failures = self._lock_failures
         older = []
-        for seq, entry in self._entries.items():
-            if entry is target:
+        for seq in self._entries:
+            if seq == seq_num:
                 break
-            if entry.lock_failure_txn is None:
+            if seq not in lock_failures:
                 older.append(seq)
         resolved = [self._resolve(seq, Outcome.failed(SUPERSEDED)) for seq in older]
         resolved.append(self._resolve(seq_num, Outcome.committed(transaction_id)))
@@ -165,32 +165,31 @@ class TransactionMonitor(Generic[T]):
     def on_mount_complete(self) -> list[tuple[T, Outcome]]:
         """The server holds no request of ours any more: every waiting entry failed."""
         self._flushes.clear()
-        waiting = [seq for seq, e in self._entries.items() if e.lock_failure_txn is None]
+        waiting = [seq for seq in self._entries if seq not in self._lock_failures]
         return [self._resolve(seq, Outcome.failed(REMOUNTED)) for seq in waiting] + self._release()
 
     def on_flush_response(
-        self, up_to_req_id: ReqId, high_water_mark: int, client_high_water_mark: int
+        self, up_to_req_id: ReqIdFields, high_water_mark: int, client_high_water_mark: int
     ) -> list[tuple[T, Outcome]]:
         """Appends up to up_to_req_id are done at the server; those not fed by hwm failed."""
         if (up_to_req_id, high_water_mark) not in self._flushes:
             self._flushes.append((up_to_req_id, high_water_mark))
         return self.on_client_high_water_mark(client_high_water_mark)
 
-    def on_lock_failure(self, req_id: ReqId, transaction_id: int) -> list[tuple[T, Outcome]]:
+    def on_lock_failure(self, req_id: ReqIdFields, transaction_id: int) -> list[tuple[T, Outcome]]:
         """Notify at once; the FAILED outcome waits until the client hwm >= transaction_id."""
         entry = self._find(req_id)
-        if entry is None or entry.lock_failure_txn is not None:
+        if entry is None or req_id.seq_num in self._lock_failures:
             return []
-        entry.lock_failure_txn = transaction_id
-        self._lock_failed += 1
-        return [(entry.token, Outcome.lock_failed(transaction_id)), *self._release()]
+        self._lock_failures[req_id.seq_num] = transaction_id
+        return [(entry[0], Outcome.lock_failed(transaction_id)), *self._release()]
 
     def on_client_high_water_mark(self, high_water_mark: int) -> list[tuple[T, Outcome]]:
         """The application has applied everything up to high_water_mark."""
         self._client_hwm = max(self._client_hwm, high_water_mark)
         return self._release()
 
-    def on_rejected(self, req_id: ReqId, reason: str) -> list[tuple[T, Outcome]]:
+    def on_rejected(self, req_id: ReqIdFields, reason: str) -> list[tuple[T, Outcome]]:
         """The server refused the append without enqueueing it."""
         if self._find(req_id) is None:
             return []
@@ -198,46 +197,49 @@ class TransactionMonitor(Generic[T]):
 
     def oldest_pending_age(self, now: float) -> float | None:
         """Age of the oldest entry still waiting for the server (not lock-failed), if any."""
-        times = [e.registered_at for e in self._entries.values() if e.lock_failure_txn is None]
+        times = [e[1] for seq, e in self._entries.items() if seq not in self._lock_failures]
         return now - min(times) if times else None
 
     def flush_target(self) -> ReqId | None:
         """The newest entry waiting for the server: a flush up to it covers all of them."""
-        waiting = [e.req_id for e in self._entries.values() if e.lock_failure_txn is None]
-        return waiting[-1] if waiting else None
+        waiting = [e[2] for seq, e in self._entries.items() if seq not in self._lock_failures]
+        if not waiting:
+            return None
+        r = waiting[-1]
+        return r if type(r) is ReqId else ReqId(r.client_id, r.generation, r.partition_id, r.seq_num)
 
     def clear(self) -> list[tuple[T, Outcome]]:
         """Fail every entry (the client is closing) and forget pending flushes."""
         self._flushes.clear()
         return [self._resolve(seq, Outcome.failed(CLEARED)) for seq in list(self._entries)]
 
-    def _find(self, req_id: ReqIdFields) -> _Entry[T] | None:
+    def _find(self, req_id: ReqIdFields) -> tuple[T, float, ReqIdFields] | None:
         entry = self._entries.get(req_id.seq_num)
         if entry is None:
             return None
-        mine = entry.req_id
+        mine = entry[2]
         same = (mine.client_id == req_id.client_id and mine.generation == req_id.generation
                 and mine.partition_id == req_id.partition_id)
         return entry if same else None
 
     def _resolve(self, seq_num: int, outcome: Outcome) -> tuple[T, Outcome]:
         entry = self._entries.pop(seq_num)
-        if entry.lock_failure_txn is not None:
-            self._lock_failed -= 1
-        return entry.token, outcome
+        if self._lock_failures:
+            self._lock_failures.pop(seq_num, None)
+        return entry[0], outcome
 
     def _release(self) -> list[tuple[T, Outcome]]:
         """Fail what the client hwm now allows: reached flushes, and caught-up lock failures."""
-        if not self._flushes and not self._lock_failed:
+        if not self._flushes and not self._lock_failures:
             return []  # the common case, after every applied feed batch: nothing can be due
         reached = [up_to for up_to, hwm in self._flushes if hwm <= self._client_hwm]
         self._flushes = [(up_to, hwm) for up_to, hwm in self._flushes if hwm > self._client_hwm]
         due: dict[int, Outcome] = {}
         for seq, entry in self._entries.items():
-            conflict = entry.lock_failure_txn
+            conflict = self._lock_failures.get(seq)
             if conflict is not None:
                 if conflict <= self._client_hwm:
                     due[seq] = Outcome.failed(f"lock failure: conflict with transaction {conflict}")
-            elif any(_seq_not_after(entry.req_id, up_to) for up_to in reached):
+            elif any(_seq_not_after(entry[2], up_to) for up_to in reached):
                 due[seq] = Outcome.failed(FLUSHED)
         return [self._resolve(seq, outcome) for seq, outcome in due.items()]

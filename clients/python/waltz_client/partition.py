@@ -4,27 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any
 
 from waltz.v1 import server_pb2
-from waltz_client.api import Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
-from waltz_client.config import ClientConfig
-from waltz_client.connection import ConnectionManager, ServerConnection
+from waltz_client.api import FedTransaction, Transaction, TransactionBuilder, TransactionContext
+from waltz_client.connection import ServerConnection
 from waltz_client.driver import Ownership
 from waltz_client.errors import ClientAheadError, StreamClosedError, TransactionRejectedError, WaltzTimeoutError
 from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
+from waltz_client.partition_env import PartitionEnv, PendingAppend
 from waltz_client.partition_state import ClientPartitionState, FeedDecision, MountResult, MountState
 from waltz_client.wire import feed_request, fill_append_request, flush_request, mount_request, req_id_from_proto
-from waltz_common.types import ReqId
 
 log = logging.getLogger(__name__)
 
 NOT_READY_RETRY_S = 0.5  # original: sleep 500 ms after NOT_READY, then find the owner again
 APPLY_RETRY_MAX_S = 5.0
 INBOX_SIZE = 256
+_monotonic = time.monotonic  # what asyncio's loop.time() returns, without the two lookups
 
 _MOUNT_RESULTS = {
     server_pb2.MountResponse.READY: MountResult.READY,
@@ -38,59 +38,11 @@ _REMOUNT_REJECTIONS = {
 }
 
 
-class PendingAppend:
-    """A sent append as the monitor's token: its context and data, and settle(), which hears its final
-    outcome (once per registration, on the event loop). A submission is one, registered again on a retry."""
+_FeedStep = tuple[int, PendingAppend | None, Transaction | None]
+"""The application's side of one fed transaction: its id, this client's append it commits (if any),
+the transaction to apply (None: applied already, fed again after a reconnect). A tuple: one per append."""
 
-    __slots__ = ("context", "data", "ended", "error", "req_id")
-
-    def __init__(self, context: TransactionContext) -> None:
-        self.context = context
-        self.data = b""
-        self.req_id: ReqId | None = None  # of the append sent last
-        self.error: BaseException | None = None  # set when the failure must not be retried
-        self.ended = False
-
-    def settle(self, outcome: Outcome) -> None:
-        raise NotImplementedError
-
-
-@dataclass
-class Stats:
-    """Counters for people (the demo prints them); not used for decisions."""
-
-    committed: int = 0
-    declined: int = 0
-    failed_appends: int = 0
-    lock_failures: int = 0
-    retries: int = 0
-    errors: int = 0
-    applied: int = 0
-
-
-@dataclass
-class PartitionEnv:
-    """What a partition needs from its client."""
-
-    client_id: int
-    config: ClientConfig
-    callbacks: WaltzClientCallbacks
-    call: Callable[..., Awaitable[Any]]  # run application code on the callback thread
-    connections: ConnectionManager
-    ownership: Callable[[int], Ownership | None]
-    topology_changed: Callable[[], asyncio.Event]
-    make_transaction: Callable[[int, server_pb2.FeedData, bytes | None, ReqId | None], Transaction]
-    stats: Stats = field(default_factory=Stats)
-
-
-@dataclass(slots=True, eq=False)
-class _FeedStep:
-    """The application's side of one fed transaction: this client's append it commits, the apply."""
-
-    transaction_id: int
-    mine: PendingAppend | None
-    transaction: Transaction | None  # None: applied already (fed again after a reconnect)
-    committed: Outcome | None = None  # mine's outcome
+_DEFAULT_HOOKS = frozenset({TransactionContext.on_completion, TransactionContext.on_application})
 
 
 class _Verdict(Enum):
@@ -158,15 +110,15 @@ class ClientPartition:
 
     def try_append(self, builder: TransactionBuilder, token: PendingAppend) -> bool:
         """Turn a held slot into a registered, queued append, if can_append() (else False)."""
-        if not self.can_append():
+        conn, state = self.conn, self.state
+        if self.error is not None or not state.appends_allowed or conn is None or conn.closed:
             return False
-        conn = self.conn
-        assert conn is not None
-        req_id = self.state.next_req_id()
+        token.seq_num = state.next_seq_num()
+        token.client_id, token.generation, token.partition_id = state.client_id, state.generation, self.partition_id
+        token.data, token.error, token.ended = builder.data, None, False
         self._reserved -= 1
-        token.data, token.req_id, token.error, token.ended = builder.data, req_id, None, False
-        self.monitor.register(req_id, token, asyncio.get_running_loop().time())
-        fill_append_request(conn.new_append(), req_id, builder)
+        self.monitor.register(token, token, _monotonic())  # the loop's clock
+        fill_append_request(conn.new_append(), token, builder)
         return True
 
     async def _wait(self, ready: Callable[[], bool], what: str) -> None:
@@ -344,32 +296,29 @@ class ClientPartition:
         superseded: list[tuple[PendingAppend, Outcome]] = []
         hwm = self.client_high_water_mark
         gap_at: int | None = None
-        client_id, make_transaction = self.env.client_id, self.env.make_transaction
+        pid, client_id, fetch = self.partition_id, self.env.client_id, self.env.fetch
         commit_oldest, on_feed = self.monitor.commit_oldest, self.monitor.on_feed
         for entry in entries:
             txn_id = entry.transaction_id
             if txn_id > hwm + 1:
                 gap_at = txn_id
                 break
-            mine = committed = None
-            req_id = entry.req_id
+            mine = None
+            req_id = entry.req_id  # the protobuf ReqId: none made for the lookup, nor for the Transaction
             if req_id.client_id == client_id:  # only this client's own appends are in the monitor
-                mine = commit_oldest(req_id)  # the protobuf ReqId: none made for the lookup
-                if mine is not None:
-                    committed = Outcome(OutcomeKind.COMMITTED, txn_id)
-                else:
+                mine = commit_oldest(req_id)
+                if mine is None:
                     for token, outcome in on_feed(req_id, txn_id):
                         if outcome.kind is OutcomeKind.COMMITTED:
-                            mine, committed = token, outcome
+                            mine = token
                         else:  # older appends this commit proves lost: resolved after the apply, so retries see it
                             superseded.append((token, outcome))
-            transaction = None
             if txn_id == hwm + 1:
-                transaction = (make_transaction(self.partition_id, entry, None, None) if mine is None
-                               else make_transaction(self.partition_id, entry, mine.data, mine.req_id))
                 hwm = txn_id
-            if mine is not None or transaction is not None:
-                steps.append(_FeedStep(txn_id, mine, transaction, committed))
+                steps.append((txn_id, mine, FedTransaction(
+                    pid, txn_id, req_id, entry.header, fetch, None if mine is None else mine.data)))
+            elif mine is not None:
+                steps.append((txn_id, mine, None))
         await self._apply_steps(steps)
         await self._fire(superseded)
         if gap_at is not None and self.state.accept_feed(gap_at, self.client_high_water_mark) is FeedDecision.GAP:
@@ -385,33 +334,38 @@ class ClientPartition:
         retrying = False
         while index < len(steps):
             reached, error = await self.env.call(self._run_steps, steps, index, retrying)
-            self._settle(steps[index:reached])
+            self._settle(steps, index, reached)
             index = reached
             if error is None:
                 return
-            failed = steps[index]
+            failed = steps[index][0]
             log.error("partition %d: applying transaction %d failed; retrying in %.1f s",
-                      self.partition_id, failed.transaction_id, delay, exc_info=error)
-            await self._report(failed.transaction_id, error)
+                      self.partition_id, failed, delay, exc_info=error)
+            await self._report(failed, error)
             await asyncio.sleep(delay)
             delay = min(delay * 2, APPLY_RETRY_MAX_S)
             retrying = True
 
     def _run_steps(self, steps: list[_FeedStep], index: int, retrying: bool) -> tuple[int, BaseException | None]:
         """On the callback thread, from steps[index] (retrying: its on_completion already ran): on_completion,
-        apply_transaction, on_application, in feed order. Stops at an apply that raises: (its index, the error)."""
+        apply_transaction, on_application, in feed order. Stops at an apply that raises: (its index, the error).
+        TransactionContext's empty hooks are not called."""
         apply = self.env.callbacks.apply_transaction
         for i in range(index, len(steps)):
-            step = steps[i]
-            if step.mine is not None and not (retrying and i == index):
-                self._call_hook(step.mine.context.on_completion, step.transaction_id, True)
-            if step.transaction is not None:
+            txn_id, mine, transaction = steps[i]
+            if mine is not None and not (retrying and i == index):
+                hook = mine.context.on_completion
+                if getattr(hook, "__func__", None) not in _DEFAULT_HOOKS:
+                    self._call_hook(hook, txn_id, True)
+            if transaction is not None:
                 try:
-                    apply(step.transaction)
+                    apply(transaction)
                 except Exception as exc:
                     return i, exc
-            if step.mine is not None:
-                self._call_hook(step.mine.context.on_application, step.transaction_id)
+            if mine is not None:
+                then = mine.context.on_application
+                if getattr(then, "__func__", None) not in _DEFAULT_HOOKS:
+                    self._call_hook(then, txn_id)
         return len(steps), None
 
     def _call_hook(self, hook: Callable[..., None], txn_id: int, *args: Any) -> None:
@@ -425,18 +379,27 @@ class ClientPartition:
             except Exception:
                 log.exception("uncaught_exception callback raised")
 
-    def _settle(self, steps: list[_FeedStep]) -> None:
-        """These steps ran: count them, move the client high-water mark, resolve their appends."""
-        if not steps:
-            return
+    def _settle(self, steps: list[_FeedStep], start: int, end: int) -> None:
+        """steps[start:end] ran: count them, move the client high-water mark, resolve their appends."""
+        applied = committed = 0
+        last_applied = -1
+        for i in range(start, end):
+            txn_id, mine, transaction = steps[i]
+            if transaction is not None:
+                applied += 1
+                last_applied = txn_id
+            if mine is not None:
+                committed += 1
+                if not mine.ended:
+                    mine.ended = True
+                    mine.commit(txn_id)  # does not raise (settle() may: _resolve guards it)
         stats = self.env.stats
-        applied = [s.transaction_id for s in steps if s.transaction is not None]
-        stats.applied += len(applied)
-        mine = [(s.mine, s.committed) for s in steps if s.mine is not None and s.committed is not None]
-        stats.committed += len(mine)
-        self._resolve(mine)
+        stats.applied += applied
+        stats.committed += committed
+        if committed:
+            self._notify()
         if applied:
-            self._resolve(self.monitor.on_client_high_water_mark(applied[-1]))
+            self._resolve(self.monitor.on_client_high_water_mark(last_applied))
 
     async def _hook(self, hook: Callable[..., None], txn_id: int, *args: Any) -> None:
         try:

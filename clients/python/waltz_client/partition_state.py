@@ -81,9 +81,13 @@ class ClientPartitionState:
 
     def next_req_id(self) -> ReqId:
         """A fresh ReqId with the current generation and the next sequence number."""
+        return ReqId(self.client_id, self._generation, self.partition_id, self.next_seq_num())
+
+    def next_seq_num(self) -> int:
+        """The next sequence number, for a ReqId with the current generation (next_req_id without the ReqId)."""
         seq = self._seq_num
         self._seq_num = seq = INT32_MIN if seq == INT32_MAX else seq + 1  # wraps
-        return ReqId(self.client_id, self._generation, self.partition_id, seq)
+        return seq
 
     def update_generation(self, generation: int) -> bool:
         """Adopt a newer generation; True if it changed, which ends any mount (remount)."""

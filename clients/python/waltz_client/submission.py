@@ -11,7 +11,8 @@ from typing import Any
 from waltz_client.api import TransactionBuilder, TransactionContext
 from waltz_client.errors import RetriesExhaustedError, WaltzClosedError
 from waltz_client.monitor import Outcome, OutcomeKind
-from waltz_client.partition import ClientPartition, PendingAppend, Stats
+from waltz_client.partition import ClientPartition
+from waltz_client.partition_env import PendingAppend, Stats
 from waltz_client.tasks import CallbackThread, Job, TaskSet
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,9 @@ class _Submission(PendingAppend, Job):
                 raise
         except Exception as exc:
             await self._fail(exc)
+
+    def commit(self, transaction_id: int) -> None:
+        self._set(True)  # the common path ends here
 
     def settle(self, outcome: Outcome) -> None:
         """The append's final outcome (from the partition)."""

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import zlib
+
 from waltz.v1 import server_pb2
 from waltz_client.api import TransactionBuilder
-from waltz_common.types import ReqId
+from waltz_client.monitor import ReqIdFields
+from waltz_common.types import INT32_MAX, ReqId
 from waltz_common.wire import req_id_from_proto as req_id_from_proto
 from waltz_common.wire import req_id_to_proto as req_id_to_proto
+
+_crc32 = zlib.crc32
 
 
 def mount_request(req_id: ReqId, client_high_water_mark: int, seq_num: int) -> server_pb2.ClientMessage:
@@ -23,14 +28,15 @@ def flush_request(req_id: ReqId) -> server_pb2.ClientMessage:
     return server_pb2.ClientMessage(flush=server_pb2.FlushRequest(req_id=req_id_to_proto(req_id)))
 
 
-def fill_append_request(request: server_pb2.AppendRequest, req_id: ReqId, builder: TransactionBuilder) -> None:
+def fill_append_request(request: server_pb2.AppendRequest, req_id: ReqIdFields, builder: TransactionBuilder) -> None:
     """Fill an empty AppendRequest in place (one already inside its batch: nothing is copied)."""
     data = builder.data
     request.client_high_water_mark = builder.client_high_water_mark
     request.header = builder.header
     request.data_length = len(data)
     request.data = data
-    request.checksum = builder.checksum
+    checksum = _crc32(data)  # waltz_common.types.crc32, inline: a signed int32 as the seed's
+    request.checksum = checksum - 0x100000000 if checksum > INT32_MAX else checksum
     q = request.req_id  # field by field: cheaper than keyword arguments or a ReqId message copied in
     q.client_id = req_id.client_id
     q.generation = req_id.generation

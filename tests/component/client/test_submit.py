@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from tests.component.client.helpers import Ctx, MemoryCallbacks, client, eventually, payloads, run
-from waltz_client import MockServer, Transaction, WaltzClosedError, WaltzError
+from waltz_client import MockServer, Transaction, TransactionContext, WaltzClosedError, WaltzError
 
 
 def test_commits_are_applied_in_order_with_hooks_around_own_applies() -> None:
@@ -26,6 +26,25 @@ def test_commits_are_applied_in_order_with_hooks_around_own_applies() -> None:
             assert [e[0] for e in mine] == ["completion", "apply", "application"]
         assert [d for _, d in callbacks.applied[0]] == payloads(server, 0)
         assert sorted(payloads(server, 0) + payloads(server, 1)) == sorted(ctx.data for ctx in contexts)
+
+    run(main())
+
+
+def test_hooks_set_on_an_instance_or_overridden_alone_are_called() -> None:
+    class OnlyApplication(Ctx):
+        on_completion = TransactionContext.on_completion  # the empty default again: not called
+
+    async def main() -> None:
+        server = MockServer(1)
+        async with client(server) as c:
+            seen: list[tuple] = []
+            plain = OnlyApplication(b"a")
+            patched = OnlyApplication(b"b")
+            patched.on_completion = lambda committed: seen.append(("completion", committed))  # type: ignore[method-assign]
+            patched.on_application = lambda: seen.append(("application",))  # type: ignore[method-assign]
+            assert await (await c.submit(plain)) and await (await c.submit(patched))
+        assert plain.hooks == [("application",)] and patched.hooks == []
+        assert seen == [("completion", True), ("application",)]
 
     run(main())
 

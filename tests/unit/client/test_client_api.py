@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from waltz.v1 import server_pb2
-from waltz_client.api import JsonSerializer, Transaction, TransactionBuilder
+from waltz_client.api import FedTransaction, JsonSerializer, Transaction, TransactionBuilder
 from waltz_client.config import ClientConfig
 from waltz_client.locks import PartitionLocalLock
 from waltz_client.wire import fill_append_request, message_partitions, req_id_from_proto, req_id_to_proto
@@ -92,3 +92,21 @@ def test_transaction_data_is_fetched_once_even_from_several_threads() -> None:
         t.join()
     assert calls == [1] and txn.data(JsonSerializer()) == "hello"
     assert Transaction(0, 6, ReqId(1, 0, 0, 2), 0, fetch, data=b"own").data() == b"own" and len(calls) == 1
+
+
+def test_a_fed_transaction_makes_its_req_id_from_the_feed_entry_and_fetches_through_its_source() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def source(partition_id: int, transaction_id: int) -> bytes:
+        calls.append((partition_id, transaction_id))
+        return b"fetched"
+
+    entry = server_pb2.FeedData(req_id=req_id_to_proto(ReqId(7, 1, 3, 42)), transaction_id=9, header=5)
+    txn = FedTransaction(3, 9, entry.req_id, entry.header, source, None)
+    assert txn.req_id == ReqId(7, 1, 3, 42) and txn.req_id is txn.req_id  # converted once
+    assert (txn.partition_id, txn.transaction_id, txn.header) == (3, 9, 5)
+    assert txn.data() == b"fetched" and txn.data() == b"fetched" and calls == [(3, 9)]
+    own = FedTransaction(3, 10, ReqId(7, 1, 3, 43), 0, source, b"own")
+    assert own.data() == b"own" and own.req_id == ReqId(7, 1, 3, 43) and len(calls) == 1
+    own.req_id = ReqId(1, 2, 3, 4)  # still an attribute an application may set
+    assert own.req_id == ReqId(1, 2, 3, 4) and isinstance(own, Transaction)

@@ -1,0 +1,76 @@
+"""What a partition shares with the rest of the client: its environment, the pending-append token, counters."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from waltz_client.api import TransactionContext, WaltzClientCallbacks
+from waltz_client.config import ClientConfig
+from waltz_client.connection import ConnectionManager
+from waltz_client.driver import Ownership
+from waltz_client.monitor import Outcome, OutcomeKind
+from waltz_common.types import ReqId
+
+
+class PendingAppend:
+    """A sent append as the monitor's token: its context and data, and settle(), which hears its final
+    outcome (once per registration, on the event loop). A submission is one, registered again on a retry.
+
+    It also holds the ReqId of the append sent last, as its four fields (no ReqId object is made per
+    append): the monitor takes the token itself as the entry's ReqId."""
+
+    __slots__ = ("client_id", "context", "data", "ended", "error", "generation", "partition_id", "seq_num")
+    client_id: int
+    data: bytes
+    generation: int
+    partition_id: int
+    seq_num: int
+
+    def __init__(self, context: TransactionContext) -> None:
+        self.context = context
+        self.error: BaseException | None = None  # set when the failure must not be retried
+        self.ended = False
+        # data, client_id, generation, partition_id, seq_num: set when an append is sent
+
+    @property
+    def req_id(self) -> ReqId:
+        """The ReqId of the append sent last."""
+        return ReqId(self.client_id, self.generation, self.partition_id, self.seq_num)
+
+    def settle(self, outcome: Outcome) -> None:
+        raise NotImplementedError
+
+    def commit(self, transaction_id: int) -> None:
+        """settle() with a COMMITTED outcome: the common path, which needs no Outcome. Must not raise."""
+        self.settle(Outcome(OutcomeKind.COMMITTED, transaction_id))
+
+
+@dataclass
+class Stats:
+    """Counters for people (the demo prints them); not used for decisions."""
+
+    committed: int = 0
+    declined: int = 0
+    failed_appends: int = 0
+    lock_failures: int = 0
+    retries: int = 0
+    errors: int = 0
+    applied: int = 0
+
+
+@dataclass
+class PartitionEnv:
+    """What a partition needs from its client."""
+
+    client_id: int
+    config: ClientConfig
+    callbacks: WaltzClientCallbacks
+    call: Callable[..., Awaitable[Any]]  # run application code on the callback thread
+    connections: ConnectionManager
+    ownership: Callable[[int], Ownership | None]
+    topology_changed: Callable[[], asyncio.Event]
+    fetch: Callable[[int, int], bytes]  # (partition id, transaction id) -> data, for Transaction.data()
+    stats: Stats = field(default_factory=Stats)
