@@ -20,7 +20,6 @@ log = logging.getLogger(__name__)
 
 Code = storage_pb2.StorageRpcException.ErrorCode
 _SESSION_METHOD = f"/{storage_pb2.DESCRIPTOR.services_by_name['WaltzStorage'].full_name}/Session"
-OUTGOING_QUEUE_SIZE = 1024
 # Storage bounds its answers by its own batch limit (storage.maxBatchBytes, 64 MiB by default), far above
 # gRPC's 4 MiB default: the server takes whatever size the storage node sends.
 CHANNEL_OPTIONS: tuple[tuple[str, int | str], ...] = (
@@ -74,7 +73,7 @@ class _Stream:
     """One open Session stream: outgoing messages, requests awaiting answers by sequence number."""
 
     epoch: int
-    outgoing: asyncio.Queue[bytes] = field(default_factory=lambda: asyncio.Queue(OUTGOING_QUEUE_SIZE))
+    outgoing: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
     pending: dict[int, asyncio.Future[storage_pb2.StorageResponse]] = field(default_factory=dict)
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     next_seq: int = 0
@@ -176,12 +175,22 @@ class StorageConnection:
     ) -> storage_pb2.StorageResponse:
         """Send message (its seq_num is set here) and return the matching answer.
 
+        serialized: see send(). StorageRpcError for a Failure answer; StorageConnectionLost when the stream
+        (of epoch, if given) is gone; StorageTimeout after timeout (default storage.requestTimeoutSeconds).
+        """
+        return await self.answer(self.send(message, epoch=epoch, serialized=serialized), timeout)
+
+    def send(
+        self, message: storage_pb2.StorageRequest, *, epoch: int | None = None, serialized: bytes | None = None
+    ) -> asyncio.Future[storage_pb2.StorageResponse]:
+        """Queue message for the node now (its seq_num is set here); the future gets its raw answer, or
+        StorageConnectionLost when the stream ends first. answer() checks and times the answer.
+
         serialized: the message already serialized with seq_num 0 (one append goes to every replica: it is
         serialized once, and each copy gets its seq_num by a second occurrence of the request's field,
         which a protobuf parser merges into the first).
 
-        StorageRpcError for a Failure answer; StorageConnectionLost when the stream (of epoch, if given) is
-        gone; StorageTimeout after timeout (default storage.requestTimeoutSeconds).
+        StorageConnectionLost at once when the stream (of epoch, if given) is gone.
         """
         stream = self._stream
         if stream is None or stream.lost.is_set() or (epoch is not None and stream.epoch != epoch):
@@ -195,15 +204,24 @@ class StorageConnection:
             data = serialized + seq_num_patch(message, seq)
         future: asyncio.Future[storage_pb2.StorageResponse] = asyncio.get_running_loop().create_future()
         stream.pending[seq] = future
+        # Unbounded: what is in flight on a connection is bounded by its callers (each request is awaited,
+        # and a store session holds at most MAX_OUTSTANDING_BATCHES appends per replica).
+        stream.outgoing.put_nowait(data)
+        return future
+
+    async def answer(
+        self, sent: asyncio.Future[storage_pb2.StorageResponse], timeout: float | None = None
+    ) -> storage_pb2.StorageResponse:
+        """The answer to a request send() queued. StorageRpcError for a Failure answer, StorageConnectionLost
+        when the stream ended first, StorageTimeout after timeout (default storage.requestTimeoutSeconds; the
+        request's entry is then dropped when its late answer comes or the stream ends)."""
         limit = self._settings.request_timeout_s if timeout is None else timeout
         try:
             async with asyncio.timeout(limit):
-                await stream.outgoing.put(data)
-                response = await future
+                response = await sent
         except TimeoutError:
+            sent.cancel()
             raise StorageTimeout(f"{self.connect_string}: no answer within {limit:g} s") from None
-        finally:
-            stream.pending.pop(seq, None)
         if response.HasField("failure"):
             exception = response.failure.exception
             raise StorageRpcError(exception.code, f"{self.connect_string}: {exception.message}")

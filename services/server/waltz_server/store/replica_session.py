@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -83,9 +84,16 @@ class ReplicaSession:
     async def append(self, records: Sequence[common_pb2.Record]) -> None:
         await self._call(append_request(self.session_id, self.partition_id, records))
 
-    async def append_request(self, request: storage_pb2.StorageRequest, serialized: bytes) -> None:
-        """Send a prepared append shared by every replica (serialized: it with seq_num 0)."""
-        await self.connection.request(request, epoch=self.epoch, serialized=serialized)
+    def send_append(
+        self, request: storage_pb2.StorageRequest, serialized: bytes
+    ) -> asyncio.Future[storage_pb2.StorageResponse]:
+        """Queue a prepared append shared by every replica (serialized: it with seq_num 0) without waiting;
+        acknowledged() waits for its answer. StorageConnectionLost at once when the stream is gone."""
+        return self.connection.send(request, epoch=self.epoch, serialized=serialized)
+
+    async def acknowledged(self, sent: asyncio.Future[storage_pb2.StorageResponse]) -> None:
+        """Wait until the node acknowledged an append send_append() queued; StorageError when it did not."""
+        await self.connection.answer(sent)
 
     async def records(self, transaction_id: int, max_records: int) -> list[common_pb2.Record]:
         r = await self._call(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from waltz.v1 import storage_pb2
+from waltz_server.store.connection import StorageError
 from waltz_server.store.events import Signal
 from waltz_server.store.replica_session import ReplicaSession
 
@@ -31,9 +32,21 @@ class Member:
     """A replica in the write set: it holds every committed transaction and gets every new batch."""
 
     session: ReplicaSession
-    queue: asyncio.Queue[Batch]
+    sent: asyncio.Queue[tuple[Batch, asyncio.Future[storage_pb2.StorageResponse]]]  # awaiting its answer
     acked: int
     outstanding: int = 0
+    failed: bool = False  # serve() ended: the session is ending, nothing more goes to this member
+
+    def send(self, batch: Batch) -> None:
+        if self.failed:
+            return
+        try:
+            answer = self.session.send_append(batch.request, batch.serialized)
+        except StorageError as exc:  # the member's stream is gone: serve() fails it when it gets here
+            answer = asyncio.get_running_loop().create_future()
+            answer.set_exception(exc)
+        self.sent.put_nowait((batch, answer))
+        self.outstanding += 1
 
 
 class WriteSet:
@@ -75,8 +88,7 @@ class WriteSet:
         self.next_id = batch.last + 1
         self.inflight.append(batch)
         for member in self.members.values():
-            member.queue.put_nowait(batch)
-            member.outstanding += 1
+            member.send(batch)  # queued on the member's stream now, in batch order
         return batch.done
 
     def fail_all(self, error_for: Callable[[Batch], BaseException]) -> None:
@@ -86,27 +98,26 @@ class WriteSet:
                 batch.done.set_exception(error_for(batch))
 
     async def serve(self, member: Member) -> None:
-        """Send each batch to the member as it comes (several may be at the node at once) and count its
-        acknowledgements in order. Returns only by raising (the member failed)."""
-        sent: asyncio.Queue[tuple[Batch, asyncio.Task[None]]] = asyncio.Queue()
-        async with asyncio.TaskGroup() as calls:
-
-            async def send() -> None:
-                while True:
-                    batch = await member.queue.get()
-                    call = calls.create_task(member.session.append_request(batch.request, batch.serialized))
-                    sent.put_nowait((batch, call))
-
-            calls.create_task(send())
+        """Count the member's acknowledgements in order (several batches may be at the node at once).
+        Returns only by raising (the member failed)."""
+        try:
             while True:
-                batch, call = await sent.get()
-                await call
+                batch, answer = await member.sent.get()
+                await member.session.acknowledged(answer)
                 member.acked = batch.last
                 member.outstanding -= 1
                 batch.votes += 1
                 if batch.votes == self.quorum:
                     self._committed(batch)
                 self._progress.notify()
+        finally:
+            member.failed = True
+            while not member.sent.empty():  # answers nobody will wait for: no "exception never retrieved"
+                _, answer = member.sent.get_nowait()
+                if not answer.done():
+                    answer.cancel()
+                elif not answer.cancelled():
+                    answer.exception()
 
     def _committed(self, batch: Batch) -> None:
         if self.inflight and self.inflight[0] is batch:

@@ -140,6 +140,11 @@ class FakeConnection:
         timeout: float | None = None,
         serialized: bytes | None = None,
     ) -> storage_pb2.StorageResponse:
+        return await self.answer(self.send(message, epoch=epoch, serialized=serialized), timeout)
+
+    def send(
+        self, message: storage_pb2.StorageRequest, *, epoch: int | None = None, serialized: bytes | None = None
+    ) -> asyncio.Future[storage_pb2.StorageResponse]:
         if not self.online or (epoch is not None and epoch != self.epoch):
             raise StorageConnectionLost(f"{self.connect_string}: not connected")
         if serialized is not None:  # what the node would parse
@@ -149,15 +154,19 @@ class FakeConnection:
         msg = request_body(message)
         work = asyncio.ensure_future(self.replica.handle(kind or "", msg))
         self._pending.add(work)
+        work.add_done_callback(self._pending.discard)
+        return work
+
+    async def answer(
+        self, sent: asyncio.Future[storage_pb2.StorageResponse], timeout: float | None = None
+    ) -> storage_pb2.StorageResponse:
         try:
-            return await work
+            return await sent
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise
             raise StorageConnectionLost(f"{self.connect_string}: lost") from None
-        finally:
-            self._pending.discard(work)
 
 
 class FakeConnections:
