@@ -60,15 +60,16 @@ class TransactionBuilder:
     write_locks = _LockHashes()
     read_locks = _LockHashes()
     append_locks = _LockHashes()
+    # defaults on the class: a builder is made per append, and most set only the data
+    header = 0
+    data = b""
+    _write_locks: list[int] | None = None
+    _read_locks: list[int] | None = None
+    _append_locks: list[int] | None = None
 
     def __init__(self, partition_id: int, client_high_water_mark: int) -> None:
         self.partition_id = partition_id
         self.client_high_water_mark = client_high_water_mark
-        self.header = 0
-        self.data = b""
-        self._write_locks: list[int] | None = None
-        self._read_locks: list[int] | None = None
-        self._append_locks: list[int] | None = None
 
     def takes_locks(self) -> bool:
         """Whether any lock list is non-empty (without making the lists)."""
@@ -81,6 +82,9 @@ class TransactionBuilder:
 
     def set_data(self, data: Any, serializer: Serializer[Any] | None = None) -> None:
         """Raw bytes, or any value together with the serializer that turns it into bytes."""
+        if type(data) is bytes and serializer is None:  # the common case, checked the cheap way
+            self.data = data
+            return
         raw = serializer.serialize(data) if serializer is not None else data
         if not isinstance(raw, bytes | bytearray | memoryview):
             raise TypeError("transaction data must be bytes (or pass a serializer)")

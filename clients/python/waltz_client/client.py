@@ -53,6 +53,7 @@ class AsyncWaltzClient:
         self._topology_event = asyncio.Event()
         self._closed = False
         self._started = False
+        self._usable = False  # started and not closed: the one flag submit() reads
         self.stats = Stats()
         self._submitter = Submitter(self._callback_thread, self._submissions, self.stats, self.config.max_retries)
         self.client_id = -1
@@ -89,6 +90,7 @@ class AsyncWaltzClient:
             connections=self._connections, ownership=self._topology.get, topology_changed=lambda: self._topology_event,
             fetch=self._fetch_blocking, stats=self.stats,
         )
+        self._usable = not self._closed
         if self.config.auto_mount:
             self.mount_partitions(range(self.num_partitions))
         self._tasks.spawn(self._nudge_loop(), "waltz-flush-nudge")
@@ -120,7 +122,8 @@ class AsyncWaltzClient:
         exception on_exception got. Raises here when no slot frees in time (WaltzTimeoutError),
         the partition is unusable (ClientAheadError) or the client is closed.
         """
-        self._check_open()
+        if not self._usable:
+            self._check_open()
         pid = context.partition_id(self.num_partitions)
         partition = self._partitions.get(pid) if type(pid) is int else None  # mounted: pid is valid
         if partition is None:
@@ -133,14 +136,14 @@ class AsyncWaltzClient:
         return self._submitter.start(context, partition)
 
     def has_pending_transactions(self) -> bool:
-        return bool(self._submitter.pending)
+        return self._submitter.pending > 0
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until every submitted transaction has ended (nudging servers with flushes)."""
         loop = asyncio.get_running_loop()
         timeout = self.config.request_timeout_s if timeout is None else timeout
         deadline = loop.time() + timeout
-        while pending := len(self._submitter.pending):
+        while pending := self._submitter.pending:
             now = loop.time()
             if now >= deadline:
                 raise WaltzTimeoutError(f"flush: {pending} transactions still pending after {timeout:g} s")
@@ -196,6 +199,7 @@ class AsyncWaltzClient:
         if self._closed:
             return
         self._closed = True
+        self._usable = False
         if not self._started:
             self._callback_thread.shutdown()
             return

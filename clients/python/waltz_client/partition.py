@@ -82,8 +82,9 @@ class ClientPartition:
 
     def try_acquire_slot(self) -> bool:
         """Take a pending slot if one is free now and the partition is mounted and not failed."""
-        monitor = self.monitor
-        if self.can_append() and monitor.pending_count() + self._reserved < monitor.max_concurrent:
+        monitor, conn = self.monitor, self.conn  # can_append(), inline
+        if (self.error is None and self.state.appends_allowed and conn is not None and not conn.closed
+                and monitor.pending_count() + self._reserved < monitor.max_concurrent):
             self._reserved += 1
             return True
         return False
@@ -296,15 +297,19 @@ class ClientPartition:
         superseded: list[tuple[PendingAppend, Outcome]] = []
         hwm = self.client_high_water_mark
         gap_at: int | None = None
+        foreign = 0
         pid, client_id, fetch = self.partition_id, self.env.client_id, self.env.fetch
         commit_oldest, on_feed = self.monitor.commit_oldest, self.monitor.on_feed
         for entry in entries:
+            req_id = entry.req_id  # the protobuf ReqId: none made for the lookup, nor for the Transaction
+            if req_id.partition_id != pid:
+                foreign += 1  # a server that breaks the one-partition-per-batch contract
+                continue
             txn_id = entry.transaction_id
             if txn_id > hwm + 1:
                 gap_at = txn_id
                 break
             mine = None
-            req_id = entry.req_id  # the protobuf ReqId: none made for the lookup, nor for the Transaction
             if req_id.client_id == client_id:  # only this client's own appends are in the monitor
                 mine = commit_oldest(req_id)
                 if mine is None:
@@ -319,6 +324,9 @@ class ClientPartition:
                     pid, txn_id, req_id, entry.header, fetch, None if mine is None else mine.data)))
             elif mine is not None:
                 steps.append((txn_id, mine, None))
+        if foreign:
+            log.error("partition %d: ignored %d feed entries of other partitions (a feed batch must carry one "
+                      "partition's entries)", pid, foreign)
         await self._apply_steps(steps)
         await self._fire(superseded)
         if gap_at is not None and self.state.accept_feed(gap_at, self.client_high_water_mark) is FeedDecision.GAP:

@@ -17,6 +17,9 @@ from waltz_client.tasks import CallbackThread, Job, TaskSet
 
 log = logging.getLogger(__name__)
 
+_Future = asyncio.Future
+_CREATE_FUTURE = asyncio.BaseEventLoop.create_future  # a loop that keeps it makes plain Futures: made directly
+
 
 @dataclass(slots=True)
 class Submitter:
@@ -26,18 +29,21 @@ class Submitter:
     tasks: TaskSet  # the tasks of submissions off the common path; close() waits for them
     stats: Stats
     max_retries: int  # client.maxRetries: failed attempts before giving up (negative: never)
-    pending: set[asyncio.Future[bool]] = field(default_factory=set)  # of the submissions not ended yet
-    _drained: asyncio.Event = field(default_factory=asyncio.Event)  # set when pending empties
+    pending: int = 0  # submissions not ended yet (even if the application cancelled their futures)
+    _drained: asyncio.Event = field(default_factory=asyncio.Event)  # set when pending reaches 0
 
     def start(self, context: TransactionContext, partition: ClientPartition) -> asyncio.Future[bool]:
         """Run the submission, for which a slot of the partition is held; the future it ends with."""
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self.pending.add(future)  # until the submission ends, even if the application cancels the future
-        _Submission(self, context, partition, future).execute()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = (
+            _Future(loop=loop) if type(loop).create_future is _CREATE_FUTURE else loop.create_future())
+        self.pending += 1
+        self.callback_thread.schedule(_Submission(self, context, partition, future))
         return future
 
-    def ended(self, future: asyncio.Future[bool]) -> None:
-        self.pending.discard(future)
+    def ended(self) -> None:
+        """A submission ended (once each)."""
+        self.pending -= 1
         if not self.pending:
             self._drained.set()
 
@@ -62,22 +68,28 @@ class _Submission(PendingAppend, Job):
     """The common path (execute returns True, the partition is mounted, the append commits) runs
     as callbacks on the event loop with no task of its own: execute on the callback thread, then
     the append queued at once, then the future resolved when the partition settles the commit.
-    Anything else (a decline, an error, waiting for a mount, a retry) goes on in a task."""
+    Anything else (a decline, an error, waiting for a mount, a retry) goes on in a task.
+
+    Made with a slot held, ready to execute: schedule it on the callback thread (run, then done)."""
 
     __slots__ = ("attempts", "builder", "future", "partition", "submitter")
 
     def __init__(self, submitter: Submitter, context: TransactionContext, partition: ClientPartition,
                  future: asyncio.Future[bool]) -> None:
-        PendingAppend.__init__(self, context)  # not super(): one object fewer per append
+        # PendingAppend.__init__ inline, and the first execute()'s builder: the common path makes no other call
+        self.context = context
+        self.error: BaseException | None = None
+        self.ended = False
         self.submitter = submitter
         self.partition = partition
         self.future = future
         self.attempts = 0  # failed attempts so far
-        self.builder: TransactionBuilder | None = None
+        self.builder: TransactionBuilder | None = TransactionBuilder(
+            partition.partition_id, partition.monitor.client_high_water_mark)
 
     def execute(self) -> None:
         """With a slot held: build the append on the callback thread (run, then done)."""
-        self.builder = TransactionBuilder(self.partition.partition_id, self.partition.client_high_water_mark)
+        self.builder = TransactionBuilder(self.partition.partition_id, self.partition.monitor.client_high_water_mark)
         self.submitter.callback_thread.schedule(self)
 
     def run(self) -> Any:
@@ -113,7 +125,15 @@ class _Submission(PendingAppend, Job):
             await self._fail(exc)
 
     def commit(self, transaction_id: int) -> None:
-        self._set(True)  # the common path ends here
+        """The common path ends here (_set(True), inline)."""
+        submitter = self.submitter
+        submitter.pending -= 1
+        if not submitter.pending:
+            submitter._drained.set()
+        try:
+            self.future.set_result(True)
+        except asyncio.InvalidStateError:  # the application cancelled it
+            pass
 
     def settle(self, outcome: Outcome) -> None:
         """The append's final outcome (from the partition)."""
@@ -147,12 +167,12 @@ class _Submission(PendingAppend, Job):
     async def _fail(self, exc: Exception) -> None:
         self.submitter.stats.errors += 1
         await self.submitter.hook(self.context.on_exception, exc)
-        self.submitter.ended(self.future)
+        self.submitter.ended()
         if not self.future.done():  # the application may have cancelled it
             self.future.set_exception(exc)
 
     def _set(self, result: bool) -> None:
-        self.submitter.ended(self.future)
+        self.submitter.ended()
         if not self.future.done():
             self.future.set_result(result)
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import random
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from waltz_client import (
     TransactionRejectedError,
     WaltzTimeoutError,
 )
+from waltz_common.types import Record, ReqId
 
 
 def test_an_append_the_server_drops_is_reported_failed() -> None:
@@ -224,3 +226,24 @@ def test_a_transaction_the_server_refuses_is_an_error_not_a_retry() -> None:
             assert await (await c.submit(Ctx(b"small"))) is True
 
     run(main())
+
+
+def test_feed_entries_of_another_partition_in_a_batch_are_ignored_and_logged(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    send_feed = MockServer._send_feed
+
+    def mixed(stream: Any, records: list[Record]) -> None:  # each batch also carries a stranger's entry
+        stranger = Record(records[0].transaction_id, ReqId(99, 0, 1, 1), 0, b"", 0) if records else None
+        send_feed(stream, records + ([stranger] if stranger else []))
+
+    monkeypatch.setattr(MockServer, "_send_feed", staticmethod(mixed))
+
+    async def main() -> None:
+        server = MockServer(2)
+        callbacks = MemoryCallbacks()
+        async with client(server, callbacks) as c:
+            assert await asyncio.gather(*[await c.submit(Ctx(b"p0-%d" % i)) for i in range(3)]) == [True] * 3
+        assert callbacks.applied[0] == [(i, b"p0-%d" % i) for i in range(3)] and 1 not in callbacks.applied
+
+    run(main())
+    assert "feed entries of other partitions" in caplog.text

@@ -63,13 +63,12 @@ def test_lock_lists_are_made_on_first_use_and_what_is_put_in_them_is_sent() -> N
     assert not plain.write_locks and not plain.read_locks and not plain.append_locks
 
 
-def test_server_messages_are_split_by_partition_in_order() -> None:
+def test_server_messages_go_to_their_partition_a_feed_batch_to_its_first_entry_s() -> None:
     def entry(pid: int, txn: int) -> server_pb2.FeedData:
         return server_pb2.FeedData(req_id=req_id_to_proto(ReqId(1, 0, pid, 0)), transaction_id=txn)
 
     feed = server_pb2.ServerMessage(feed=server_pb2.FeedDataBatch(transactions=[entry(0, 1), entry(0, 2), entry(3, 1)]))
-    parts = message_partitions(feed)
-    assert [(pid, [e.transaction_id for e in m.feed.transactions]) for pid, m in parts] == [(0, [1, 2]), (3, [1])]
+    assert message_partitions(feed) == [(0, feed)]  # one partition per batch: partition 0 ignores the last
     flush = server_pb2.ServerMessage(flush=server_pb2.FlushResponse(req_id=req_id_to_proto(ReqId(1, 0, 4, 2))))
     assert message_partitions(flush) == [(4, flush)]
     assert message_partitions(server_pb2.ServerMessage()) == []
