@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from waltz.v1 import storage_pb2
 from waltz_storage import protocol
@@ -20,6 +20,7 @@ from waltz_storage.storage_manager import StorageManager
 READS = frozenset({"record_header", "record", "record_header_list", "record_list"})
 WRITES = frozenset({"truncate", "set_low_water_mark", "append"})
 MAX_LIST_LENGTH = 10_000  # records or headers in one list response, whatever was asked
+MAX_GROUP_REQUESTS = 1000  # appends merged into one write and fdatasync
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,35 @@ class Limits:
     max_record_bytes: int
     max_batch_bytes: int
     max_list_length: int = MAX_LIST_LENGTH
+
+
+class Answerable(Protocol):
+    """Where a stream request's answers go: the stream it came from."""
+
+    def answer(self, partition_id: int, responses: list[storage_pb2.StorageResponse]) -> None:
+        """Hand over answers to requests of partition_id, in order; called on the partition's thread."""
+
+
+class StreamRequest(NamedTuple):
+    """A request of a Session stream (any kind but open) waiting for its partition's thread."""
+
+    kind: str
+    msg: Any
+    stream: Answerable
+
+
+def _batch_bytes(msg: storage_pb2.StorageAppendRequest) -> int:
+    """An upper bound of the batch's size on disk, without touching each record (the hot path)."""
+    return msg.ByteSize() + 40 * len(msg.records)
+
+
+def _mergeable(first: StreamRequest, other: StreamRequest) -> bool:
+    return (
+        other.kind == "append"
+        and other.stream is first.stream
+        and other.msg.session_id == first.msg.session_id
+        and other.msg.offline == first.msg.offline
+    )
 
 
 def admit(partition: StoragePartition, kind: str, session_id: int, offline: bool) -> None:
@@ -86,6 +116,30 @@ class RequestExecutor:
             return [self.execute("append", m) for m in msgs]
         self._observe(partition)
         return [protocol.success(m.session_id, m.seq_num, m.partition_id) for m in msgs]
+
+    def serve(self, run: Sequence[StreamRequest]) -> None:
+        """Answer stream requests queued together, in order, each to its stream; consecutive appends of one
+        stream and session share one write and fdatasync (up to MAX_GROUP_REQUESTS and max_batch_bytes)."""
+        i = 0
+        while i < len(run):
+            first = run[i]
+            end = i + 1
+            if first.kind == "append" and end < len(run):  # sized only when there is more to merge
+                size = _batch_bytes(first.msg)
+                while end < len(run) and end - i < MAX_GROUP_REQUESTS and _mergeable(first, run[end]):
+                    size += _batch_bytes(run[end].msg)
+                    if size > self.limits.max_batch_bytes:
+                        break
+                    end += 1
+            msgs = [r.msg for r in run[i:end]]
+            try:
+                responses = (
+                    self.execute_appends(msgs) if first.kind == "append" else [self.execute(first.kind, first.msg)]
+                )
+            except Exception as e:  # neither raises; should they, the stream still gets an answer to each
+                responses = [self.failure(m, e) for m in msgs]
+            first.stream.answer(first.msg.partition_id, responses)
+            i = end
 
     # ------------------------------------------------------------------ helpers
 

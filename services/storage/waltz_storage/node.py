@@ -9,13 +9,15 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import grpc
 
-from waltz_storage.dispatch import Limits, RequestExecutor
+from waltz.v1 import storage_pb2
+from waltz_storage.dispatch import Limits, RequestExecutor, StreamRequest
 from waltz_storage.errors import ClusterKeyMismatch, PartitionCountMismatch
 from waltz_storage.metrics import StorageMetrics
+from waltz_storage.placement import AppendPlacement
 from waltz_storage.storage_manager import StorageManager
 
 T = TypeVar("T")
@@ -36,57 +38,127 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_result(result)
 
 
+class _Call(NamedTuple):
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+_END = None  # the end marker in a partition thread's queue
+_NOTHING = object()
+
+
+class WorkCount:
+    """Work queued or running on a node's partition threads, all partitions together; any thread may count."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.value = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.value += n
+
+
 class PartitionThread:
-    """A thread that runs calls in the order they were submitted and settles each one's future on its loop.
+    """A thread that runs a partition's work in the order it was queued: calls, whose futures it settles on
+    their loop, and stream requests, which it hands in runs to serve (which answers them itself).
 
     Cheaper per call than run_in_executor on a ThreadPoolExecutor (no concurrent Future, no chaining of two
     futures): a SimpleQueue in, one call_soon_threadsafe out. A call runs even if its awaiter is cancelled.
+    A stream request costs less still: no future at all, and the requests queued together are served
+    together (one run), so that serve can give consecutive appends one write and one fdatasync. work counts
+    what is queued or running here until it is done (no longer touching the partition).
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        serve: Callable[[list[StreamRequest]], None] | None = None,
+        work: WorkCount | None = None,
+    ) -> None:
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._serve = serve
+        self._work_count = work or WorkCount()
         self._closed = False
-        self._lock = threading.Lock()  # nothing is submitted behind the end marker
+        self._lock = threading.Lock()  # nothing is queued behind the end marker
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[..., T], args: tuple[Any, ...]) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        self._put(_Call(loop, future, fn, args))
+        return future
+
+    def post(self, request: StreamRequest) -> None:
+        """Queue a stream request for serve; its stream gets the answer."""
+        if self._serve is None:
+            raise RuntimeError("this partition thread serves no stream requests")
+        self._put(request)
+
+    def _put(self, item: Any) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the partition thread is shut down")
-            self._calls.put((loop, future, fn, args))
-        return future
+            self._work_count.add(1)
+            self._calls.put(item)
 
     def shutdown(self) -> None:
-        """Run what was submitted, then stop the thread."""
+        """Run what was queued, then stop the thread."""
         with self._lock:
             self._closed = True
-            self._calls.put(None)
+            self._calls.put(_END)
         self._thread.join()
 
     def _work(self) -> None:
-        while (call := self._calls.get()) is not None:
-            loop, future, fn, args = call
-            result, error = None, None
+        calls = self._calls
+        carry: Any = _NOTHING
+        while True:
+            item = calls.get() if carry is _NOTHING else carry
+            carry = _NOTHING
+            if item is _END:
+                return
+            if type(item) is _Call:
+                self._run(item)
+                self._work_count.add(-1)
+                continue
+            run = [item]
+            while not calls.empty():  # everything queued meanwhile joins the run, up to the next call
+                item = calls.get()
+                if type(item) is not StreamRequest:
+                    carry = item
+                    break
+                run.append(item)
             try:
-                result = fn(*args)
-            except BaseException as e:  # handed to the awaiter, as run_in_executor would
-                error = e
-            try:
-                loop.call_soon_threadsafe(_settle, future, result, error)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
-            del call, future, result, error
+                self._serve(run)  # type: ignore[misc]
+            except BaseException:  # serve answers every request itself; this thread must outlive its bugs
+                log.exception("serving %d stream requests failed", len(run))
+            self._work_count.add(-len(run))
+            del run, item
+
+    @staticmethod
+    def _run(call: _Call) -> None:
+        result, error = None, None
+        try:
+            result = call.fn(*call.args)
+        except BaseException as e:  # handed to the awaiter, as run_in_executor would
+            error = e
+        try:
+            call.loop.call_soon_threadsafe(_settle, call.future, result, error)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
 
 
 class StorageNode:
-    """Owns the StorageManager; every operation on a partition runs on that partition's single thread.
+    """Owns the StorageManager; every operation on a partition runs on that partition's single thread, but
+    an append while the node is otherwise quiet, which runs on the event loop (placement.AppendPlacement).
 
     One thread per partition keeps each partition's requests in order, from every stream and the
     admin port alike, while blocking file I/O and fsync stay off the event loop and partitions never
-    wait for each other.
+    wait for each other. An append runs on the loop only while no thread has any work, so it is still
+    the only thing touching its partition, after everything that came before it.
     """
 
     def __init__(self, manager: StorageManager, limits: Limits, metrics: StorageMetrics | None = None) -> None:
@@ -95,6 +167,8 @@ class StorageNode:
         self.executor = RequestExecutor(manager, limits, self.metrics)
         self.stopping = False
         self._threads: dict[int, PartitionThread] = {}
+        self._work = WorkCount()
+        self._placement = AppendPlacement()
         self._streams: set[Stoppable] = set()
 
     @classmethod
@@ -139,11 +213,28 @@ class StorageNode:
 
     async def run(self, partition_id: int, fn: Callable[..., T], *args: Any) -> T:
         """Run fn(*args) on the partition's thread (partition_id must be in range)."""
+        return await self._thread(partition_id).submit(fn, args)
+
+    def serve(self, request: StreamRequest, stream_quiet: bool) -> list[storage_pb2.StorageResponse] | None:
+        """Serve a stream request (its partition_id must be in range): its answers now, when it ran right here
+        on the loop, or None when it is queued on its partition's thread, which answers it to its stream.
+
+        stream_quiet: the stream has answered and written everything before this request.
+        """
+        partition_id = request.msg.partition_id
+        if request.kind != "append":
+            self._placement.elsewhere(partition_id)
+        elif self._placement.on_loop(partition_id, stream_quiet and not self._work.value):
+            return self.executor.execute_appends((request.msg,))
+        self._thread(partition_id).post(request)
+        return None
+
+    def _thread(self, partition_id: int) -> PartitionThread:
         thread = self._threads.get(partition_id)
         if thread is None:
-            thread = PartitionThread(f"partition-{partition_id}")
+            thread = PartitionThread(f"partition-{partition_id}", self.executor.serve, self._work)
             self._threads[partition_id] = thread
-        return await thread.submit(fn, args)
+        return thread
 
     def register(self, stream: Stoppable) -> None:
         self._streams.add(stream)

@@ -1,90 +1,97 @@
-"""The WaltzStorage.Session stream: Open, then requests multiplexed over partitions, each in its own lane."""
+"""The WaltzStorage.Session stream: Open, then requests multiplexed over partitions, each served on its
+partition's thread (or, an append while the node is quiet, on the loop) and answered in completion order."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import Any
 
 import grpc
 
 from waltz.v1 import storage_pb2, storage_pb2_grpc
 from waltz_storage import protocol
+from waltz_storage.dispatch import StreamRequest
 from waltz_storage.errors import InvalidRequest, StorageError
 from waltz_storage.node import StorageNode, StreamReader
 
-PARTITION_QUEUE_SIZE = 100  # requests waiting per partition per stream; then the stream is not read
-RESPONSE_QUEUE_SIZE = 1000  # answers waiting to be written to one stream
-MAX_GROUP_REQUESTS = 1000  # appends merged into one write and fdatasync
+PARTITION_QUEUE_SIZE = 100  # requests of one partition waiting for their answer; then the stream is not read
+RESPONSE_QUEUE_SIZE = 1000  # answers waiting to be written to one stream; then the stream is not read
 
 log = logging.getLogger(__name__)
 
-_END = object()
-
-
-def _batch_bytes(msg: storage_pb2.StorageAppendRequest) -> int:
-    """An upper bound of the batch's size on disk, without touching each record (the hot path)."""
-    return msg.ByteSize() + 40 * len(msg.records)
-
 
 class StorageConnection:
-    """One server connection: reads requests, feeds per-partition lanes, writes answers in completion order."""
+    """One server connection: reads requests and has the node serve each (StorageNode.serve): on its
+    partition's thread, which answers it (answer, from that thread), or right away; one writer task
+    writes the answers in the order they come.
+
+    Back-pressure: reading stops while one partition has PARTITION_QUEUE_SIZE requests unanswered, or
+    RESPONSE_QUEUE_SIZE answers wait to be written.
+    """
 
     def __init__(self, node: StorageNode, context: grpc.aio.ServicerContext) -> None:
         self.node = node
         self.context = context
         self.opened = False
-        self._responses: asyncio.Queue[Any] = asyncio.Queue(RESPONSE_QUEUE_SIZE)
-        self._lanes: dict[int, tuple[asyncio.Queue[Any], asyncio.Task[None]]] = {}
+        self._loop = asyncio.get_running_loop()
+        self._outbox: deque[storage_pb2.StorageResponse] = deque()
+        self._unanswered: dict[int, int] = {}  # partition id -> requests queued on its thread, not yet answered
+        self._in_flight = 0  # their sum
+        self._reading = True
+        self._writing = False  # an answer is being written
+        self._writer_idle: asyncio.Future[None] | None = None  # the writer waits on it for answers
+        self._reader_held: asyncio.Future[None] | None = None  # the reader waits on it for room
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._write_loop())
-            with StreamReader(self.context, self.node) as reader:
-                while (request := await reader.read()) is not None:
-                    await self._dispatch(request, tasks)
-            for queue, _ in self._lanes.values():
-                await queue.put(_END)
-            await asyncio.gather(*(task for _, task in self._lanes.values()))
-            await self._responses.put(_END)
-
-    async def _write_loop(self) -> None:
-        writing = True
-        while (response := await self._responses.get()) is not _END:
-            if not writing:
-                continue  # keep taking answers, so that lanes never wait for a writer that is gone
             try:
-                await self.context.write(response)
-            except Exception as exc:  # the server went away (a crash, kill -9): nobody is left to answer
-                writing = False
-                log.info("a server stream ended while it was being answered: %s: %s", type(exc).__name__, exc)
+                with StreamReader(self.context, self.node) as reader:
+                    while (request := await reader.read()) is not None:
+                        partition_id = self._dispatch(request)
+                        while len(self._outbox) >= RESPONSE_QUEUE_SIZE or (
+                            partition_id is not None and self._unanswered.get(partition_id, 0) >= PARTITION_QUEUE_SIZE
+                        ):
+                            self._reader_held = self._loop.create_future()
+                            await self._reader_held
+            finally:
+                self._end_of_requests()
 
-    async def _fail(self, msg: Any, exc: StorageError) -> None:
-        await self._responses.put(self.node.executor.failure(msg, exc))
+    # ------------------------------------------------------------------ reading
 
-    async def _dispatch(self, request: storage_pb2.StorageRequest, tasks: asyncio.TaskGroup) -> None:
+    def _dispatch(self, request: storage_pb2.StorageRequest) -> int | None:
+        """Answer it here, or queue it on its partition's thread and return the partition id."""
         kind = request.WhichOneof("request")
         if kind is None:
-            await self._fail(None, InvalidRequest("the request carries no message (none of the oneof is set)"))
-            return
+            self._fail(None, InvalidRequest("the request carries no message (none of the oneof is set)"))
+            return None
         msg = getattr(request, kind)
         if kind == "open":
-            await self._responses.put(self._open(msg))
-            return
+            self._push(self._open(msg))
+            return None
         if not self.opened:
-            await self._fail(msg, protocol.NotOpen("the stream is not open: send an Open request with the cluster key"))
-            return
+            self._fail(msg, protocol.NotOpen("the stream is not open: send an Open request with the cluster key"))
+            return None
+        partition_id: int = msg.partition_id
         try:
-            self.node.manager.control_file.check_partition_id(msg.partition_id)
+            self.node.manager.control_file.check_partition_id(partition_id)
         except StorageError as e:
-            await self._fail(msg, e)
-            return
-        lane = self._lanes.get(msg.partition_id)
-        if lane is None:
-            queue: asyncio.Queue[Any] = asyncio.Queue(PARTITION_QUEUE_SIZE)
-            lane = queue, tasks.create_task(self._lane_loop(msg.partition_id, queue))
-            self._lanes[msg.partition_id] = lane
-        await lane[0].put((kind, msg))
+            self._fail(msg, e)
+            return None
+        unanswered = self._unanswered.get(partition_id, 0)
+        # Quiet: everything before this request is answered and written. A request read while an answer is
+        # still being written was sent before the server had it: the server pipelines (AppendPlacement).
+        quiet = not unanswered and not self._outbox and not self._writing
+        responses = self.node.serve(StreamRequest(kind, msg, self), stream_quiet=quiet)
+        if responses is not None:  # served right here
+            self._outbox.extend(responses)
+            self._wake_writer()
+            return partition_id
+        self._unanswered[partition_id] = unanswered + 1
+        self._in_flight += 1
+        return partition_id
 
     def _open(self, msg: storage_pb2.OpenRequest) -> storage_pb2.StorageResponse:
         """Check the cluster key; a failed Open leaves the stream unopened, and another Open may follow."""
@@ -97,39 +104,65 @@ class StorageConnection:
         self.opened = True
         return protocol.success(msg.session_id, msg.seq_num, msg.partition_id)
 
-    async def _lane_loop(self, partition_id: int, queue: asyncio.Queue[Any]) -> None:
-        """Apply one partition's requests in arrival order; appends waiting together share one fdatasync."""
-        executor = self.node.executor
-        carry: Any = None
-        while True:
-            item = carry if carry is not None else await queue.get()
-            carry = None
-            if item is _END:
-                return
-            kind, msg = item
-            if kind != "append":
-                responses = [await self.node.run(partition_id, executor.execute, kind, msg)]
-            else:
-                group = [msg]
-                size = _batch_bytes(msg) if not queue.empty() else 0  # sized only when there is more to merge
-                while not queue.empty() and len(group) < MAX_GROUP_REQUESTS:
-                    nxt = queue.get_nowait()
-                    if nxt is _END or nxt[0] != "append" or not self._mergeable(msg, nxt[1]):
-                        carry = nxt
-                        break
-                    more = _batch_bytes(nxt[1])
-                    if size + more > self.node.limits.max_batch_bytes:
-                        carry = nxt
-                        break
-                    group.append(nxt[1])
-                    size += more
-                responses = await self.node.run(partition_id, executor.execute_appends, group)
-            for response in responses:
-                await self._responses.put(response)
+    def _fail(self, msg: Any, exc: StorageError) -> None:
+        self._push(self.node.executor.failure(msg, exc))
 
-    @staticmethod
-    def _mergeable(first: storage_pb2.StorageAppendRequest, other: storage_pb2.StorageAppendRequest) -> bool:
-        return other.session_id == first.session_id and other.offline == first.offline
+    def _end_of_requests(self) -> None:
+        """No more requests: the writer stops once every request read is answered and written."""
+        self._reading = False
+        self._wake_writer()
+
+    # ------------------------------------------------------------------ answering
+
+    def answer(self, partition_id: int, responses: list[storage_pb2.StorageResponse]) -> None:
+        """Answers from a partition's thread: one wake-up of the loop for them all."""
+        try:
+            self._loop.call_soon_threadsafe(self._answered, partition_id, responses)
+        except RuntimeError:  # the loop is closed: nobody is left to answer
+            pass
+
+    def _answered(self, partition_id: int, responses: list[storage_pb2.StorageResponse]) -> None:
+        self._unanswered[partition_id] -= len(responses)
+        self._in_flight -= len(responses)
+        self._outbox.extend(responses)
+        self._wake_writer()
+        self._wake_reader()
+
+    def _push(self, response: storage_pb2.StorageResponse) -> None:
+        self._outbox.append(response)
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        if self._writer_idle is not None and not self._writer_idle.done():
+            self._writer_idle.set_result(None)
+
+    def _wake_reader(self) -> None:
+        """Let a reader held by back-pressure look again."""
+        if self._reader_held is not None and not self._reader_held.done():
+            self._reader_held.set_result(None)
+
+    async def _write_loop(self) -> None:
+        """Write answers as they come until the stream is read to its end and every request is answered."""
+        outbox = self._outbox
+        writing = True
+        while True:
+            while outbox:
+                response = outbox.popleft()
+                self._wake_reader()
+                if not writing:
+                    continue  # keep taking answers, so that the reader never waits for a writer that is gone
+                self._writing = True
+                try:
+                    await self.context.write(response)
+                except Exception as exc:  # the server went away (a crash, kill -9): nobody is left to answer
+                    writing = False
+                    log.info("a server stream ended while it was being answered: %s: %s", type(exc).__name__, exc)
+                finally:
+                    self._writing = False
+            if not self._reading and not self._in_flight:
+                return
+            self._writer_idle = self._loop.create_future()
+            await self._writer_idle
 
 
 class StorageService(storage_pb2_grpc.WaltzStorageServicer):

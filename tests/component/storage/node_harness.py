@@ -92,6 +92,26 @@ class NodeThread:
         self.stop()
 
 
+class BlockedPartition:
+    """Inside a coroutine on the node's loop: holds a partition's thread busy (as a long operation would)
+    from entry until exit."""
+
+    def __init__(self, node: NodeThread, partition_id: int) -> None:
+        self._node = node
+        self._partition_id = partition_id
+        self._release = threading.Event()
+        self._held: asyncio.Future[Any] | None = None
+
+    async def __aenter__(self) -> BlockedPartition:
+        self._held = asyncio.ensure_future(self._node.node.run(self._partition_id, self._release.wait, 60))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release.set()
+        assert self._held is not None
+        await self._held
+
+
 def record(txn: int, size: int = 16, client_id: int = 7) -> common_pb2.Record:
     data = bytes((txn * 31 + i) % 256 for i in range(size))
     return common_pb2.Record(

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.component.storage.node_harness import KEY, NodeThread, SessionClient, record, records
+from tests.component.storage.node_harness import KEY, BlockedPartition, NodeThread, SessionClient, record, records
 from waltz.v1 import storage_pb2
 from waltz_storage.admin_client import StorageAdminClient
 from waltz_storage.codec import partition_info_struct_offset
@@ -265,27 +264,19 @@ def test_pipelined_appends_answer_as_if_one_at_a_time(node):
 
 
 def test_a_busy_partition_does_not_hold_up_the_others(node):
-    release = threading.Event()
-    blocked = node.node.run(0, release.wait, 60)
-
     async def scenario():
-        stuck = asyncio.ensure_future(blocked)
         async with SessionClient(node.address) as c:
             await c.open()
-            waiting = await c.send("append", records=records(0, 1), record_list_length=1)
-            assert (await c.append(1, records(0, 3)))[0] == "success"
-            assert (await c.ask("record_list", partition_id=1, transaction_id=0, max_records=9))[
-                1
-            ].record_list_length == 3
-            release.set()
-            await stuck
+            async with BlockedPartition(node, 0):
+                waiting = await c.send("append", records=records(0, 1), record_list_length=1)
+                assert (await c.append(1, records(0, 3)))[0] == "success"
+                assert (await c.ask("record_list", partition_id=1, transaction_id=0, max_records=9))[
+                    1
+                ].record_list_length == 3
             response = await c.recv()
             assert response.success.seq_num == waiting
 
-    try:
-        node.call(scenario())
-    finally:
-        release.set()
+    node.call(scenario())
 
 
 def test_both_control_file_structs_corrupt_fails_that_partition_only(tmp_path):

@@ -1,13 +1,16 @@
-"""PartitionThread: calls run in submission order on one thread; results, errors and cancellation reach the loop."""
+"""PartitionThread: calls and stream requests run in queue order on one thread; results, errors and cancellation
+reach the loop; stream requests queued together are served as one run."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from typing import cast
 
 import pytest
 
-from waltz_storage.node import PartitionThread
+from waltz_storage.dispatch import Answerable, StreamRequest
+from waltz_storage.node import PartitionThread, WorkCount
 
 
 def test_calls_run_in_order_on_one_thread_and_answer_their_awaiters():
@@ -51,3 +54,56 @@ def test_shutdown_finishes_what_was_submitted_then_refuses_more():
 
     asyncio.run(scenario())
     assert done == [1]
+
+
+def test_stream_requests_queued_together_are_served_as_one_run_in_order_between_calls():
+    release = threading.Event()
+    runs: list[list[int]] = []
+    work = WorkCount()
+    thread = PartitionThread("partition-test", lambda run: runs.append([r.msg for r in run]), work)
+
+    def request(i: int) -> StreamRequest:
+        return StreamRequest("append", i, cast(Answerable, None))
+
+    async def scenario() -> None:
+        held = thread.submit(release.wait, ())
+        for i in range(3):
+            thread.post(request(i))
+        between = thread.submit(lambda: [list(run) for run in runs], ())
+        thread.post(request(3))
+        assert work.value == 6
+        release.set()
+        await held
+        assert await between == [[0, 1, 2]]  # the call ran after the run queued before it, before the next
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        thread.shutdown()
+    assert runs == [[0, 1, 2], [3]] and work.value == 0
+
+
+def test_shutdown_behind_stream_requests_serves_them_first_and_a_failing_serve_does_not_stop_the_thread():
+    release = threading.Event()
+    served: list[int] = []
+
+    def serve(run: list[StreamRequest]) -> None:
+        served.extend(r.msg for r in run)
+        if 0 in served and len(served) == 1:
+            raise RuntimeError("a bug in serve")
+
+    work = WorkCount()
+    thread = PartitionThread("partition-test", serve, work)
+
+    async def scenario() -> None:
+        thread.post(StreamRequest("append", 0, cast(Answerable, None)))
+        await thread.submit(release.wait, (0.01,))  # after the failing run: the thread lives on
+        thread.submit(release.wait, ())
+        thread.post(StreamRequest("append", 1, cast(Answerable, None)))
+        closing = asyncio.get_running_loop().run_in_executor(None, thread.shutdown)
+        await asyncio.sleep(0.05)
+        release.set()
+        await closing
+
+    asyncio.run(scenario())
+    assert served == [0, 1] and work.value == 0

@@ -1,4 +1,4 @@
-"""Answers for a server that has gone away are dropped quietly, and the lanes are never held up."""
+"""Answers for a server that has gone away are dropped quietly, and the partition threads are never held up."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, cast
 import grpc
 
 from waltz_storage.node import StorageNode
-from waltz_storage.service import _END, StorageConnection
+from waltz_storage.service import StorageConnection
 
 
 class GonePeer:
@@ -30,10 +30,10 @@ def test_the_writer_drops_answers_once_the_stream_broke_instead_of_failing_the_s
         peer = GonePeer()
         connection = StorageConnection(cast(StorageNode, None), cast(grpc.aio.ServicerContext, peer))
         writer = asyncio.create_task(connection._write_loop())
-        for i in range(5):
-            await connection._responses.put(i)
-        await connection._responses.put(_END)
+        connection._unanswered[0] = connection._in_flight = 5  # five requests queued on partition 0's thread
+        await asyncio.to_thread(connection.answer, 0, list(range(5)))  # answered from that thread
+        connection._end_of_requests()
         await asyncio.wait_for(writer, 5)
-        assert peer.writes == 1 and connection._responses.empty()
+        assert peer.writes == 1 and not connection._outbox and connection._in_flight == 0
 
     asyncio.run(main())

@@ -1,0 +1,34 @@
+"""AppendPlacement: appends run on the loop only while one partition is busy and the node is quiet, with probes."""
+
+from __future__ import annotations
+
+from waltz_storage.placement import AppendPlacement
+
+
+def test_one_quiet_partition_runs_on_the_loop_but_for_a_probe_every_so_often():
+    placement = AppendPlacement(probe_every=4)
+    placed = [placement.on_loop(0, quiet=True) for _ in range(9)]
+    # The first follows no append of its partition; then every fourth of a streak is a probe on the thread.
+    assert placed == [False, True, True, True, False, True, True, True, False]
+
+
+def test_anything_unanswered_or_queued_sends_the_append_to_the_thread_and_restarts_the_streak():
+    placement = AppendPlacement(probe_every=3)
+    assert [placement.on_loop(0, quiet=True) for _ in range(2)] == [False, True]
+    assert not placement.on_loop(0, quiet=False)  # a pipelining server: its appends overlap on the thread
+    assert [placement.on_loop(0, quiet=True) for _ in range(3)] == [True, True, False]
+
+
+def test_appends_of_several_partitions_in_turn_stay_on_their_threads():
+    placement = AppendPlacement(probe_every=100)
+    assert not any(placement.on_loop(p, quiet=True) for _ in range(10) for p in (0, 1))
+    assert [placement.on_loop(1, quiet=True) for _ in range(2)] == [True, True]
+
+
+def test_another_request_of_the_partition_restarts_the_streak():
+    placement = AppendPlacement(probe_every=3)
+    assert [placement.on_loop(0, quiet=True) for _ in range(2)] == [False, True]
+    placement.elsewhere(0)  # e.g. a record list on the partition's thread
+    assert [placement.on_loop(0, quiet=True) for _ in range(3)] == [True, True, False]
+    placement.elsewhere(1)
+    assert not placement.on_loop(0, quiet=True)
