@@ -49,17 +49,27 @@ class ServerConnection:
         """A new, empty AppendRequest at the end of the queue, for the caller to fill in now: it
         joins the AppendBatch of the appends queued just before it (up to the batch size), built in
         place, so that nothing is copied into a batch later."""
-        if self._open is None or self._open_count >= self._max_batch:
-            message = server_pb2.ClientMessage()
-            message.appends.SetInParent()
-            if not self.closed:
-                self._out.append(message)
-                self._wake.set()
-            self._open = message
-            self._open_requests = message.appends.requests
-            self._open_count = 0
-        self._open_count += 1
-        return self._open_requests.add()
+        return self.new_appends(1)[0]
+
+    def new_appends(self, count: int) -> list[server_pb2.AppendRequest]:
+        """new_append() count times, in one call."""
+        made: list[server_pb2.AppendRequest] = []
+        while count > 0:
+            if self._open is None or self._open_count >= self._max_batch:
+                message = server_pb2.ClientMessage()
+                message.appends.SetInParent()
+                if not self.closed:
+                    self._out.append(message)
+                    self._wake.set()
+                self._open = message
+                self._open_requests = message.appends.requests
+                self._open_count = 0
+            take = min(count, self._max_batch - self._open_count)
+            add = self._open_requests.add
+            made += [add() for _ in range(take)]
+            self._open_count += take
+            count -= take
+        return made
 
     async def run(self, dispatch: Dispatch) -> None:
         """Send and receive until the stream fails; then tell the partitions and return."""

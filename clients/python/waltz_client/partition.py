@@ -111,15 +111,23 @@ class ClientPartition:
 
     def try_append(self, builder: TransactionBuilder, token: PendingAppend) -> bool:
         """Turn a held slot into a registered, queued append, if can_append() (else False)."""
+        return self.try_append_all(((builder, token),))
+
+    def try_append_all(self, appends: Sequence[tuple[TransactionBuilder, PendingAppend]]) -> bool:
+        """try_append for each, in order: all of them, or none if not can_append() (False)."""
         conn, state = self.conn, self.state
         if self.error is not None or not state.appends_allowed or conn is None or conn.closed:
             return False
-        token.seq_num = state.next_seq_num()
-        token.client_id, token.generation, token.partition_id = state.client_id, state.generation, self.partition_id
-        token.data, token.error, token.ended = builder.data, None, False
-        self._reserved -= 1
-        self.monitor.register(token, token, _monotonic())  # the loop's clock
-        fill_append_request(conn.new_append(), token, builder)
+        client_id, generation, partition_id = state.client_id, state.generation, self.partition_id
+        next_seq_num, register = state.next_seq_num, self.monitor.register
+        now = _monotonic()  # the loop's clock
+        for (builder, token), request in zip(appends, conn.new_appends(len(appends)), strict=True):
+            token.seq_num = next_seq_num()
+            token.client_id, token.generation, token.partition_id = client_id, generation, partition_id
+            token.data, token.error, token.ended = builder.data, None, False
+            register(token, token, now)
+            fill_append_request(request, token, builder)
+        self._reserved -= len(appends)
         return True
 
     async def _wait(self, ready: Callable[[], bool], what: str) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from waltz_client.api import TransactionBuilder, TransactionContext
 from waltz_client.errors import RetriesExhaustedError, WaltzClosedError
@@ -101,6 +101,26 @@ class _Submission(PendingAppend, Job):
         assert builder is not None
         if not (ok and value and self.partition.try_append(builder, self)):
             self._spawn(self._after_execute(builder, ok, value))
+
+    @classmethod
+    def done_all(cls, jobs: list[Job], values: list[Any]) -> None:
+        """A batch of submissions only: done() for each, and the common case (execute returned True, one
+        partition) appended in one pass."""
+        appends: list[tuple[TransactionBuilder, _Submission]] = []
+        partition: ClientPartition | None = None
+        others = []
+        for job, value in zip(cast(list[_Submission], jobs), values, strict=True):
+            if value is True and (job.partition is partition or partition is None):
+                partition = job.partition
+                appends.append((job.builder, job))  # type: ignore[arg-type]  # set until done
+                job.builder = None
+            else:
+                others.append((job, value))
+        if partition is not None and not partition.try_append_all(appends):
+            others[:0] = [(job, True) for _, job in appends]  # mounted no more: they wait for the mount
+            for builder, job in appends:
+                job.builder = builder
+        Job.done_all([job for job, _ in others], [value for _, value in others])
 
     async def _after_execute(self, builder: TransactionBuilder, ok: bool, value: Any) -> None:
         """The slot is still held: release it, or turn it into an append once mounted."""

@@ -59,6 +59,19 @@ class Job:
     def done(self, ok: bool, value: Any) -> None:
         raise NotImplementedError
 
+    @classmethod
+    def done_all(cls, jobs: list[Job], values: list[Any]) -> None:
+        """done() for each job, in order, with what its run() returned or raised (a _Raised); a class may
+        finish a batch of its own jobs (type(job) is cls for all of them) in one pass instead."""
+        for job, value in zip(jobs, values, strict=True):
+            try:
+                if type(value) is _Raised:
+                    job.done(False, value.exc)
+                else:
+                    job.done(True, value)
+            except Exception:
+                log.exception("callback-thread completion of %r failed", job)
+
 
 class _Call(Job):
     __slots__ = ("args", "fn", "future")
@@ -82,7 +95,7 @@ class _Call(Job):
 
 
 class _Raised:
-    """What a job raised, among the values a batch returned."""
+    """What a job raised, among the values a batch returned (Job.done_all: done(False, exc))."""
 
     __slots__ = ("exc",)
 
@@ -117,11 +130,12 @@ class CallbackThread:
     """
 
     def __init__(self, name: str) -> None:
-        self._queue: SimpleQueue[tuple[list[Job], asyncio.AbstractEventLoop] | None] = SimpleQueue()
+        self._queue: SimpleQueue[tuple[list[Job], type[Job], asyncio.AbstractEventLoop] | None] = SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name)
         self._thread.start()
         _LIVE[self._thread] = self._queue
         self._waiting: list[Job] = []
+        self._kind: type[Job] = Job  # the class of every waiting job, or Job when they are mixed
         self._busy = False  # a batch is queued or running, or one is about to start
         self._shut = False
         self._shut_lock = threading.Lock()  # nothing is queued after the thread's stop signal
@@ -138,40 +152,40 @@ class CallbackThread:
         """Run job on the thread; its done() is called on the event loop, later, never from inside
         this call."""
         self._waiting.append(job)
+        if type(job) is not self._kind:  # (as it is when the job is the first, unless kind has it already)
+            self._kind = type(job) if len(self._waiting) == 1 else Job
         if not self._busy:
             self._busy = True  # start on the next iteration: jobs scheduled in this one join the batch
             asyncio.get_running_loop().call_soon(self._run_waiting)
 
     def _run_waiting(self) -> None:
-        batch = [job for job in self._waiting if not (type(job) is _Call and job.future.cancelled())]
+        batch, kind = self._waiting, self._kind
         self._waiting = []
+        if kind is _Call or kind is Job:  # calls the application cancelled meanwhile do not run
+            batch = [job for job in batch if not (type(job) is _Call and job.future.cancelled())]
         if not batch:
             self._busy = False
             return
         with self._shut_lock:
             if not self._shut:
-                self._queue.put((batch, asyncio.get_running_loop()))
+                self._queue.put((batch, kind, asyncio.get_running_loop()))
                 return
-        self._finish(batch, [_Raised(RuntimeError("the callback thread is shut down"))] * len(batch))
+        self._finish(batch, kind, [_Raised(RuntimeError("the callback thread is shut down"))] * len(batch))
 
     def _serve(self) -> None:
         while (item := self._queue.get()) is not None:
-            batch, loop = item
+            batch, kind, loop = item
             values = [_NEVER_RAN] * len(batch) if self._shut else _run_batch(batch)
             try:
-                loop.call_soon_threadsafe(self._finish, batch, values)
+                loop.call_soon_threadsafe(self._finish, batch, kind, values)
             except RuntimeError:  # the loop is closed: nobody waits any more
                 pass
 
-    def _finish(self, batch: list[Job], values: list[Any]) -> None:
-        for job, value in zip(batch, values, strict=True):
-            try:
-                if type(value) is _Raised:
-                    job.done(False, value.exc)
-                else:
-                    job.done(True, value)
-            except Exception:
-                log.exception("callback-thread completion of %r failed", job)
+    def _finish(self, batch: list[Job], kind: type[Job], values: list[Any]) -> None:
+        try:
+            kind.done_all(batch, values)  # Job.done_all for a mixed batch
+        except Exception:
+            log.exception("callback-thread completion of a batch of %s failed", kind.__name__)
         self._busy = False
         if self._waiting:  # scheduled while this batch ran: they go together, now
             self._busy = True

@@ -113,6 +113,43 @@ def test_jobs_scheduled_in_one_loop_iteration_share_one_batch_and_each_hears_its
     assert {job.ran_on for job in jobs} == {thread._thread}
 
 
+class BatchJob(RecordingJob):
+    """Finishes a batch of its own jobs in one done_all call, recorded."""
+
+    batches: list[list[int]] = []
+
+    @classmethod
+    def done_all(cls, jobs: list[Job], values: list[object]) -> None:
+        cls.batches.append([job.i for job in jobs])  # type: ignore[attr-defined]
+        super().done_all(jobs, values)
+
+
+def test_a_batch_of_one_job_class_is_finished_by_its_done_all_a_mixed_one_job_by_job(batches: list[int]) -> None:
+    thread = CallbackThread("test-callbacks")
+    heard: list[tuple[int, bool, object, threading.Thread]] = []
+    BatchJob.batches = []
+
+    async def main() -> None:
+        alone = [BatchJob(i, heard, expected=4) for i in (0, 1, 2, 3)]
+        for job in alone:
+            thread.schedule(job)
+        await alone[-1].all_heard.wait()
+        mixed = [BatchJob(4, heard, 8), RecordingJob(5, heard, 8), BatchJob(6, heard, 8), BatchJob(7, heard, 8)]
+        for job in mixed:
+            thread.schedule(job)
+        await mixed[-1].all_heard.wait()
+        again = BatchJob(8, heard, 9)  # the batch after a mixed one starts afresh
+        thread.schedule(again)
+        await again.all_heard.wait()
+
+    try:
+        asyncio.run(main())
+    finally:
+        thread.shutdown()
+    assert batches == [4, 4, 1] and BatchJob.batches == [[0, 1, 2, 3], [8]]
+    assert [(i, ok) for i, ok, _, _ in heard] == [(i, i != 3) for i in range(9)]
+
+
 def test_a_job_scheduled_after_shutdown_is_refused_through_done() -> None:
     thread = CallbackThread("test-callbacks")
     thread.shutdown()

@@ -59,3 +59,20 @@ def test_appends_batch_between_other_messages_in_order_and_up_to_the_batch_size(
         await asyncio.gather(sender, return_exceptions=True)
 
     asyncio.run(main())
+
+
+def test_appends_made_together_fill_the_open_batch_then_start_new_ones() -> None:
+    async def main() -> None:
+        stream = RecordingStream()
+        conn = ServerConnection("here", stream, 1, max_batch=3)
+        sender = asyncio.ensure_future(conn._send_loop())
+        _append(conn, 1)
+        for header, request in zip((2, 3, 4, 5, 6, 7), conn.new_appends(6), strict=True):
+            request.header = header
+        assert conn.new_appends(0) == []
+        await asyncio.sleep(0.01)
+        assert _shape(stream.sent) == [[1, 2, 3], [4, 5, 6], [7]]
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
+
+    asyncio.run(main())
