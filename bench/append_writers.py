@@ -16,6 +16,7 @@ from typing import Any
 
 from bench.baselines import RECORD_BYTES, MemorySampler
 from waltz_client import AsyncWaltzClient, Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from waltz_common import event_loop
 from waltz_common.gctune import tune_for_service
 
 PARTITION = 0
@@ -73,7 +74,7 @@ class JobResult:
 def _client_process(job: Job, conn: Connection) -> None:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kazoo").setLevel(logging.ERROR)
-    result = asyncio.run(_client_job(job, conn))
+    result = event_loop.run(_client_job(job, conn))  # uvloop, as the services (an application's choice)
     result.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     conn.send(result)
 

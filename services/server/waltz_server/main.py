@@ -14,6 +14,7 @@ from kazoo.client import KazooClient
 from prometheus_client import start_http_server
 
 from waltz.v1 import metadata_pb2
+from waltz_common import event_loop
 from waltz_common import zk as zkmeta
 from waltz_common.config import Config, ConfigError, describe, load
 from waltz_common.gctune import tune_for_service
@@ -134,12 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         config = load(args.config, all_keys())
         PartitionSettings.from_config(config)
         StoreSettings.from_config(config)
+        event_loop.loop_factory()
     except (ConfigError, ValueError) as exc:
         print(f"waltz-server: {exc}", file=sys.stderr)
         return 2
     tune_for_service()
     try:
-        return asyncio.run(serve(config))
+        return event_loop.run(serve(config))
     except MetadataError as exc:
         print(f"waltz-server: {exc}", file=sys.stderr)
         return 1

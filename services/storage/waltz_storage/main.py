@@ -11,7 +11,7 @@ import uuid
 
 from prometheus_client import start_http_server
 
-from waltz_common import cluster_admin
+from waltz_common import cluster_admin, event_loop
 from waltz_common import zk as zkmeta
 from waltz_common.config import Config, ConfigError, describe, load
 from waltz_common.zk import MetadataError, ZkPaths
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load(args.config, STORAGE_KEYS)
         check(config)
+        event_loop.loop_factory()
         cluster_key, num_partitions = read_store_params(config)
         node = StorageNode.open(
             config["storage.directory"],
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         num_partitions,
         node.manager.assigned_partitions() or "none",
     )
-    return asyncio.run(serve(config, node))
+    return event_loop.run(serve(config, node))
 
 
 if __name__ == "__main__":
