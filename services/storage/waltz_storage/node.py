@@ -219,7 +219,7 @@ class StorageNode:
         """Serve a stream request (its partition_id must be in range): its answers now, when it ran right here
         on the loop, or None when it is queued on its partition's thread, which answers it to its stream.
 
-        stream_quiet: the stream has answered and written everything before this request.
+        stream_quiet: the stream has answered everything before this request (the loop has the answers).
         """
         partition_id = request.msg.partition_id
         if request.kind != "append":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-PROBE_EVERY = 32  # of consecutive appends that could all run on the loop, this many'th goes to the thread
+PROBE_EVERY = 32  # appends on the loop in a row before one goes to the thread; appends on the thread after an overlap
 
 
 class AppendPlacement:
@@ -10,31 +10,37 @@ class AppendPlacement:
 
     On the loop an append costs no thread hop: no queue hand-over, no wake-up of the thread, no
     call_soon_threadsafe back, no contention for the GIL. On this class of machine those context
-    switches cost more CPU than writing 100 records, so the loop is the cheap place when the node has
-    nothing else to do. It blocks the loop for the append's fdatasync, though, and appends that run
+    switches cost about as much CPU as writing 100 records, so the loop is the cheap place when the node
+    has nothing else to do. It blocks the loop for the append's fdatasync, though, and appends that run
     there one by one never share an fdatasync. So an append runs on the loop only when
     - the node is quiet: no work at all is queued or running on any partition thread, and the stream
-      has no unanswered request of this partition (whose answer must go first), and
+      has answered everything before it (whose answers must go first),
     - the node's previous append was for the same partition: one partition is busy, not several, which
-      keep their fdatasyncs in parallel on their threads;
-    and even then every PROBE_EVERY'th goes to the thread. That probe is how pipelining shows: a server
-    that sends an append before the previous one is answered has its next append arrive while the
-    probe is unanswered, not quiet, so its appends stay on the thread, where those that queue up share
-    one fdatasync, for as long as they keep overlapping.
+      keep their fdatasyncs in parallel on their threads, and
+    - none of the node's last PROBE_EVERY appends overlapped (arrived while the node was not quiet);
+    and even then every PROBE_EVERY'th in a row goes to the thread. That probe is how pipelining shows:
+    a server that sends an append before the previous one is answered has its next append arrive while
+    the probe is unanswered, so its appends stay on the thread, where those that queue up share one
+    fdatasync, for as long as they keep overlapping.
     """
 
     def __init__(self, probe_every: int = PROBE_EVERY) -> None:
         self._probe_every = probe_every
         self._last_partition: int | None = None
-        self._streak = 0  # consecutive appends of _last_partition placed on the loop
+        self._streak = 0  # > 0: appends on the loop in a row; <= 0: appends still to go to the thread, negated
 
     def on_loop(self, partition_id: int, quiet: bool) -> bool:
         """Place the node's next append, of partition_id: True for the loop, False for the thread."""
         last, self._last_partition = self._last_partition, partition_id
-        if not quiet or last != partition_id:
-            self._streak = 0
+        if not quiet:
+            self._streak = -self._probe_every
+            return False
+        if last != partition_id:
+            self._streak = min(self._streak, 0)
             return False
         self._streak += 1
+        if self._streak <= 0:
+            return False
         if self._streak >= self._probe_every:
             self._streak = 0
             return False
@@ -43,4 +49,4 @@ class AppendPlacement:
     def elsewhere(self, partition_id: int) -> None:
         """Any other request of partition_id went to its thread: the next append starts a new streak."""
         self._last_partition = partition_id
-        self._streak = 0
+        self._streak = min(self._streak, 0)

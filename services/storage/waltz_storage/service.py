@@ -40,7 +40,6 @@ class StorageConnection:
         self._unanswered: dict[int, int] = {}  # partition id -> requests queued on its thread, not yet answered
         self._in_flight = 0  # their sum
         self._reading = True
-        self._writing = False  # an answer is being written
         self._writer_idle: asyncio.Future[None] | None = None  # the writer waits on it for answers
         self._reader_held: asyncio.Future[None] | None = None  # the reader waits on it for room
 
@@ -81,9 +80,7 @@ class StorageConnection:
             self._fail(msg, e)
             return None
         unanswered = self._unanswered.get(partition_id, 0)
-        # Quiet: everything before this request is answered and written. A request read while an answer is
-        # still being written was sent before the server had it: the server pipelines (AppendPlacement).
-        quiet = not unanswered and not self._outbox and not self._writing
+        quiet = not unanswered and not self._outbox  # everything before this request is answered
         responses = self.node.serve(StreamRequest(kind, msg, self), stream_quiet=quiet)
         if responses is not None:  # served right here
             self._outbox.extend(responses)
@@ -151,14 +148,11 @@ class StorageConnection:
                 self._wake_reader()
                 if not writing:
                     continue  # keep taking answers, so that the reader never waits for a writer that is gone
-                self._writing = True
                 try:
                     await self.context.write(response)
                 except Exception as exc:  # the server went away (a crash, kill -9): nobody is left to answer
                     writing = False
                     log.info("a server stream ended while it was being answered: %s: %s", type(exc).__name__, exc)
-                finally:
-                    self._writing = False
             if not self._reading and not self._in_flight:
                 return
             self._writer_idle = self._loop.create_future()

@@ -12,17 +12,21 @@ def test_one_quiet_partition_runs_on_the_loop_but_for_a_probe_every_so_often():
     assert placed == [False, True, True, True, False, True, True, True, False]
 
 
-def test_anything_unanswered_or_queued_sends_the_append_to_the_thread_and_restarts_the_streak():
+def test_an_overlapping_append_keeps_the_next_ones_on_the_thread_for_a_while():
     placement = AppendPlacement(probe_every=3)
     assert [placement.on_loop(0, quiet=True) for _ in range(2)] == [False, True]
     assert not placement.on_loop(0, quiet=False)  # a pipelining server: its appends overlap on the thread
-    assert [placement.on_loop(0, quiet=True) for _ in range(3)] == [True, True, False]
+    assert [placement.on_loop(0, quiet=True) for _ in range(4)] == [False, False, False, True]
+    assert not placement.on_loop(0, quiet=False)
+    assert [placement.on_loop(0, quiet=True) for _ in range(2)] == [False, False]
+    assert not placement.on_loop(0, quiet=False)  # overlaps go on: so does the thread
+    assert [placement.on_loop(0, quiet=True) for _ in range(6)] == [False, False, False, True, True, False]
 
 
 def test_appends_of_several_partitions_in_turn_stay_on_their_threads():
     placement = AppendPlacement(probe_every=100)
     assert not any(placement.on_loop(p, quiet=True) for _ in range(10) for p in (0, 1))
-    assert [placement.on_loop(1, quiet=True) for _ in range(2)] == [True, True]
+    assert [placement.on_loop(0, quiet=True) for _ in range(2)] == [False, True]  # 0 after 1, then 0 after 0
 
 
 def test_another_request_of_the_partition_restarts_the_streak():
