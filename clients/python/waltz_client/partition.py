@@ -303,7 +303,7 @@ class ClientPartition:
         """Apply a feed batch in order: the decisions here, the application's side in one callback-thread call."""
         steps: list[_FeedStep] = []
         superseded: list[tuple[PendingAppend, Outcome]] = []
-        hwm = self.client_high_water_mark
+        next_id = self.client_high_water_mark + 1  # the transaction to apply next
         gap_at: int | None = None
         foreign = 0
         pid, client_id, fetch = self.partition_id, self.env.client_id, self.env.fetch
@@ -314,7 +314,7 @@ class ClientPartition:
                 foreign += 1  # a server that breaks the one-partition-per-batch contract
                 continue
             txn_id = entry.transaction_id
-            if txn_id > hwm + 1:
+            if txn_id > next_id:
                 gap_at = txn_id
                 break
             mine = None
@@ -326,8 +326,8 @@ class ClientPartition:
                             mine = token
                         else:  # older appends this commit proves lost: resolved after the apply, so retries see it
                             superseded.append((token, outcome))
-            if txn_id == hwm + 1:
-                hwm = txn_id
+            if txn_id == next_id:
+                next_id += 1
                 steps.append((txn_id, mine, FedTransaction(
                     pid, txn_id, req_id, entry.header, fetch, None if mine is None else mine.data)))
             elif mine is not None:

@@ -93,8 +93,7 @@ class _Submission(PendingAppend, Job):
         self.submitter.callback_thread.schedule(self)
 
     def run(self) -> Any:
-        assert self.builder is not None
-        return self.context.execute(self.builder)
+        return self.context.execute(self.builder)  # type: ignore[arg-type]  # set until done
 
     def done(self, ok: bool, value: Any) -> None:
         builder, self.builder = self.builder, None
