@@ -172,11 +172,8 @@ class RequestExecutor:
             batch = partition.encode_checked([r for m in msgs for r in protocol.records_from_append(m)])
         started = time.perf_counter()
         partition.append_batch(batch)
-        if batch.record_count:
-            self.metrics.fsync_duration.observe(time.perf_counter() - started)
-        self.metrics.append_requests.inc(len(msgs))
-        self.metrics.appended_records.inc(batch.record_count)
-        self.metrics.appended_bytes.inc(len(batch.data))
+        seconds = time.perf_counter() - started if batch.record_count else None
+        self.metrics.appended(len(msgs), batch.record_count, len(batch.data), seconds)
 
     def _list_length(self, msg: Any) -> int:
         protocol.check_list_request(msg.transaction_id, msg.max_records)

@@ -109,9 +109,12 @@ def failure(session_id: int, seq_num: int, partition_id: int, exc: BaseException
 
 
 def success(session_id: int, seq_num: int, partition_id: int) -> storage_pb2.StorageResponse:
-    return storage_pb2.StorageResponse(
-        success=storage_pb2.SuccessResponse(session_id=session_id, seq_num=seq_num, partition_id=partition_id)
-    )
+    response = storage_pb2.StorageResponse()
+    answer = response.success  # filled in place: no second message to build and copy in
+    answer.session_id = session_id
+    answer.seq_num = seq_num
+    answer.partition_id = partition_id
+    return response
 
 
 def parse_cluster_key(text: str) -> uuid.UUID:

@@ -1,4 +1,7 @@
-"""StorageMetrics: the per-partition gauges follow partition_state, and a forgotten partition starts afresh."""
+"""StorageMetrics: the append counters and fsync histogram, the per-partition gauges that follow partition_state,
+and a forgotten partition that starts afresh."""
+
+import pytest
 
 from waltz_storage.metrics import StorageMetrics
 
@@ -23,3 +26,22 @@ def test_partition_gauges_follow_the_state_and_forget_removes_them():
     assert gauges(0) == [None, None, None] and gauges(1) == [7, 3, 4]
     metrics.partition_state(0, 6, -1, 2)  # the same values as before it was forgotten are set again
     assert gauges(0) == [6, -1, 2]
+
+
+def test_appends_are_counted_and_their_fsyncs_timed_under_the_usual_names():
+    metrics = StorageMetrics()
+    get = metrics.registry.get_sample_value
+    metrics.appended(3, 30, 3000, 0.0002)
+    metrics.appended(1, 0, 0, None)  # nothing written: no fdatasync to time
+    metrics.appended(1, 5, 500, 0.0001)
+    metrics.appended(1, 5, 500, 7.0)
+    assert get("waltz_storage_append_requests_total") == 6
+    assert get("waltz_storage_appended_records_total") == 40
+    assert get("waltz_storage_appended_bytes_total") == 4000
+    assert get("waltz_storage_fsync_duration_seconds_count") == 3
+    assert get("waltz_storage_fsync_duration_seconds_sum") == pytest.approx(7.0003)
+    bucket = {
+        le: get("waltz_storage_fsync_duration_seconds_bucket", {"le": le})
+        for le in ("5e-05", "0.0001", "0.00025", "2.5", "+Inf")
+    }
+    assert bucket == {"5e-05": 0, "0.0001": 1, "0.00025": 2, "2.5": 2, "+Inf": 3}

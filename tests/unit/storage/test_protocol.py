@@ -57,6 +57,15 @@ def test_failure_echoes_ids():
     assert (response.failure.session_id, response.failure.seq_num, response.failure.partition_id) == (7, 8, 9)
 
 
+def test_success_echoes_ids_even_when_all_are_zero():
+    for ids in ((4, 100, 1), (0, 0, 0)):
+        response = protocol.success(*ids)
+        assert response.WhichOneof("response") == "success"
+        assert response == storage_pb2.StorageResponse(
+            success=storage_pb2.SuccessResponse(session_id=ids[0], seq_num=ids[1], partition_id=ids[2])
+        )
+
+
 def test_records_round_trip_and_lengths_are_checked():
     record = Record(5, ReqId(1, 2, 3, 4), -6, b"abc", crc32(b"abc"))
     message = protocol.record_to_proto(record)
