@@ -67,20 +67,12 @@ class AdminConnection:
     async def _partition_assignment(self, msg: Any) -> storage_admin_pb2.AdminResponse:
         pid = msg.partition_id
         if msg.toggled:
-            await self.node.run(pid, self._assign, pid)
+            await self.node.run(pid, self.node.manager.assign, pid)
             log.info("partition %d assigned", pid)
         else:
             await self.node.run(pid, self.node.manager.unassign, pid)
-            self.node.metrics.forget_partition(pid)
             log.info("partition %d unassigned; its files are deleted", pid)
         return _success(msg.seq_num)
-
-    def _assign(self, pid: int) -> None:
-        partition = self.node.manager.assign(pid)
-        info = partition.last_session_info()
-        self.node.metrics.partition_state(
-            pid, partition.max_transaction_id, info.low_water_mark, partition.fence.highest_session_id
-        )
 
     async def _partition_read(self, msg: Any) -> storage_admin_pb2.AdminResponse:
         await self.node.run(msg.partition_id, self.node.manager.set_readable, msg.partition_id, msg.toggled)

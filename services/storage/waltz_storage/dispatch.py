@@ -96,7 +96,6 @@ class RequestExecutor:
             response = getattr(self, "_" + kind)(partition, msg)
         except Exception as e:
             return self.failure(msg, e)
-        self._observe(partition)
         return response
 
     def execute_appends(self, msgs: Sequence[storage_pb2.StorageAppendRequest]) -> list[storage_pb2.StorageResponse]:
@@ -114,7 +113,6 @@ class RequestExecutor:
             self._write(partition, msgs)
         except Exception:
             return [self.execute("append", m) for m in msgs]
-        self._observe(partition)
         return [protocol.success(m.session_id, m.seq_num, m.partition_id) for m in msgs]
 
     def serve(self, run: Sequence[StreamRequest]) -> None:
@@ -155,15 +153,6 @@ class RequestExecutor:
             log.error("partition %d: %s", partition_id, exc)
         self.metrics.request_failures.labels(protocol.Code.Name(code)).inc()  # type: ignore[arg-type]
         return protocol.failure(session_id, seq_num, partition_id, exc)
-
-    def _observe(self, partition: StoragePartition) -> None:
-        info = partition.last_session_info()
-        self.metrics.partition_state(
-            partition.partition_id,
-            partition.max_transaction_id,
-            info.low_water_mark,
-            partition.fence.highest_session_id,
-        )
 
     def _write(self, partition: StoragePartition, msgs: Sequence[storage_pb2.StorageAppendRequest]) -> None:
         """Append the requests' records as one batch with one fdatasync; raise what is wrong with them."""

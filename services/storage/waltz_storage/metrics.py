@@ -5,10 +5,10 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -53,6 +53,36 @@ class _AppendTotals(Collector):
         )
 
 
+PartitionState = tuple[int, int, int, int]
+"""A partition's id, max transaction id, low-water mark and highest session id seen."""
+
+
+class _PartitionGauges(Collector):
+    """The per-partition gauges, read from the partitions when scraped (nothing to do per request)."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[PartitionState]] = lambda: ()
+
+    def collect(self) -> Iterator[Metric]:
+        families = (
+            GaugeMetricFamily(
+                "waltz_storage_partition_max_transaction_id", "Highest stored transaction id", labels=["partition"]
+            ),
+            GaugeMetricFamily(
+                "waltz_storage_partition_low_water_mark",
+                "Low-water mark of the last store session",
+                labels=["partition"],
+            ),
+            GaugeMetricFamily(
+                "waltz_storage_partition_session_id", "Highest store session id seen", labels=["partition"]
+            ),
+        )
+        for partition_id, *values in self.source():
+            for family, value in zip(families, values, strict=True):
+                family.add_metric([str(partition_id)], value)
+        yield from families
+
+
 class StorageMetrics:
     """Counters, the fsync histogram and per-partition gauges of one storage node."""
 
@@ -61,18 +91,8 @@ class StorageMetrics:
         r = self.registry
         self._appends = _AppendTotals()
         r.register(self._appends)
-        self.max_transaction_id = Gauge(
-            "waltz_storage_partition_max_transaction_id", "Highest stored transaction id", ["partition"], registry=r
-        )
-        self.low_water_mark = Gauge(
-            "waltz_storage_partition_low_water_mark",
-            "Low-water mark of the last store session",
-            ["partition"],
-            registry=r,
-        )
-        self.session_id = Gauge(
-            "waltz_storage_partition_session_id", "Highest store session id seen", ["partition"], registry=r
-        )
+        self._partitions = _PartitionGauges()
+        r.register(self._partitions)
         self.request_failures = Counter(
             "waltz_storage_request_failures_total",
             "Requests answered with a Failure, by error code",
@@ -80,31 +100,10 @@ class StorageMetrics:
             registry=r,
         )
 
-        # Per partition: its three gauge children and the values they hold (set only when they change).
-        self._partitions: dict[int, tuple[list[Gauge], list[int]]] = {}
-
     def appended(self, requests: int, records: int, size: int, fsync_seconds: float | None) -> None:
         """Requests acknowledged with their records and bytes, and the write + fdatasync time (None: none)."""
         self._appends.add(requests, records, size, fsync_seconds)
 
-    def partition_state(self, partition_id: int, max_transaction_id: int, low_water_mark: int, session_id: int) -> None:
-        """Called after every request: the label lookups are done once per partition, unchanged values skipped."""
-        known = self._partitions.get(partition_id)
-        if known is None:
-            label = str(partition_id)
-            gauges = [g.labels(label) for g in (self.max_transaction_id, self.low_water_mark, self.session_id)]
-            known = self._partitions[partition_id] = (gauges, [None, None, None])  # type: ignore[list-item]
-        gauges, values = known
-        for i, value in enumerate((max_transaction_id, low_water_mark, session_id)):
-            if values[i] != value:
-                gauges[i].set(value)
-                values[i] = value
-
-    def forget_partition(self, partition_id: int) -> None:
-        self._partitions.pop(partition_id, None)
-        label = str(partition_id)
-        for gauge in (self.max_transaction_id, self.low_water_mark, self.session_id):
-            try:
-                gauge.remove(label)
-            except KeyError:
-                pass
+    def watch_partitions(self, source: Callable[[], Iterable[PartitionState]]) -> None:
+        """Where the per-partition gauges come from: source() lists the partitions' states when scraped."""
+        self._partitions.source = source

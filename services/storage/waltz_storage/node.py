@@ -15,8 +15,8 @@ import grpc
 
 from waltz.v1 import storage_pb2
 from waltz_storage.dispatch import Limits, RequestExecutor, StreamRequest
-from waltz_storage.errors import ClusterKeyMismatch, PartitionCountMismatch
-from waltz_storage.metrics import StorageMetrics
+from waltz_storage.errors import ClusterKeyMismatch, PartitionCountMismatch, StorageError
+from waltz_storage.metrics import PartitionState, StorageMetrics
 from waltz_storage.placement import AppendPlacement
 from waltz_storage.storage_manager import StorageManager
 
@@ -170,6 +170,7 @@ class StorageNode:
         self._work = WorkCount()
         self._placement = AppendPlacement()
         self._streams: set[Stoppable] = set()
+        self.metrics.watch_partitions(self._partition_states)
 
     @classmethod
     def open(
@@ -196,6 +197,19 @@ class StorageNode:
     @property
     def limits(self) -> Limits:
         return self.executor.limits
+
+    def _partition_states(self) -> list[PartitionState]:
+        """The partitions' gauges, read when scraped: from the metrics server's thread, plain reads only."""
+        states = []
+        for partition_id, partition in self.manager.open_partitions():
+            try:
+                low_water_mark = partition.last_session_info().low_water_mark
+            except StorageError:  # its control file structs are both damaged: no gauges for it
+                continue
+            states.append(
+                (partition_id, partition.max_transaction_id, low_water_mark, partition.fence.highest_session_id)
+            )
+        return states
 
     def check_cluster(self, cluster_key: uuid.UUID, num_partitions: int) -> None:
         """An Open: raise ClusterKeyMismatch / PartitionCountMismatch naming both sides unless both match."""

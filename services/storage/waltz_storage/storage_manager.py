@@ -78,6 +78,10 @@ class StorageManager:
         """Ids of the partitions assigned here, including any that failed to open."""
         return sorted([*self._partitions, *self._failed])
 
+    def open_partitions(self) -> list[tuple[int, StoragePartition]]:
+        """The partitions assigned here and open, by id (safe to call from any thread)."""
+        return sorted(self._partitions.items())
+
     def is_assigned(self, partition_id: int) -> bool:
         return partition_id in self._partitions or partition_id in self._failed
 

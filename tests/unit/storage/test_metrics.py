@@ -1,13 +1,13 @@
-"""StorageMetrics: the append counters and fsync histogram, the per-partition gauges that follow partition_state,
-and a forgotten partition that starts afresh."""
+"""StorageMetrics: the append counters and fsync histogram, and the per-partition gauges read when scraped."""
 
 import pytest
 
 from waltz_storage.metrics import StorageMetrics
 
 
-def test_partition_gauges_follow_the_state_and_forget_removes_them():
+def test_partition_gauges_are_read_from_the_watched_partitions_when_scraped():
     metrics = StorageMetrics()
+    states = [(0, 5, -1, 2), (1, 7, 3, 4)]
 
     def gauges(partition: int) -> list[float | None]:
         get = metrics.registry.get_sample_value
@@ -18,14 +18,12 @@ def test_partition_gauges_follow_the_state_and_forget_removes_them():
             get("waltz_storage_partition_session_id", labels),
         ]
 
-    metrics.partition_state(0, 5, -1, 2)
-    metrics.partition_state(1, 7, 3, 4)
-    metrics.partition_state(0, 6, -1, 2)
-    assert gauges(0) == [6, -1, 2] and gauges(1) == [7, 3, 4]
-    metrics.forget_partition(0)
-    assert gauges(0) == [None, None, None] and gauges(1) == [7, 3, 4]
-    metrics.partition_state(0, 6, -1, 2)  # the same values as before it was forgotten are set again
-    assert gauges(0) == [6, -1, 2]
+    assert gauges(0) == [None, None, None]  # nothing watched yet
+    metrics.watch_partitions(lambda: states)
+    assert gauges(0) == [5, -1, 2] and gauges(1) == [7, 3, 4]
+    states[0] = (0, 6, -1, 2)
+    del states[1]  # unassigned: its gauges go
+    assert gauges(0) == [6, -1, 2] and gauges(1) == [None, None, None]
 
 
 def test_appends_are_counted_and_their_fsyncs_timed_under_the_usual_names():
