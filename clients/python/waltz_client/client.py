@@ -76,6 +76,7 @@ class AsyncWaltzClient:
         self._started = True
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.current_thread()
+        self._submitter.bind(self._loop)
         try:
             info = await self._driver.start(self._on_topology)
         except BaseException:

@@ -18,7 +18,6 @@ from waltz_client.tasks import CallbackThread, Job, TaskSet
 log = logging.getLogger(__name__)
 
 _Future = asyncio.Future
-_CREATE_FUTURE = asyncio.BaseEventLoop.create_future  # a loop that keeps it makes plain Futures: made directly
 
 
 @dataclass(slots=True)
@@ -31,12 +30,19 @@ class Submitter:
     max_retries: int  # client.maxRetries: failed attempts before giving up (negative: never)
     pending: int = 0  # submissions not ended yet (even if the application cancelled their futures)
     _drained: asyncio.Event = field(default_factory=asyncio.Event)  # set when pending reaches 0
+    _loop: asyncio.AbstractEventLoop | None = None  # the client's (bind)
+    _plain_futures: bool = False  # its create_future is BaseEventLoop's: a Future made directly is the same
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop of every submission; asyncio.get_running_loop() is a system call (getpid) on Linux."""
+        self._loop = loop
+        self._plain_futures = type(loop).create_future is asyncio.BaseEventLoop.create_future
 
     def start(self, context: TransactionContext, partition: ClientPartition) -> asyncio.Future[bool]:
         """Run the submission, for which a slot of the partition is held; the future it ends with."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool] = (
-            _Future(loop=loop) if type(loop).create_future is _CREATE_FUTURE else loop.create_future())
+        loop = self._loop
+        assert loop is not None, "bind() first"
+        future: asyncio.Future[bool] = _Future(loop=loop) if self._plain_futures else loop.create_future()
         self.pending += 1
         self.callback_thread.schedule(_Submission(self, context, partition, future))
         return future
