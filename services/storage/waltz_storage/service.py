@@ -61,7 +61,8 @@ class StorageConnection:
     # ------------------------------------------------------------------ reading
 
     def _dispatch(self, request: storage_pb2.StorageRequest) -> int | None:
-        """Answer it here, or queue it on its partition's thread and return the partition id."""
+        """Have the node serve it (right away, or on its partition's thread) and return its partition id; None
+        for a request answered here: an Open, or one refused before it reaches a partition."""
         kind = request.WhichOneof("request")
         if kind is None:
             self._fail(None, InvalidRequest("the request carries no message (none of the oneof is set)"))
