@@ -121,13 +121,13 @@ class ClientPartition:
         client_id, generation, partition_id = state.client_id, state.generation, self.partition_id
         next_seq_num, register = state.next_seq_num, self.monitor.register
         now = _monotonic()  # the loop's clock
+        self._reserved -= len(appends)
         for (builder, token), request in zip(appends, conn.new_appends(len(appends)), strict=True):
             token.seq_num = next_seq_num()
             token.client_id, token.generation, token.partition_id = client_id, generation, partition_id
             token.data, token.error, token.ended = builder.data, None, False
             register(token, token, now)
             fill_append_request(request, token, builder)
-        self._reserved -= len(appends)
         return True
 
     async def _wait(self, ready: Callable[[], bool], what: str) -> None:
