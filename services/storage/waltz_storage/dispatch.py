@@ -81,7 +81,8 @@ def admit(partition: StoragePartition, kind: str, session_id: int, offline: bool
 
 
 class RequestExecutor:
-    """Turns requests into responses; never raises. Call it from the partition's own thread only."""
+    """Turns requests into responses; never raises. Call it for a partition only where that partition's work
+    runs at the time: on its thread, or on the loop while no thread has work (StorageNode.serve)."""
 
     def __init__(self, manager: StorageManager, limits: Limits, metrics: StorageMetrics) -> None:
         self.manager = manager
