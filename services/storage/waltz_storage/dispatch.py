@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -47,6 +47,14 @@ class StreamRequest(NamedTuple):
     kind: str
     msg: Any
     stream: Answerable
+
+
+class Answers(NamedTuple):
+    """The answers to a group of one stream's requests of one partition, in order."""
+
+    stream: Answerable
+    partition_id: int
+    responses: list[storage_pb2.StorageResponse]
 
 
 def _batch_bytes(msg: storage_pb2.StorageAppendRequest) -> int:
@@ -116,9 +124,10 @@ class RequestExecutor:
             return [self.execute("append", m) for m in msgs]
         return [protocol.success(m.session_id, m.seq_num, m.partition_id) for m in msgs]
 
-    def serve(self, run: Sequence[StreamRequest]) -> None:
-        """Answer stream requests queued together, in order, each to its stream; consecutive appends of one
-        stream and session share one write and fdatasync (up to MAX_GROUP_REQUESTS and max_batch_bytes)."""
+    def serve(self, run: Sequence[StreamRequest]) -> Iterator[Answers]:
+        """Carry out stream requests queued together, in order, yielding the answers of each group as soon as
+        it is done: consecutive appends of one stream and session share one write and fdatasync (up to
+        MAX_GROUP_REQUESTS and max_batch_bytes); any other request is a group of its own."""
         i = 0
         while i < len(run):
             first = run[i]
@@ -137,7 +146,7 @@ class RequestExecutor:
                 )
             except Exception as e:  # neither raises; should they, the stream still gets an answer to each
                 responses = [self.failure(m, e) for m in msgs]
-            first.stream.answer(first.msg.partition_id, responses)
+            yield Answers(first.stream, first.msg.partition_id, responses)
             i = end
 
     # ------------------------------------------------------------------ helpers

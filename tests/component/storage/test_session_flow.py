@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Iterator
 
@@ -47,6 +48,35 @@ def test_a_partition_with_a_full_queue_stops_the_stream_being_read_until_it_drai
             assert node.node.manager.partition(1).max_transaction_id == 0
             _kind, msg = await c.ask("record_list", transaction_id=0, max_records=1000)
             assert list(msg.records) == records(0, PARTITION_QUEUE_SIZE)
+
+    node.call(scenario())
+
+
+def test_appends_one_at_a_time_run_on_the_loop_unless_partitions_take_turns(node, monkeypatch):
+    """The cheap place for an append is the loop, while one partition is busy; several keep to their threads."""
+    where: list[str] = []
+    execute_appends = node.node.executor.execute_appends
+
+    def recorded(msgs):
+        where.append(threading.current_thread().name)
+        return execute_appends(msgs)
+
+    monkeypatch.setattr(node.node.executor, "execute_appends", recorded)
+
+    async def scenario():
+        async with SessionClient(node.address) as c:
+            await c.open()
+            for i in range(2 * PROBE_EVERY):
+                assert (await c.append(0, records(2 * i, 2)))[0] == "success"
+            on_loop = sum(not name.startswith("partition-") for name in where)
+            assert on_loop == 2 * PROBE_EVERY - 2  # the first (no append before it) and one probe went to the thread
+            where.clear()
+            next_ids = {0: 4 * PROBE_EVERY, 1: 0}
+            for _ in range(10):
+                for partition_id in (0, 1):
+                    assert (await c.append(partition_id, records(next_ids[partition_id], 1)))[0] == "success"
+                    next_ids[partition_id] += 1
+            assert where == ["partition-0", "partition-1"] * 10
 
     node.call(scenario())
 

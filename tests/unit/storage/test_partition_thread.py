@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 from typing import cast
 
 import pytest
 
-from waltz_storage.dispatch import Answerable, StreamRequest
+from waltz_storage.dispatch import Answerable, Answers, StreamRequest
 from waltz_storage.node import PartitionThread, WorkCount
 
 
@@ -60,7 +61,12 @@ def test_stream_requests_queued_together_are_served_as_one_run_in_order_between_
     release = threading.Event()
     runs: list[list[int]] = []
     work = WorkCount()
-    thread = PartitionThread("partition-test", lambda run: runs.append([r.msg for r in run]), work)
+
+    def serve(run: list[StreamRequest]) -> list[Answers]:
+        runs.append([r.msg for r in run])
+        return []
+
+    thread = PartitionThread("partition-test", serve, work)
 
     def request(i: int) -> StreamRequest:
         return StreamRequest("append", i, cast(Answerable, None))
@@ -87,10 +93,11 @@ def test_shutdown_behind_stream_requests_serves_them_first_and_a_failing_serve_d
     release = threading.Event()
     served: list[int] = []
 
-    def serve(run: list[StreamRequest]) -> None:
+    def serve(run: list[StreamRequest]) -> list[Answers]:
         served.extend(r.msg for r in run)
         if 0 in served and len(served) == 1:
             raise RuntimeError("a bug in serve")
+        return []
 
     work = WorkCount()
     thread = PartitionThread("partition-test", serve, work)
@@ -107,3 +114,34 @@ def test_shutdown_behind_stream_requests_serves_them_first_and_a_failing_serve_d
 
     asyncio.run(scenario())
     assert served == [0, 1] and work.value == 0
+
+
+def test_each_group_is_counted_done_before_its_answers_go_to_the_stream():
+    work = WorkCount()
+    seen: list[tuple[int, int, list[str]]] = []
+
+    class Stream:
+        def answer(self, partition_id: int, responses: list[str]) -> None:
+            seen.append((work.value, partition_id, responses))
+
+    stream = Stream()
+
+    def serve(run: list[StreamRequest]) -> Iterator[Answers]:
+        yield Answers(stream, 7, ["a", "b"])
+        yield Answers(stream, 7, ["c"])
+
+    thread = PartitionThread("partition-test", serve, work)
+    release = threading.Event()
+
+    async def scenario() -> None:
+        held = thread.submit(release.wait, ())
+        for i in range(3):
+            thread.post(StreamRequest("append", i, stream))
+        release.set()
+        await held
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        thread.shutdown()
+    assert seen == [(1, 7, ["a", "b"]), (0, 7, ["c"])] and work.value == 0
