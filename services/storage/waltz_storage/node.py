@@ -6,6 +6,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -251,7 +252,10 @@ class StorageNode:
         if request.kind != "append":
             self._placement.elsewhere(partition_id)
         elif self._placement.on_loop(partition_id, stream_quiet and not self._work.value):
-            return self.executor.execute_appends((request.msg,))
+            started = time.perf_counter()
+            responses = self.executor.execute_appends((request.msg,))
+            self._placement.took(time.perf_counter() - started)
+            return responses
         self._thread(partition_id).post(request)
         return None
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 PROBE_EVERY = 32  # appends on the loop in a row before one goes to the thread; appends on the thread after an overlap
+SLOW_APPEND_S = 0.02  # an append on the loop that took longer (a struggling disk) ...
+SLOW_BACKOFF = 1000  # ... sends this many of the next appends to the thread
 
 
 class AppendPlacement:
@@ -21,7 +23,9 @@ class AppendPlacement:
     and even then every PROBE_EVERY'th in a row goes to the thread. That probe is how pipelining shows:
     a server that sends an append before the previous one is answered has its next append arrive while
     the probe is unanswered, so its appends stay on the thread, where those that queue up share one
-    fdatasync, for as long as they keep overlapping.
+    fdatasync, for as long as they keep overlapping. And an append on the loop that took longer than
+    SLOW_APPEND_S (a struggling disk) sends the next SLOW_BACKOFF to the thread: the loop, which also
+    answers health checks and admin calls, is blocked that long at most once in so many appends.
     """
 
     def __init__(self, probe_every: int = PROBE_EVERY) -> None:
@@ -33,7 +37,7 @@ class AppendPlacement:
         """Place the node's next append, of partition_id: True for the loop, False for the thread."""
         last, self._last_partition = self._last_partition, partition_id
         if not quiet:
-            self._streak = -self._probe_every
+            self._streak = min(self._streak, -self._probe_every)
             return False
         if last != partition_id:
             self._streak = min(self._streak, 0)
@@ -45,6 +49,11 @@ class AppendPlacement:
             self._streak = 0
             return False
         return True
+
+    def took(self, seconds: float) -> None:
+        """How long the append just placed on the loop took there."""
+        if seconds > SLOW_APPEND_S:
+            self._streak = -SLOW_BACKOFF
 
     def elsewhere(self, partition_id: int) -> None:
         """Any other request of partition_id went to its thread: the next append starts a new streak."""

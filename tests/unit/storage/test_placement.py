@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from waltz_storage.placement import AppendPlacement
+from waltz_storage.placement import SLOW_APPEND_S, SLOW_BACKOFF, AppendPlacement
 
 
 def test_one_quiet_partition_runs_on_the_loop_but_for_a_probe_every_so_often():
@@ -36,3 +36,16 @@ def test_another_request_of_the_partition_restarts_the_streak():
     assert [placement.on_loop(0, quiet=True) for _ in range(3)] == [True, True, False]
     placement.elsewhere(1)
     assert not placement.on_loop(0, quiet=True)
+
+
+def test_a_slow_append_on_the_loop_sends_many_of_the_next_ones_to_the_thread():
+    placement = AppendPlacement(probe_every=3)
+    assert [placement.on_loop(0, quiet=True) for _ in range(2)] == [False, True]
+    placement.took(SLOW_APPEND_S / 2)
+    assert placement.on_loop(0, quiet=True)
+    placement.took(SLOW_APPEND_S * 2)  # a struggling disk: the loop must not wait for it again soon
+    placed = [placement.on_loop(0, quiet=True) for _ in range(SLOW_BACKOFF + 1)]
+    assert not any(placed[:SLOW_BACKOFF]) and placed[SLOW_BACKOFF]
+    placement.took(SLOW_APPEND_S * 2)
+    assert not placement.on_loop(0, quiet=False)  # an overlap meanwhile does not shorten the wait
+    assert not any(placement.on_loop(0, quiet=True) for _ in range(SLOW_BACKOFF - 1))
