@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 PROBE_EVERY = 32  # appends on the loop in a row before one goes to the thread; appends on the thread after an overlap
-SLOW_APPEND_S = 0.02  # an append on the loop that took longer (a struggling disk) ...
+SLOW_APPEND_S = 0.1  # an append on the loop that took longer (a struggling disk, not a busy moment) ...
 SLOW_BACKOFF = 1000  # ... sends this many of the next appends to the thread
 
 
