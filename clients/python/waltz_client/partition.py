@@ -399,8 +399,7 @@ class ClientPartition:
         """steps[start:end] ran: count them, move the client high-water mark, resolve their appends."""
         applied = committed = 0
         last_applied = -1
-        for i in range(start, end):
-            txn_id, mine, transaction = steps[i]
+        for txn_id, mine, transaction in steps[start:end]:
             if transaction is not None:
                 applied += 1
                 last_applied = txn_id
