@@ -16,6 +16,7 @@ from waltz_client.driver import Ownership
 from waltz_client.errors import ClientAheadError, StreamClosedError, TransactionRejectedError, WaltzTimeoutError
 from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
 from waltz_client.partition_env import PartitionEnv, PendingAppend
+from waltz_client.partition_env import Stats as Stats  # where it was before partition_env.py
 from waltz_client.partition_state import ClientPartitionState, FeedDecision, MountResult, MountState
 from waltz_client.wire import feed_request, fill_append_request, flush_request, mount_request, req_id_from_proto
 
