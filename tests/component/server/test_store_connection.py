@@ -230,3 +230,33 @@ def test_an_unanswered_request_times_out_and_the_stream_stays_usable() -> None:
             pool.get("127.0.0.1:1")
 
     run(test)
+
+
+def test_a_connection_no_session_uses_is_closed_after_the_idle_time_and_forgotten(tmp_path: Path) -> None:
+    # a storage node removed from the cluster must not be reconnected to (and reported down) for ever
+    async def test() -> None:
+        node = await start_node(tmp_path)
+        pool = StorageConnections(KEY, 2, FAST, idle_close_s=0.3)
+        address = f"127.0.0.1:{node.storage_port}"
+        try:
+            connection = pool.get(address)
+            await connection.wait_connected()
+            pool.release(address)
+            await asyncio.sleep(0.1)
+            assert pool.get(address) is connection  # taken back within the idle time: kept
+            pool.get(address)
+            pool.release(address)
+            await asyncio.sleep(0.5)
+            assert connection.connected  # one user left
+            pool.release(address)
+            await asyncio.sleep(0.5)
+            assert not connection.connected
+            assert await pool.check_connectivity() == {}
+            again = pool.get(address)  # a later session opens a new one
+            assert again is not connection
+            await again.wait_connected()
+        finally:
+            await pool.close()
+            await node.stop(0)
+
+    run(test)

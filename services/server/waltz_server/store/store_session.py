@@ -21,7 +21,7 @@ from waltz_server.recovery import (
     Wait,
 )
 from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
-from waltz_server.store.connection import StorageConnections, StorageError
+from waltz_server.store.connection import StorageConnection, StorageConnections, StorageError
 from waltz_server.store.events import Signal
 from waltz_server.store.metadata import SessionStart
 from waltz_server.store.replica_session import ReplicaSession
@@ -162,6 +162,12 @@ class StoreSession:
 
     async def _replica_task(self, replica: str) -> None:
         connection = self._connections.get(replica)
+        try:
+            await self._serve_replica_connection(replica, connection)
+        finally:
+            self._connections.release(replica)
+
+    async def _serve_replica_connection(self, replica: str, connection: StorageConnection) -> None:
         backoff = Backoff(self._settings)
         while True:
             epoch = await connection.wait_connected()

@@ -172,9 +172,14 @@ class FakeConnection:
 class FakeConnections:
     def __init__(self, replicas: dict[str, FakeReplica], offline: tuple[str, ...] = ()) -> None:
         self.connections = {name: FakeConnection(name, r, name not in offline) for name, r in replicas.items()}
+        self.users: dict[str, int] = {}  # get() minus release() by connect string
 
     def get(self, connect_string: str) -> FakeConnection:
+        self.users[connect_string] = self.users.get(connect_string, 0) + 1
         return self.connections[connect_string]
+
+    def release(self, connect_string: str) -> None:
+        self.users[connect_string] -= 1
 
     def is_connected(self, connect_string: str) -> bool:
         return self.connections[connect_string].online

@@ -108,6 +108,18 @@ def test_fresh_replicas_open_at_minus_one_and_an_append_commits_at_a_majority() 
     run(test)
 
 
+def test_a_session_gives_back_every_connection_it_took_when_it_ends() -> None:
+    # so that the pool can close a storage node's connection once no session uses it
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()}, offline=(C,))
+        async with h.running():
+            await until(lambda: len(h.session.members) == 2)
+            assert h.pool.users == {A: 1, B: 1, C: 1}
+        assert h.pool.users == {A: 0, B: 0, C: 0}
+
+    run(test)
+
+
 def test_a_member_lost_during_an_append_without_quorum_fails_it_and_ends_the_session() -> None:
     async def test() -> None:
         h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
