@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import zlib
-
 from waltz.v1 import server_pb2
 from waltz_client.api import TransactionBuilder
 from waltz_client.monitor import ReqIdFields
-from waltz_common.types import INT32_MAX, ReqId
+from waltz_common.types import INT32_MAX, ReqId, crc32_unsigned
 from waltz_common.wire import req_id_from_proto as req_id_from_proto
 from waltz_common.wire import req_id_to_proto as req_id_to_proto
-
-_crc32 = zlib.crc32
 
 
 def mount_request(req_id: ReqId, client_high_water_mark: int, seq_num: int) -> server_pb2.ClientMessage:
@@ -38,7 +34,7 @@ def fill_append_request(request: server_pb2.AppendRequest, req_id: ReqIdFields, 
         request.header = builder.header
     request.data_length = len(data)
     request.data = data
-    checksum = _crc32(data)  # waltz_common.types.crc32, inline: a signed int32 as the seed's
+    checksum = crc32_unsigned(data)  # waltz_common.types.crc32, inline: a signed int32 as the seed's
     request.checksum = checksum - 0x100000000 if checksum > INT32_MAX else checksum
     q = request.req_id
     q.client_id = req_id.client_id

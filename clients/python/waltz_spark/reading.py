@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -11,6 +10,7 @@ import grpc
 import pyarrow as pa
 
 from waltz.v1 import common_pb2, server_pb2, server_pb2_grpc
+from waltz_common.types import crc32_unsigned
 from waltz_spark.cluster import CHANNEL_OPTIONS, ClusterDirectory, PartitionUnavailable, describe, is_retryable
 
 ARROW_SCHEMA = pa.schema(
@@ -108,10 +108,10 @@ def check(partition: int, expected_first: int, records: Sequence[common_pb2.Reco
                 f"partition {partition} transaction {expected}: data_length {record.data_length} "
                 f"but {len(data)} data bytes"
             )
-        if (zlib.crc32(data) - record.checksum) & 0xFFFFFFFF:
+        if (crc32_unsigned(data) - record.checksum) & 0xFFFFFFFF:
             raise ChecksumMismatch(
                 f"checksum mismatch in partition {partition} transaction {expected}: data CRC-32 "
-                f"{zlib.crc32(data) & 0xFFFFFFFF:#010x}, record says {record.checksum & 0xFFFFFFFF:#010x}"
+                f"{crc32_unsigned(data):#010x}, record says {record.checksum & 0xFFFFFFFF:#010x}"
             )
         if record.req_id.partition_id != partition:
             raise BrokenRange(

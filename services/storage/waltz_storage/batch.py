@@ -6,10 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from isal.isal_zlib import crc32
-
 from waltz.v1 import storage_pb2
-from waltz_common.types import Record
+from waltz_common.types import Record, crc32_unsigned
 from waltz_storage.codec import RECORD_OVERHEAD, RECORD_PREFIX, UINT32, encode_record
 
 _U32 = 0xFFFFFFFF
@@ -53,7 +51,7 @@ def encode_appends(
     mark = offsets.append
     pack = RECORD_PREFIX.pack
     pack_crc = UINT32.pack
-    crc = crc32  # ISA-L's: zlib's values, several times faster
+    crc = crc32_unsigned
     txn = first_transaction_id
     offset = 0
     for request in requests:

@@ -8,9 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from isal.isal_zlib import crc32 as crc32_unsigned
-
-from waltz_common.types import INT32_MAX, INT32_MIN, Record, RecordHeader, ReqId, crc32
+from waltz_common.types import INT32_MAX, INT32_MIN, Record, RecordHeader, ReqId, crc32, crc32_unsigned
 from waltz_storage.errors import (
     ChecksumError,
     ClusterKeyMismatch,
