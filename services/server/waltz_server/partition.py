@@ -416,7 +416,7 @@ class Partition:
         committed = resolved.committed
         if committed:
             # The feed message of the batch is built in place once: a realtime feed sends it as it is
-            # (cached_feed), the ring keeps its entries for feeds that read another range.
+            # (cached_feed); the feed cache keeps it for feeds that read another range.
             message = server_pb2.ServerMessage()
             add_entry = message.feed.transactions.add
             put = self.data_cache.put

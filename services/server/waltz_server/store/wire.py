@@ -31,17 +31,15 @@ def append_pending_request(
     append.partition_id = partition_id
     append.record_list_length = len(records)
     add = append.records.add
-    transaction_id = first
-    for r in records:
+    for i, r in enumerate(records):
         add(
-            transaction_id=transaction_id,
+            transaction_id=first + i,
             req_id=r.req_id,
             header=r.header,
             data_length=r.data_length,
             data=r.data,
             checksum=r.checksum,
         )
-        transaction_id += 1
     return request
 
 
