@@ -68,6 +68,13 @@ class Outbound:
         if len(self._items) >= self.limit:
             self._room.clear()
 
+    def try_put(self, message: server_pb2.ServerMessage) -> bool:
+        """put_nowait if there is room (a feed may not wait here); False if not."""
+        if len(self._items) >= self.limit:
+            return False
+        self.put_nowait(message)
+        return True
+
     async def wait_room(self) -> None:
         while len(self._items) >= self.limit and not self.closed:
             self._room.clear()
@@ -117,6 +124,9 @@ class ClientStream:
 
     async def send_feed(self, message: server_pb2.ServerMessage) -> None:
         await self.outbound.put(message)
+
+    def try_send_feed(self, message: server_pb2.ServerMessage) -> bool:
+        return self.outbound.try_put(message)
 
     # the two loops
 

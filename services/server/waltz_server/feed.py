@@ -25,6 +25,10 @@ class StreamPort(Protocol):
         """Queue a feed message, waiting while the stream's outbound queue is full (back-pressure)."""
         ...
 
+    def try_send_feed(self, message: server_pb2.ServerMessage) -> bool:
+        """Queue a feed message if the outbound queue has room now; False (nothing queued) if not."""
+        ...
+
 
 class FeedSource(Protocol):
     """What a feed reads: the partition's committed transactions."""
@@ -85,6 +89,8 @@ class FeedContext:
         self._batch_size = batch_size
         self._fetch_size = fetch_size
         self.task: asyncio.Task[None] | None = None
+        self.waiting_for: int | None = None
+        """The next id to send while the task waits for it to commit (the source may then send it here)."""
 
     def lag(self) -> int:
         return self.cursor.lag(self.source.high_water_mark)
@@ -98,7 +104,11 @@ class FeedContext:
                 cursor.ready_sent()
                 self.mount_req_id = None
             elif step.source is Source.WAIT:
-                await source.wait_for_commit(cursor.next_id - 1)
+                self.waiting_for = cursor.next_id
+                try:
+                    await source.wait_for_commit(cursor.next_id - 1)
+                finally:
+                    self.waiting_for = None
             elif step.source is Source.CACHE:
                 message = source.cached_feed(step.first, step.count)
                 if message is not None and message.feed.transactions:  # None: the cache moved on; step again

@@ -6,31 +6,28 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from waltz.v1 import common_pb2, server_pb2
-from waltz_common.types import RecordHeader
 from waltz_server.append_pipeline import AppendPipeline, ClientPending, QueuedAppend, Resolved
-from waltz_server.caches import DataCache, FeedCache
+from waltz_server.caches import DataCache
 from waltz_server.config import PartitionSettings
-from waltz_server.feed import FeedContext, StreamPort, feed_message
+from waltz_server.feed import StreamPort
 from waltz_server.feed_cursor import FeedCursor
 from waltz_server.locks import LockRequest, LockTable
 from waltz_server.metrics import PartitionMetrics
 from waltz_server.mounts import MountRegistry
-from waltz_server.store.api import StorePartition, StoreUnavailable
-from waltz_server.store_batches import RETRY_S, StoreBatches, wait_store_ready
+from waltz_server.partition_feeds import PartitionFeeds, prepared_feed
+from waltz_server.store.api import StorePartition
+from waltz_server.store_batches import StoreBatches, wait_store_ready
 from waltz_server.validation import append_problem
 
 log = logging.getLogger(__name__)
 
 Reason = server_pb2.AppendRejected.Reason
 _NO_LOCKS = LockRequest()
-
-
-class PartitionClosed(Exception):
-    """The partition was closed (it moved to another server, or the server is stopping)."""
 
 
 @dataclass(slots=True)
@@ -79,7 +76,6 @@ class Partition:
         self.settings = settings
         self.metrics = metrics
         self._clock = clock
-        self._high_water_mark = -1
         self._ready = asyncio.Event()
         self._accepting = asyncio.Event()
         self._accepting.set()
@@ -87,16 +83,16 @@ class Partition:
         self._work = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
-        self._commit = asyncio.Event()
         self._pipeline: AppendPipeline[_Origin] | None = None
         self._batches: StoreBatches[_Origin] | None = None
         self._pending: ClientPending[Callable[[], None]] = ClientPending()
         self._mounts = MountRegistry()
-        self._feeds: dict[int, FeedContext] = {}  # stream id -> its feed of this partition
-        self._feed_cache: FeedCache[server_pb2.FeedData] = FeedCache(settings.feed_cache_size)
-        self._last_feed: tuple[int, server_pb2.ServerMessage] = (-1, server_pb2.ServerMessage())
+        self.feeds = PartitionFeeds(
+            partition_id, store, settings.feed_cache_size, settings.feed_batch_size, settings.feed_fetch_size
+        )
+        self._prepared: deque[tuple[QueuedAppend[_Origin], server_pb2.ServerMessage]] = deque()
+        """The feed message of each batch at the store, oldest first, with the batch's first append."""
         self.data_cache = DataCache(settings.data_cache_bytes)
-        self._group: asyncio.TaskGroup | None = None
         self._runner: asyncio.Task[None] | None = None
         self.failure: str = ""
 
@@ -111,7 +107,7 @@ class Partition:
     async def _run(self, started: asyncio.Event) -> None:
         try:
             async with asyncio.TaskGroup() as group:
-                self._group = group
+                self.feeds.open(group)
                 started.set()
                 group.create_task(self._append_task())
         except asyncio.CancelledError:
@@ -137,12 +133,12 @@ class Partition:
         self._pending.drop_waiters()
         self._room.set()
         self._accepting.set()
-        self._wake_feeds()
+        self.feeds.close()
+        self._prepared.clear()
         if self._runner is not None:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
-        self._feeds.clear()
         try:
             await self.store.close()
         finally:
@@ -184,27 +180,7 @@ class Partition:
 
     @property
     def high_water_mark(self) -> int:
-        return self._high_water_mark
-
-    @property
-    def cache_first_id(self) -> int:
-        return self._feed_cache.first_id
-
-    def cached_feed(self, first: int, count: int) -> server_pb2.ServerMessage | None:
-        last_first, last = self._last_feed
-        if first == last_first and count == len(last.feed.transactions):
-            return last  # a realtime feed: the newest batch, built once for every stream
-        entries = self._feed_cache.get(first, count)
-        return None if entries is None else feed_message(entries)
-
-    async def stored_headers(self, first: int, count: int) -> list[RecordHeader]:
-        return await self.store.get_headers(first, count)
-
-    async def wait_for_commit(self, after: int) -> None:
-        while self._high_water_mark <= after:
-            if self._closed:
-                raise PartitionClosed(f"partition {self.partition_id} was closed")
-            await self._commit.wait()  # replaced by a fresh event on every commit
+        return self.feeds.high_water_mark
 
     def pending_appends(self) -> int:
         return len(self._pipeline) if self._pipeline is not None else 0
@@ -290,7 +266,7 @@ class Partition:
         req_id = request.req_id
 
         def answer() -> None:
-            flushed = server_pb2.FlushResponse(req_id=req_id, transaction_id=self._high_water_mark)
+            flushed = server_pb2.FlushResponse(req_id=req_id, transaction_id=self.feeds.high_water_mark)
             stream.send_control(server_pb2.ServerMessage(flush=flushed))
 
         if self._pending.add_waiter(req_id.client_id, answer):
@@ -300,7 +276,7 @@ class Partition:
         """Register the stream, flush the client's appends, feed the catch-up, then answer."""
         req_id = request.req_id
         if not self.ready or req_id.generation != self.generation:
-            stream.send_control(mount_response(req_id, server_pb2.MountResponse.NOT_READY, self._high_water_mark))
+            stream.send_control(mount_response(req_id, server_pb2.MountResponse.NOT_READY, self.feeds.high_water_mark))
             return
         accepted, replaced = self._mounts.register(
             req_id.client_id, stream.stream_id, req_id.generation, request.seq_num
@@ -308,17 +284,17 @@ class Partition:
         if not accepted:
             return  # a stale network client
         if replaced is not None:
-            self._end_feed(replaced)
-        self._end_feed(stream.stream_id)
+            self.feeds.end(replaced)
+        self.feeds.end(stream.stream_id)
 
         def start() -> None:
             if self._closed or not self._mounts.is_current(req_id.client_id, stream.stream_id):
                 return
-            hwm = self._high_water_mark
+            hwm = self.feeds.high_water_mark
             if request.client_high_water_mark > hwm:
                 stream.send_control(mount_response(req_id, server_pb2.MountResponse.CLIENT_AHEAD, hwm))
                 return
-            self._start_feed(stream, FeedCursor(request.client_high_water_mark + 1, ready_at=hwm), req_id)
+            self.feeds.start(stream, FeedCursor(request.client_high_water_mark + 1, ready_at=hwm), req_id)
 
         if self._pending.add_waiter(req_id.client_id, start):
             start()
@@ -327,48 +303,19 @@ class Partition:
         """Restart this stream's feed from the client's high-water mark."""
         if self._closed or not self._mounts.is_current(request.req_id.client_id, stream.stream_id):
             return
-        current = self._feeds.get(stream.stream_id)
+        current = self.feeds.get(stream.stream_id)
         ready_at = current.cursor.ready_at if current is not None else None
         mount_req_id = current.mount_req_id if current is not None else None
-        self._end_feed(stream.stream_id)
-        self._start_feed(stream, FeedCursor(request.client_high_water_mark + 1, ready_at), mount_req_id)
+        self.feeds.end(stream.stream_id)
+        self.feeds.start(stream, FeedCursor(request.client_high_water_mark + 1, ready_at), mount_req_id)
 
     def detach(self, stream: StreamPort) -> None:
         """The stream ended: forget its mounts and end its feed."""
         self._mounts.remove_stream(stream.stream_id)
-        self._end_feed(stream.stream_id)
+        self.feeds.end(stream.stream_id)
 
     def feed_lag(self) -> int:
-        return max((context.lag() for context in self._feeds.values()), default=0)
-
-    # feeds
-
-    def _start_feed(self, stream: StreamPort, cursor: FeedCursor, mount_req_id: common_pb2.ReqId | None) -> None:
-        if self._group is None or self._closed:
-            return
-        s = self.settings
-        context = FeedContext(self, stream, cursor, mount_req_id, s.feed_batch_size, s.feed_fetch_size)
-        context.task = self._group.create_task(self._run_feed(context))
-        self._feeds[stream.stream_id] = context
-
-    def _end_feed(self, stream_id: int) -> None:
-        context = self._feeds.pop(stream_id, None)
-        if context is not None and context.task is not None:
-            context.task.cancel()
-
-    async def _run_feed(self, context: FeedContext) -> None:
-        while True:
-            try:
-                await context.run()
-            except PartitionClosed:
-                return
-            except StoreUnavailable:
-                await asyncio.sleep(RETRY_S)  # the store is between sessions: read again soon
-            except Exception:
-                log.exception("partition %d: feed of stream %d ended", self.partition_id, context.stream.stream_id)
-                if self._feeds.get(context.stream.stream_id) is context:
-                    del self._feeds[context.stream.stream_id]
-                return
+        return self.feeds.lag()
 
     # the append task
 
@@ -387,9 +334,7 @@ class Partition:
         await self.store.start(self.generation)
         await wait_store_ready(self.store)
         hwm = self.store.high_water_mark
-        self._high_water_mark = hwm
-        self._feed_cache = FeedCache(self.settings.feed_cache_size, hwm)
-        self._last_feed = (-1, server_pb2.ServerMessage())
+        self.feeds.reset(hwm)
         s = self.settings
         pipeline: AppendPipeline[_Origin] = AppendPipeline(
             LockTable(hwm, s.lock_table_size), s.max_batch_size, s.max_batch_bytes, s.max_batches_in_flight
@@ -404,36 +349,49 @@ class Partition:
             pipeline,
             _pending_records,
             self._apply,
+            self._prepare,
             self._answer_lock_failures,
             self._work,
             self.metrics.store_batch_size if self.metrics is not None else None,
         )
         await self._batches.run()
 
+    def _prepare(self, batch: list[QueuedAppend[_Origin]]) -> None:
+        """The batch is at the store: build its feed message now, while the replicas write it, numbered after
+        the batch before it (as it commits unless a store session ends meanwhile)."""
+        prepared = self._prepared
+        first = self.feeds.high_water_mark + 1
+        if prepared:
+            previous = prepared[-1][1].feed.transactions
+            first = previous[0].transaction_id + len(previous)
+        prepared.append((batch[0], prepared_feed(first, (item.origin.request for item in batch))))
+
     def _apply(self, resolved: Resolved[_Origin]) -> None:
-        """Publish committed appends to caches and feeds, then release what waited for them."""
+        """Publish committed appends to the feeds at once; the rest (data cache, metrics, flushes waiting for
+        them, queue room) follows on the next turn of the loop, after the stream writers sent the feed."""
         now = self._clock()
-        committed = resolved.committed
+        committed, failed = resolved.committed, resolved.failed
+        first_item = committed[0][0] if committed else failed[0] if failed else None
+        message = None
+        if self._prepared and self._prepared[0][0] is first_item:
+            message = self._prepared.popleft()[1]
         if committed:
-            # The feed message of the batch is built in place once: a realtime feed sends it as it is
-            # (cached_feed); the feed cache keeps it for feeds that read another range.
-            message = server_pb2.ServerMessage()
-            add_entry = message.feed.transactions.add
-            put = self.data_cache.put
-            for item, transaction_id in committed:
-                r = item.origin.request
-                add_entry(req_id=r.req_id, transaction_id=transaction_id, header=r.header)
-                put(transaction_id, r, item.size)  # an AppendRequest has the data and checksum a read needs
-            first = committed[0][1]
-            self._feed_cache.append(first, message.feed.transactions)
-            self._last_feed = (first, message)
-            self._high_water_mark = max(self._high_water_mark, committed[-1][1])
-            self._wake_feeds()
+            if message is None or len(message.feed.transactions) != len(committed):  # part of a failed batch
+                message = prepared_feed(committed[0][1], (item.origin.request for item, _ in committed))
+            self.feeds.publish(committed[0][1], message)
+        asyncio.get_running_loop().call_soon(self._settle, resolved, now)
+
+    def _settle(self, resolved: Resolved[_Origin], committed_at: float) -> None:
+        """What a resolved batch releases besides its feed."""
+        committed = resolved.committed
+        put = self.data_cache.put
+        for item, transaction_id in committed:
+            put(transaction_id, item.origin.request, item.size)  # an AppendRequest has what a read needs
         if self.metrics is not None:
             m = self.metrics
             m.appends["ok"].inc(len(committed))
             m.appends["failed"].inc(len(resolved.failed))
-            m.commit_latency.observe_many([now - item.origin.arrived for item, _ in committed])
+            m.commit_latency.observe_many([committed_at - item.origin.arrived for item, _ in committed])
         per_client: dict[int, int] = {}  # a client's appends resolve in order: count them, resolve once
         for item, _ in committed:
             per_client[item.client_id] = per_client.get(item.client_id, 0) + 1
@@ -444,10 +402,6 @@ class Partition:
                 waiter()
         self._room.set()
         self._update_gauges()
-
-    def _wake_feeds(self) -> None:
-        self._commit.set()
-        self._commit = asyncio.Event()
 
     def _resolved(self, item: QueuedAppend[_Origin]) -> None:
         for waiter in self._pending.resolved(item.client_id):
@@ -482,7 +436,7 @@ class Partition:
         if self.metrics is None:
             return
         m = self.metrics
-        m.high_water_mark.set(self._high_water_mark)
+        m.high_water_mark.set(self.feeds.high_water_mark)
         m.generation.set(self.generation)
         m.append_queue_size.set(self.pending_appends())
         m.feed_lag.set(self.feed_lag())

@@ -47,6 +47,7 @@ class StoreBatches(Generic[T]):
         pipeline: AppendPipeline[T],
         records_of: Callable[[list[QueuedAppend[T]]], Sequence[PendingRecord]],
         apply: Callable[[Resolved[T]], None],
+        sent: Callable[[list[QueuedAppend[T]]], None],
         answer_lock_failures: Callable[[list[tuple[QueuedAppend[T], int]]], None],
         work: asyncio.Event,
         batch_sizes: Histogram | None = None,
@@ -56,6 +57,7 @@ class StoreBatches(Generic[T]):
         self._pipeline = pipeline
         self._records_of = records_of
         self._apply = apply
+        self._sent = sent
         self._answer_lock_failures = answer_lock_failures
         self._work = work  # set by whoever offers appends to the pipeline, and here on every outcome
         self._batch_sizes = batch_sizes
@@ -65,6 +67,7 @@ class StoreBatches(Generic[T]):
     async def run(self) -> None:
         pipeline, commits = self._pipeline, self._commits
         unsent: Sequence[PendingRecord] | None = None  # the next batch, taken from the pipeline, not yet sent
+        taken: list[QueuedAppend[T]] = []  # its appends
         while True:
             self._resolve_commits()
             if commits and commits[0].done():  # it failed: the store session ended
@@ -77,7 +80,7 @@ class StoreBatches(Generic[T]):
                     self._work.clear()
                     await self._work.wait()
                     continue
-                unsent = self._records_of(batch)
+                unsent, taken = self._records_of(batch), batch
             try:
                 committed = await self._store.begin_append(unsent)
             except StoreUnavailable:
@@ -93,6 +96,12 @@ class StoreBatches(Generic[T]):
             unsent = None
             commits.append(committed)
             committed.add_done_callback(self._store_done)
+            # sent(), the batch's own work while the replicas write it, comes after the replicas' streams
+            # had their turn to write it, and only if the batch is still at the store then (else its outcome
+            # came first, as it may from a store in memory).
+            await asyncio.sleep(0)
+            if not committed.done():
+                self._sent(taken)
 
     def _store_done(self, _: asyncio.Future[int]) -> None:
         if not self.closed:

@@ -176,6 +176,12 @@ class FakeStream:
         self.messages.append(message)
         self._changed.set()
 
+    def try_send_feed(self, message) -> bool:
+        if len(self.messages) >= self.room:
+            return False
+        self.send_control(message)
+        return True
+
     def of(self, kind: str) -> list:
         return [getattr(m, kind) for m in self.messages if m.WhichOneof("message") == kind]
 

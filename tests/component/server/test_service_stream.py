@@ -104,11 +104,11 @@ def test_closing_a_stream_frees_its_mounts():
             await stream.receive_until(lambda h: h.of("mount"))
             stream.call.cancel()
             for _ in range(200):
-                if not s.manager.get(0)._feeds:
+                if not len(s.manager.get(0).feeds):
                     break
                 import asyncio
 
                 await asyncio.sleep(0.01)
-            assert not s.manager.get(0)._feeds and len(s.manager.get(0)._mounts) == 0
+            assert not len(s.manager.get(0).feeds) and len(s.manager.get(0)._mounts) == 0
 
     run(scenario)

@@ -1,0 +1,166 @@
+"""The feeds of one partition: a FeedContext per client stream, the cache of recent feed entries, and the
+publication of each committed batch to them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from waltz.v1 import common_pb2, server_pb2
+from waltz_common.types import RecordHeader
+from waltz_server.caches import FeedCache
+from waltz_server.feed import FeedContext, StreamPort, feed_message
+from waltz_server.feed_cursor import FeedCursor, Source
+from waltz_server.store.api import StorePartition, StoreUnavailable
+from waltz_server.store_batches import RETRY_S
+
+log = logging.getLogger(__name__)
+
+
+class PartitionClosed(Exception):
+    """The partition was closed (it moved to another server, or the server is stopping)."""
+
+
+def prepared_feed(first: int, requests: Iterable[server_pb2.AppendRequest]) -> server_pb2.ServerMessage:
+    """The feed message of a batch of appends as transactions first.., built in place before the batch
+    commits (while the replicas write it); should it commit with other ids, publish renumbers it."""
+    message = server_pb2.ServerMessage()
+    add_entry = message.feed.transactions.add
+    for transaction_id, r in enumerate(requests, first):
+        add_entry(req_id=r.req_id, transaction_id=transaction_id, header=r.header)
+    return message
+
+
+class PartitionFeeds:
+    """The FeedSource of one partition's feeds: the high-water mark, the recent committed entries, and the
+    contexts (one per client stream) that stream them.
+
+    A committed batch's feed message is built once and shared: every caught-up feed sends that very
+    message. A feed waiting for this batch gets it queued on its stream at once (publish), one task
+    hop less than waking its task to step; any other feed steps in its own task.
+    """
+
+    def __init__(
+        self, partition_id: int, store: StorePartition, cache_size: int, batch_size: int, fetch_size: int
+    ) -> None:
+        self.partition_id = partition_id
+        self._store = store
+        self._cache_size = cache_size
+        self._batch_size = batch_size
+        self._fetch_size = fetch_size
+        self.high_water_mark = -1
+        self._cache: FeedCache[server_pb2.FeedData] = FeedCache(cache_size)
+        self._last: tuple[int, server_pb2.ServerMessage] = (-1, server_pb2.ServerMessage())
+        self._contexts: dict[int, FeedContext] = {}  # stream id -> its feed of this partition
+        self._commit = asyncio.Event()
+        self._group: asyncio.TaskGroup | None = None
+        self.closed = False
+
+    def __len__(self) -> int:
+        """Feeds running."""
+        return len(self._contexts)
+
+    def open(self, group: asyncio.TaskGroup) -> None:
+        """Feeds run as tasks of group from now on."""
+        self._group = group
+
+    def reset(self, high_water_mark: int) -> None:
+        """A store session recovered high_water_mark: the cache starts empty above it."""
+        self.high_water_mark = high_water_mark
+        self._cache = FeedCache(self._cache_size, high_water_mark)
+        self._last = (-1, server_pb2.ServerMessage())
+
+    def close(self) -> None:
+        """End every feed (their tasks are cancelled with the partition's task group)."""
+        self.closed = True
+        self._wake()
+        self._contexts.clear()
+
+    # the feeds
+
+    def start(self, stream: StreamPort, cursor: FeedCursor, mount_req_id: common_pb2.ReqId | None) -> None:
+        if self._group is None or self.closed:
+            return
+        context = FeedContext(self, stream, cursor, mount_req_id, self._batch_size, self._fetch_size)
+        context.task = self._group.create_task(self._run(context))
+        self._contexts[stream.stream_id] = context
+
+    def get(self, stream_id: int) -> FeedContext | None:
+        return self._contexts.get(stream_id)
+
+    def end(self, stream_id: int) -> None:
+        context = self._contexts.pop(stream_id, None)
+        if context is not None and context.task is not None:
+            context.task.cancel()
+
+    def lag(self) -> int:
+        return max((context.lag() for context in self._contexts.values()), default=0)
+
+    async def _run(self, context: FeedContext) -> None:
+        while True:
+            try:
+                await context.run()
+            except PartitionClosed:
+                return
+            except StoreUnavailable:
+                await asyncio.sleep(RETRY_S)  # the store is between sessions: read again soon
+            except Exception:
+                log.exception("partition %d: feed of stream %d ended", self.partition_id, context.stream.stream_id)
+                if self._contexts.get(context.stream.stream_id) is context:
+                    del self._contexts[context.stream.stream_id]
+                return
+
+    # commits
+
+    def publish(self, first: int, message: server_pb2.ServerMessage) -> None:
+        """The batch of message (prepared_feed) committed as transactions first..: keep it, and send it to the
+        feeds waiting for it. The message must not be changed afterwards."""
+        entries = message.feed.transactions
+        if entries and entries[0].transaction_id != first:
+            for transaction_id, entry in enumerate(entries, first):
+                entry.transaction_id = transaction_id
+        self._cache.append(first, entries)
+        self._last = (first, message)
+        self.high_water_mark = max(self.high_water_mark, first + len(entries) - 1)
+        for context in self._contexts.values():
+            if context.waiting_for == first:
+                self._deliver(context, first, message)
+        self._wake()
+
+    def _deliver(self, context: FeedContext, first: int, message: server_pb2.ServerMessage) -> None:
+        """Queue the newest batch on a feed waiting for it, when its cursor would send exactly that batch now
+        and its stream has room (anything else is left to the feed's task)."""
+        cursor = context.cursor
+        step = cursor.step(self.high_water_mark, self._cache.first_id, self._batch_size, self._fetch_size)
+        count = len(message.feed.transactions)
+        exact = step.source is Source.CACHE and step.first == first and step.count == count
+        if exact and context.stream.try_send_feed(message):
+            cursor.sent(count)
+            context.waiting_for = cursor.next_id  # (its task, once it runs, finds nothing to send yet)
+
+    def _wake(self) -> None:
+        self._commit.set()
+        self._commit = asyncio.Event()
+
+    # FeedSource
+
+    @property
+    def cache_first_id(self) -> int:
+        return self._cache.first_id
+
+    def cached_feed(self, first: int, count: int) -> server_pb2.ServerMessage | None:
+        last_first, last = self._last
+        if first == last_first and count == len(last.feed.transactions):
+            return last  # a realtime feed: the newest batch, built once for every stream
+        entries = self._cache.get(first, count)
+        return None if entries is None else feed_message(entries)
+
+    async def stored_headers(self, first: int, count: int) -> list[RecordHeader]:
+        return await self._store.get_headers(first, count)
+
+    async def wait_for_commit(self, after: int) -> None:
+        while self.high_water_mark <= after:
+            if self.closed:
+                raise PartitionClosed(f"partition {self.partition_id} was closed")
+            await self._commit.wait()  # replaced by a fresh event on every commit
