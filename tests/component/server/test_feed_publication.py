@@ -20,7 +20,7 @@ def requests(count: int, client_id: int = 1) -> list[server_pb2.AppendRequest]:
 
 async def feeds_with(*streams: FakeStream, next_id: int = 0) -> tuple[PartitionFeeds, asyncio.TaskGroup]:
     """PartitionFeeds at high-water mark next_id - 1, a feed per stream waiting at next_id."""
-    feeds = PartitionFeeds(0, FakeStore(0), cache_size=100, batch_size=10, fetch_size=100)  # type: ignore[arg-type]
+    feeds = PartitionFeeds(0, FakeStore(0), cache_size=100, batch_size=10, fetch_size=100)
     group = asyncio.TaskGroup()
     await group.__aenter__()
     feeds.open(group)
