@@ -22,7 +22,7 @@ from waltz_server.mounts import MountRegistry
 from waltz_server.partition_feeds import PartitionFeeds, prepared_feed
 from waltz_server.store.api import StorePartition
 from waltz_server.store_batches import StoreBatches, wait_store_ready
-from waltz_server.validation import append_problem
+from waltz_server.validation import data_problem, lock_problem
 
 log = logging.getLogger(__name__)
 
@@ -250,16 +250,25 @@ class Partition:
                     message = f"partition {self.partition_id} is not mounted by client {client_id}: mount it first"
                     self._reject(origin, Reason.NOT_MOUNTED, message)
                 continue  # else a stale network client: a newer stream of the same client mounted the partition
-            problem = append_problem(request, max_bytes)
+            data = request.data
+            problem = data_problem(request, data, max_bytes)
+            locks = _NO_LOCKS
+            write, read, append = request.write_locks, request.read_locks, request.append_locks
+            if problem is None and (
+                write
+                or read
+                or append
+                or request.write_lock_request_length
+                or request.read_lock_request_length
+                or request.append_lock_request_length
+            ):
+                problem = lock_problem(request, write, read, append)
+                locks = LockRequest(tuple(write), tuple(read), tuple(append))
             if problem is not None:
                 self._reject(origin, Reason.INVALID, f"partition {self.partition_id}: {problem}")
                 continue
-            locks = _NO_LOCKS
-            if request.write_locks or request.read_locks or request.append_locks:
-                locks = LockRequest(tuple(request.write_locks), tuple(request.read_locks), tuple(request.append_locks))
-            # append_problem checked that data_length is the data's size (reading the data would copy it)
             offered(client_id)
-            offer(QueuedAppend(client_id, request.client_high_water_mark, locks, request.data_length, origin))
+            offer(QueuedAppend(client_id, request.client_high_water_mark, locks, len(data), origin))
 
     def flush(self, stream: StreamPort, request: server_pb2.FlushRequest) -> None:
         """Answer the high-water mark once every earlier append of the client has resolved."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from waltz.v1 import common_pb2, server_pb2
 from waltz_common.types import ReqId, crc32
 
@@ -21,7 +23,14 @@ def req_id_message(req_id: ReqId) -> common_pb2.ReqId:
 
 def append_problem(request: server_pb2.AppendRequest, max_transaction_bytes: int) -> str | None:
     """Why the request is malformed (a message a person can act on), or None when it is fine."""
-    data = request.data  # each access copies the bytes: read them once (the append hot path)
+    return data_problem(request, request.data, max_transaction_bytes) or lock_problem(
+        request, request.write_locks, request.read_locks, request.append_locks
+    )
+
+
+def data_problem(request: server_pb2.AppendRequest, data: bytes, max_transaction_bytes: int) -> str | None:
+    """append_problem's data checks, given request.data (each read of it copies the bytes: the hot path reads
+    it once)."""
     size = len(data)
     if size > max_transaction_bytes:
         return f"transaction data of {size} bytes exceeds server.maxTransactionBytes={max_transaction_bytes}"
@@ -29,23 +38,18 @@ def append_problem(request: server_pb2.AppendRequest, max_transaction_bytes: int
         return f"data_length {request.data_length} does not match the {size} bytes of data"
     if request.checksum != crc32(data):
         return f"checksum {request.checksum} is not the CRC-32 of the data ({crc32(data)})"
-    if (
-        request.write_lock_request_length
-        or request.read_lock_request_length
-        or request.append_lock_request_length
-        or request.write_locks
-        or request.read_locks
-        or request.append_locks
-    ):
-        return _lock_problem(request)
     return None
 
 
-def _lock_problem(request: server_pb2.AppendRequest) -> str | None:
+def lock_problem(
+    request: server_pb2.AppendRequest, write: Sequence[int], read: Sequence[int], append: Sequence[int]
+) -> str | None:
+    """append_problem's lock checks, given the request's lock lists (each read of a repeated field makes a
+    container: the hot path reads them once)."""
     for name, length, values in (
-        ("write", request.write_lock_request_length, request.write_locks),
-        ("read", request.read_lock_request_length, request.read_locks),
-        ("append", request.append_lock_request_length, request.append_locks),
+        ("write", request.write_lock_request_length, write),
+        ("read", request.read_lock_request_length, read),
+        ("append", request.append_lock_request_length, append),
     ):
         if length != len(values):
             return f"{name}_lock_request_length {length} does not match the {len(values)} {name} locks"
