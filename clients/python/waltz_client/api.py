@@ -114,7 +114,8 @@ class TransactionContext(ABC):
     transaction is applied, then on_application()); declined (execute returned False:
     on_completion(False)); or an error (on_exception(exc)). on_lock_failure() may come before,
     once per lock failure; the client then re-runs execute once it has caught up. All hooks
-    run on the client's callback thread, in feed order with apply_transaction.
+    run on the client's callback thread (or its event loop: client.callbackThread), in feed
+    order with apply_transaction.
     """
 
     @abstractmethod

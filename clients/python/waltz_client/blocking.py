@@ -21,8 +21,9 @@ class WaltzClient:
     """Thread-safe blocking client: `with WaltzClient(callbacks, config) as client: ...`.
 
     Starts at construction (connects, takes a client id, mounts). Its methods must not be
-    called from inside callbacks or context hooks (they run on the client's callback thread
-    and would wait for themselves): that raises WaltzError.
+    called from inside callbacks or context hooks (they run on the client's callback thread,
+    or with client.callbackThread false on its event-loop thread, and would wait for
+    themselves): that raises WaltzError.
     """
 
     def __init__(self, callbacks: WaltzClientCallbacks, config: ConfigSource = None, *, driver: Any = None) -> None:

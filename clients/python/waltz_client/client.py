@@ -23,7 +23,7 @@ from waltz_client.errors import (
 from waltz_client.partition import ClientPartition
 from waltz_client.partition_env import PartitionEnv, Stats
 from waltz_client.submission import Submitter
-from waltz_client.tasks import CallbackThread, TaskSet
+from waltz_client.tasks import TaskSet, callback_runner
 from waltz_client.wire import req_id_to_proto
 from waltz_common.config import Config
 from waltz_common.types import ReqId, crc32
@@ -38,14 +38,15 @@ class AsyncWaltzClient:
     """The Waltz client for asyncio code; use `async with AsyncWaltzClient(...) as client:`.
 
     driver: None for a real cluster (gRPC + ZooKeeper from config), or a MockServer (or any
-    Driver) for tests. Application callbacks and context hooks run on one dedicated thread.
+    Driver) for tests. Application callbacks and context hooks run on one dedicated thread, or
+    (client.callbackThread: false) on the event loop, where they must never block.
     """
 
     def __init__(self, callbacks: WaltzClientCallbacks, config: ConfigSource = None, *, driver: Any = None) -> None:
         self.config = ClientConfig.of(config, zookeeper_required=driver is None)
         self.callbacks = callbacks
         self._driver: Driver = _make_driver(driver, self.config)
-        self._callback_thread = CallbackThread("waltz-callbacks")
+        self._callback_thread = callback_runner(self.config.callback_thread, "waltz-callbacks")
         self._tasks = TaskSet()
         self._submissions = TaskSet()
         self._partitions: dict[int, ClientPartition] = {}
@@ -216,7 +217,10 @@ class AsyncWaltzClient:
         if hasattr(self, "_connections"):
             await self._connections.close()
         await self._driver.close()
-        await asyncio.to_thread(self._callback_thread.shutdown)  # a callback may need the loop
+        if self.config.callback_thread:
+            await asyncio.to_thread(self._callback_thread.shutdown)  # a callback may need the loop
+        else:
+            self._callback_thread.shutdown()
 
     # ---- internals ------------------------------------------------------------------------
 
@@ -269,6 +273,11 @@ class AsyncWaltzClient:
 
     def _fetch_blocking(self, pid: int, transaction_id: int) -> bytes:
         if threading.current_thread() is self._loop_thread or self._loop is None:
+            if not self.config.callback_thread:
+                raise WaltzError(
+                    "Transaction.data() cannot fetch another client's data with client.callbackThread false "
+                    "(callbacks run on the event loop, which the fetch needs): use AsyncWaltzClient.transaction_data "
+                    "outside the callbacks, or the callback thread")
             raise WaltzError("Transaction.data() blocks: call it from apply_transaction, not on the event loop")
         return asyncio.run_coroutine_threadsafe(self.transaction_data(pid, transaction_id), self._loop).result()
 

@@ -26,6 +26,10 @@ CLIENT_KEYS = (
     Key("client.maxBatchSize", int, 100, "appends per AppendBatch stream message"),
     Key("client.keepaliveTime", int, 60000,
         "ms between gRPC keepalive pings on an idle stream (the server must permit this rate)"),
+    Key("client.callbackThread", boolean, True,
+        "run application callbacks and context hooks on the client's own thread; false: on its event loop, "
+        "which saves two thread hops per batch of them, but then a callback that blocks (I/O, a lock, sleep, "
+        "Transaction.data() of another client's transaction, which it cannot fetch there) stalls the whole client"),
 )
 
 ALL_KEYS = (*ZOOKEEPER_KEYS, *CLIENT_KEYS)
@@ -47,6 +51,7 @@ class ClientConfig:
     max_retries: int
     max_batch_size: int
     keepalive_time_ms: int
+    callback_thread: bool
 
     @staticmethod
     def of(config: Config | Mapping[str, Any] | str | Path | None, zookeeper_required: bool = True) -> ClientConfig:
@@ -75,4 +80,5 @@ class ClientConfig:
             max_retries=config["client.maxRetries"],
             max_batch_size=config["client.maxBatchSize"],
             keepalive_time_ms=config["client.keepaliveTime"],
+            callback_thread=config["client.callbackThread"],
         )

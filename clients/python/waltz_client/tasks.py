@@ -159,18 +159,25 @@ class CallbackThread:
             asyncio.get_running_loop().call_soon(self._run_waiting)
 
     def _run_waiting(self) -> None:
-        batch, kind = self._waiting, self._kind
-        self._waiting = []
-        if kind is _Call or kind is Job:  # calls the application cancelled meanwhile do not run
-            batch = [job for job in batch if not (type(job) is _Call and job.future.cancelled())]
+        batch, kind = self._take_waiting()
         if not batch:
-            self._busy = False
             return
         with self._shut_lock:
             if not self._shut:
                 self._queue.put((batch, kind, asyncio.get_running_loop()))
                 return
-        self._finish(batch, kind, [_Raised(RuntimeError("the callback thread is shut down"))] * len(batch))
+        self._finish(batch, kind, _refused(len(batch)))
+
+    def _take_waiting(self) -> tuple[list[Job], type[Job]]:
+        """The waiting jobs, as the next batch, and their class; none (no longer busy) if every one
+        was a call the application cancelled meanwhile: those do not run."""
+        batch, kind = self._waiting, self._kind
+        self._waiting = []
+        if kind is _Call or kind is Job:
+            batch = [job for job in batch if not (type(job) is _Call and job.future.cancelled())]
+            if not batch:
+                self._busy = False
+        return batch, kind
 
     def _serve(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -189,7 +196,10 @@ class CallbackThread:
         self._busy = False
         if self._waiting:  # scheduled while this batch ran: they go together, now
             self._busy = True
-            self._run_waiting()
+            self._next_batch()
+
+    def _next_batch(self) -> None:
+        self._run_waiting()
 
     def shutdown(self) -> None:
         """Stop the thread (waiting for a running job unless called from it); what has not run yet
@@ -201,8 +211,54 @@ class CallbackThread:
             self._thread.join()
 
 
+class LoopCallbacks(CallbackThread):
+    """CallbackThread without the thread (client.callbackThread: false): every application callback and
+    context hook runs on the event loop itself, for applications whose callbacks never block.
+
+    The batching is the same (the jobs scheduled in one loop iteration run together, in order, on the
+    next one, then their done_all in one pass), as are the outcomes (what a job raises goes to its
+    done(); after shutdown() a job is refused with RuntimeError); only the two thread hops per batch
+    are gone. A callback that blocks now stalls the whole client: its streams, timers and every
+    other callback."""
+
+    def __init__(self) -> None:  # no thread, no queue
+        self._loop_thread: threading.Thread | None = None  # the loop's, once a batch ran there
+        self._waiting = []
+        self._kind = Job
+        self._busy = False
+        self._shut = False
+
+    def is_current(self) -> bool:
+        """Whether this is the loop's thread, on which the callbacks run."""
+        return threading.current_thread() is self._loop_thread
+
+    def _run_waiting(self) -> None:
+        self._loop_thread = threading.current_thread()
+        batch, kind = self._take_waiting()
+        if batch:
+            self._finish(batch, kind, _refused(len(batch)) if self._shut else _run_batch(batch))
+
+    def _next_batch(self) -> None:
+        # on the next iteration, with whatever else it schedules: never a batch inside another's done_all
+        asyncio.get_running_loop().call_soon(self._run_waiting)
+
+    def shutdown(self) -> None:
+        """What has not run yet never will: it is refused (RuntimeError) when its batch comes."""
+        self._shut = True
+
+
+def callback_runner(threaded: bool, name: str) -> CallbackThread:
+    """A CallbackThread named name, or (threaded False: client.callbackThread) LoopCallbacks."""
+    return CallbackThread(name) if threaded else LoopCallbacks()
+
+
+def _refused(count: int) -> list[Any]:
+    """The values of a batch of count jobs that came after shutdown()."""
+    return [_Raised(RuntimeError("the callback thread is shut down"))] * count
+
+
 def _run_batch(batch: list[Job]) -> list[Any]:
-    """On the callback thread: each job in order; a raising job does not stop the others."""
+    """On the callback thread (or the loop: LoopCallbacks): each job in order; one that raises stops no other."""
     values: list[Any] = []
     for job in batch:
         try:

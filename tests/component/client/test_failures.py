@@ -106,6 +106,7 @@ def test_random_cuts_and_delays_lose_and_duplicate_nothing() -> None:
     run(main())
 
 
+@pytest.mark.callback_modes("thread")  # applies fetch the other client's data
 def test_a_context_is_retried_after_a_lock_failure_once_caught_up_and_commits() -> None:
     async def main() -> None:
         server = MockServer(1)

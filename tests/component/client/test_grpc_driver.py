@@ -80,6 +80,7 @@ def cluster(zk: KazooClient, cluster_root: str, zookeeper: ZooKeeperProcess) -> 
     return {"zookeeper.connectString": zookeeper.connect_string, "cluster.root": cluster_root, **FAST}
 
 
+@pytest.mark.callback_modes("thread")  # the reader's applies fetch the writer's data
 def test_grpc_client_commits_fetches_data_and_survives_cuts(zk: KazooClient, cluster: dict) -> None:
     paths = zkmeta.ZkPaths(cluster["cluster.root"])
     mock = MockServer(2)

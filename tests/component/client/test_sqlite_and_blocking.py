@@ -23,6 +23,7 @@ class Journal(SqliteClientCallbacks):
                            (transaction.partition_id, transaction.transaction_id, transaction.data()))
 
 
+@pytest.mark.callback_modes("thread")  # applies fetch the other client's data
 def test_two_instances_sharing_one_database_apply_every_transaction_exactly_once(tmp_path: Path) -> None:
     server = MockServer(2)
     db = tmp_path / "app.db"
@@ -102,6 +103,7 @@ def test_blocking_client_methods_refuse_to_run_inside_callbacks(tmp_path: Path) 
     c.close()  # idempotent
 
 
+@pytest.mark.callback_modes("thread")  # SQLite applies block, and fetch other clients' data
 def test_bank_demo_never_overdraws_with_concurrent_clients() -> None:
     server = MockServer(2)
     lines: list[str] = []
@@ -112,6 +114,7 @@ def test_bank_demo_never_overdraws_with_concurrent_clients() -> None:
     assert any("consistency: OK" in line for line in lines)
 
 
+@pytest.mark.callback_modes("thread")  # SQLite applies block, and fetch other clients' data
 def test_bank_demo_survives_lost_appends_and_cut_streams() -> None:
     server = MockServer(2)
     server.set_fault_rate(0.05)
@@ -121,6 +124,7 @@ def test_bank_demo_survives_lost_appends_and_cut_streams() -> None:
     assert report.retries > 0
 
 
+@pytest.mark.callback_modes("thread")  # its apply blocks
 def test_close_while_an_apply_waits_for_data_does_not_deadlock(tmp_path: Path) -> None:
     import threading
 

@@ -71,6 +71,7 @@ def test_declined_and_raising_contexts() -> None:
     run(main())
 
 
+@pytest.mark.callback_modes("thread")  # applies fetch the other client's data
 def test_two_clients_each_see_every_transaction_and_fetch_data_lazily() -> None:
     async def main() -> None:
         server = MockServer(1)
@@ -238,6 +239,7 @@ def test_a_future_the_application_cancels_leaves_its_transaction_and_the_client_
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
 
 
+@pytest.mark.callback_modes("thread")  # its execute blocks
 def test_an_execute_ending_while_the_partition_is_unmounted_waits_for_the_mount() -> None:
     async def main() -> None:
         server = MockServer(1)

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from waltz_client import tasks
-from waltz_client.tasks import CallbackThread, Job
+from waltz_client.tasks import CallbackThread, Job, LoopCallbacks, callback_runner
 
 
 @pytest.fixture
@@ -88,10 +88,11 @@ class RecordingJob(Job):
             self.all_heard.set()
 
 
+@pytest.mark.parametrize("threaded", [True, False], ids=["thread", "loop"])
 def test_jobs_scheduled_in_one_loop_iteration_share_one_batch_and_each_hears_its_outcome(
-    batches: list[int],
+    batches: list[int], threaded: bool,
 ) -> None:
-    thread = CallbackThread("test-callbacks")
+    thread = callback_runner(threaded, "test-callbacks")
     heard: list[tuple[int, bool, object, threading.Thread]] = []
     jobs = [RecordingJob(i, heard, expected=6) for i in range(6)]
 
@@ -110,7 +111,7 @@ def test_jobs_scheduled_in_one_loop_iteration_share_one_batch_and_each_hears_its
     assert [v for i, _, v, _ in heard if i != 3] == [0, 10, 20, 40, 50]
     assert isinstance(heard[3][2], ValueError)
     assert {t for *_, t in heard} == {threading.main_thread()}
-    assert {job.ran_on for job in jobs} == {thread._thread}
+    assert {job.ran_on for job in jobs} == {thread._thread if threaded else threading.main_thread()}
 
 
 class BatchJob(RecordingJob):
@@ -124,8 +125,11 @@ class BatchJob(RecordingJob):
         super().done_all(jobs, values)
 
 
-def test_a_batch_of_one_job_class_is_finished_by_its_done_all_a_mixed_one_job_by_job(batches: list[int]) -> None:
-    thread = CallbackThread("test-callbacks")
+@pytest.mark.parametrize("threaded", [True, False], ids=["thread", "loop"])
+def test_a_batch_of_one_job_class_is_finished_by_its_done_all_a_mixed_one_job_by_job(
+    batches: list[int], threaded: bool,
+) -> None:
+    thread = callback_runner(threaded, "test-callbacks")
     heard: list[tuple[int, bool, object, threading.Thread]] = []
     BatchJob.batches = []
 
@@ -179,3 +183,110 @@ def test_at_interpreter_exit_a_thread_never_shut_down_finishes_its_job_and_lets_
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and done.stdout.strip() == "job finished", done.stderr
+
+
+# ---- LoopCallbacks (client.callbackThread: false): the same batching, on the event loop -----------------
+
+
+def test_in_loop_mode_the_current_thread_is_the_loops_once_a_batch_ran_there() -> None:
+    runner = LoopCallbacks()
+
+    async def main() -> None:
+        assert not runner.is_current()  # no batch ran yet
+        assert await runner.call(runner.is_current) is True
+        assert runner.is_current() and await asyncio.to_thread(runner.is_current) is False
+
+    asyncio.run(main())
+
+
+def test_in_loop_mode_calls_run_in_order_with_their_own_results_and_a_cancelled_one_never_runs(
+    batches: list[int],
+) -> None:
+    runner = LoopCallbacks()
+    ran: list[int] = []
+
+    def record(i: int) -> int:
+        ran.append(i)
+        if i == 7:
+            raise ValueError("seven")
+        return i * 10
+
+    async def main() -> None:
+        calls = [asyncio.ensure_future(runner.call(record, i)) for i in range(10)]
+        await asyncio.sleep(0)  # each call() has scheduled its job
+        calls[4].cancel()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert [r for i, r in enumerate(results) if i not in (4, 7)] == [i * 10 for i in range(10) if i not in (4, 7)]
+        assert isinstance(results[4], asyncio.CancelledError) and isinstance(results[7], ValueError)
+
+    asyncio.run(main())
+    assert ran == [i for i in range(10) if i != 4]
+    assert batches == [9]
+
+
+def test_in_loop_mode_jobs_scheduled_while_a_batch_finishes_run_in_the_next_batch(batches: list[int]) -> None:
+    runner = LoopCallbacks()
+    heard: list[tuple[int, bool, object, threading.Thread]] = []
+
+    class Chained(RecordingJob):
+        def done(self, ok: bool, value: object) -> None:
+            super().done(ok, value)
+            if self.i < 2:  # from inside the batch's done_all: never run inside it
+                runner.schedule(Chained(self.i + 10, heard, expected=3))
+                runner.schedule(Chained(self.i + 20, heard, expected=3))
+
+    async def main() -> None:
+        runner.schedule(Chained(0, heard))
+        while len(heard) < 3:
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert [i for i, *_ in heard] == [0, 10, 20]
+    assert batches == [1, 2]
+
+
+def test_in_loop_mode_jobs_pending_at_shutdown_and_after_it_are_refused_and_never_run(batches: list[int]) -> None:
+    runner = LoopCallbacks()
+    heard: list[tuple[int, bool, object, threading.Thread]] = []
+    pending = [RecordingJob(i, heard, expected=3) for i in range(2)]
+
+    async def main() -> None:
+        for job in pending:
+            runner.schedule(job)  # waiting for the next iteration
+        runner.shutdown()
+        later = RecordingJob(2, heard, expected=3)
+        runner.schedule(later)
+        await asyncio.wait_for(later.all_heard.wait(), 1)
+        with pytest.raises(RuntimeError):
+            await runner.call(lambda: None)
+
+    asyncio.run(main())
+    assert batches == []  # nothing ran
+    assert all(job.ran_on is None for job in pending)
+    assert [(i, ok) for i, ok, _, _ in heard] == [(0, False), (1, False), (2, False)]
+    assert all(isinstance(value, RuntimeError) for _, _, value, _ in heard)
+
+
+def test_in_loop_mode_a_job_shutting_the_runner_down_lets_its_batch_finish() -> None:
+    runner = LoopCallbacks()
+    ran: list[int] = []
+
+    def work(i: int) -> int:
+        if i == 1:
+            runner.shutdown()  # as a callback closing the client would (the thread mode lets its batch end too)
+        ran.append(i)
+        return i
+
+    async def main() -> list[object]:
+        return await asyncio.gather(*(runner.call(work, i) for i in range(3)), return_exceptions=True)
+
+    assert asyncio.run(main()) == [0, 1, 2] and ran == [0, 1, 2]
+
+
+def test_callback_runner_picks_the_thread_or_the_loop() -> None:
+    threaded = callback_runner(True, "test-callbacks")
+    try:
+        assert type(threaded) is CallbackThread and threaded._thread.name == "test-callbacks"
+    finally:
+        threaded.shutdown()
+    assert type(callback_runner(False, "unused")) is LoopCallbacks

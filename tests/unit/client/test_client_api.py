@@ -27,6 +27,14 @@ def test_config_defaults_follow_the_original_and_need_zookeeper_only_for_real_cl
         ClientConfig.of({"client.maxConcurrentTransactions": 0}, zookeeper_required=False)
 
 
+def test_client_callback_thread_defaults_to_the_thread_and_takes_booleans_only() -> None:
+    assert ClientConfig.of({}, zookeeper_required=False).callback_thread is True
+    assert ClientConfig.of({"client.callbackThread": False}, zookeeper_required=False).callback_thread is False
+    assert ClientConfig.of({"client": {"callbackThread": "no"}}, zookeeper_required=False).callback_thread is False
+    with pytest.raises(ConfigError, match=r"client\.callbackThread"):
+        ClientConfig.of({"client.callbackThread": "sometimes"}, zookeeper_required=False)
+
+
 def test_builder_hashes_locks_checksums_data_and_bounds_the_header() -> None:
     builder = TransactionBuilder(partition_id=1, client_high_water_mark=7)
     builder.set_data({"b": 1, "a": [2]}, JsonSerializer())
