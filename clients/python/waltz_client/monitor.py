@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
@@ -128,18 +129,27 @@ class TransactionMonitor(Generic[T]):
             raise ValueError(f"{req_id}: its sequence number is already registered")
         entries[seq_num] = (token, now, req_id)
 
-    def commit_oldest(self, req_id: ReqIdFields) -> T | None:
-        """The common case of on_feed, for the shell's feed loop: if req_id is the oldest pending
-        entry, resolve it as committed and return its token (nothing older can fail); otherwise
-        change nothing and return None (then call on_feed)."""
+    def register_all(self, tokens: Sequence[T], now: float) -> None:
+        """register(token, token, now) for each token, in order, for tokens that are their own ReqIds (any
+        object with a ReqId's four fields); CapacityError before any is registered if they do not all fit."""
         entries = self._entries
-        seq_num = req_id.seq_num
+        if len(entries) + len(tokens) > self.max_concurrent:
+            raise CapacityError(f"{len(tokens)} more than the {self.max_concurrent} transactions allowed pending "
+                                f"({len(entries)} already)")
+        for token in tokens:
+            seq_num = token.seq_num  # type: ignore[attr-defined]  # a ReqIdFields
+            if seq_num in entries:
+                raise ValueError(f"{token}: its sequence number is already registered")
+            entries[seq_num] = (token, now, token)  # type: ignore[assignment]  # a ReqIdFields
+
+    def commit_oldest(self, seq_num: int, generation: int) -> T | None:
+        """The common case of on_feed, for the shell's feed loop, given a fed ReqId's sequence number and
+        generation once the shell has checked its client and partition are those of every entry (they are
+        the shell's own appends): if it is the oldest pending entry, resolve it as committed and return its
+        token (nothing older can fail); otherwise change nothing and return None (then call on_feed)."""
+        entries = self._entries
         entry = entries.get(seq_num)
-        if entry is None:
-            return None
-        mine = entry[2]
-        if (mine.generation != req_id.generation or mine.client_id != req_id.client_id
-                or mine.partition_id != req_id.partition_id or next(iter(entries)) != seq_num):
+        if entry is None or entry[2].generation != generation or next(iter(entries)) != seq_num:
             return None
         del entries[seq_num]
         if self._lock_failures:

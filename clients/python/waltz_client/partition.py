@@ -18,7 +18,7 @@ from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
 from waltz_client.partition_env import PartitionEnv, PendingAppend
 from waltz_client.partition_env import Stats as Stats  # where it was before partition_env.py
 from waltz_client.partition_state import ClientPartitionState, FeedDecision, MountResult, MountState
-from waltz_client.wire import feed_request, fill_append_request, flush_request, mount_request, req_id_from_proto
+from waltz_client.wire import feed_request, fill_append_requests, flush_request, mount_request, req_id_from_proto
 
 log = logging.getLogger(__name__)
 
@@ -120,15 +120,16 @@ class ClientPartition:
         if self.error is not None or not state.appends_allowed or conn is None or conn.closed:
             return False
         client_id, generation, partition_id = state.client_id, state.generation, self.partition_id
-        next_seq_num, register = state.next_seq_num, self.monitor.register
-        now = _monotonic()  # the loop's clock
-        self._reserved -= len(appends)
-        for (builder, token), request in zip(appends, conn.new_appends(len(appends)), strict=True):
-            token.seq_num = next_seq_num()
+        count = len(appends)
+        self._reserved -= count
+        tokens = []
+        for (builder, token), seq_num in zip(appends, state.next_seq_nums(count), strict=True):
+            token.seq_num = seq_num
             token.client_id, token.generation, token.partition_id = client_id, generation, partition_id
             token.data, token.error, token.ended = builder.data, None, False
-            register(token, token, now)
-            fill_append_request(request, token, builder)
+            tokens.append(token)
+        self.monitor.register_all(tokens, _monotonic())  # the loop's clock
+        fill_append_requests(conn.new_appends(count), appends)
         return True
 
     async def _wait(self, ready: Callable[[], bool], what: str) -> None:
@@ -319,8 +320,8 @@ class ClientPartition:
                 gap_at = txn_id
                 break
             mine = None
-            if req_id.client_id == client_id:  # only this client's own appends are in the monitor
-                mine = commit_oldest(req_id)
+            if req_id.client_id == client_id:  # only this client's own appends (of this partition) are in the monitor
+                mine = commit_oldest(req_id.seq_num, req_id.generation)
                 if mine is None:
                     for token, outcome in on_feed(req_id, txn_id):
                         if outcome.kind is OutcomeKind.COMMITTED:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 
 from waltz_common.types import INT32_MAX, INT32_MIN, ReqId
@@ -88,6 +89,14 @@ class ClientPartitionState:
         seq = self._seq_num
         self._seq_num = seq = INT32_MIN if seq == INT32_MAX else seq + 1  # wraps
         return seq
+
+    def next_seq_nums(self, count: int) -> Sequence[int]:
+        """next_seq_num() count times."""
+        seq = self._seq_num
+        if seq + count > INT32_MAX:
+            return [self.next_seq_num() for _ in range(count)]
+        self._seq_num = seq + count
+        return range(seq + 1, seq + count + 1)
 
     def update_generation(self, generation: int) -> bool:
         """Adopt a newer generation; True if it changed, which ends any mount (remount)."""

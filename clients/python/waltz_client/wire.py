@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from waltz.v1 import server_pb2
 from waltz_client.api import TransactionBuilder
 from waltz_client.monitor import ReqIdFields
@@ -26,34 +28,41 @@ def flush_request(req_id: ReqId) -> server_pb2.ClientMessage:
 
 def fill_append_request(request: server_pb2.AppendRequest, req_id: ReqIdFields, builder: TransactionBuilder) -> None:
     """Fill an empty AppendRequest in place (one already inside its batch: nothing is copied)."""
+    fill_append_requests((request,), ((builder, req_id),))
+
+
+def fill_append_requests(requests: Iterable[server_pb2.AppendRequest],
+                         appends: Iterable[tuple[TransactionBuilder, ReqIdFields]]) -> None:
+    """fill_append_request for each empty request and (builder, its ReqId), in one call."""
     # Field by field, and fields left at 0 not set at all: each set costs more than the test (this runs
     # once per append); cheaper than keyword arguments or a ReqId message copied in.
-    data = builder.data
-    request.client_high_water_mark = builder.client_high_water_mark
-    if builder.header:
-        request.header = builder.header
-    request.data_length = len(data)
-    request.data = data
-    checksum = crc32_unsigned(data)  # waltz_common.types.crc32, inline: a signed int32 as the seed's
-    request.checksum = checksum - 0x100000000 if checksum > INT32_MAX else checksum
-    q = request.req_id
-    q.client_id = req_id.client_id
-    if req_id.generation:
-        q.generation = req_id.generation
-    if req_id.partition_id:
-        q.partition_id = req_id.partition_id
-    q.seq_num = req_id.seq_num
-    if not (builder._write_locks or builder._read_locks or builder._append_locks):  # takes_locks(), inline
-        return
-    if builder.write_locks:
-        request.write_lock_request_length = len(builder.write_locks)
-        request.write_locks.extend(builder.write_locks)
-    if builder.read_locks:
-        request.read_lock_request_length = len(builder.read_locks)
-        request.read_locks.extend(builder.read_locks)
-    if builder.append_locks:
-        request.append_lock_request_length = len(builder.append_locks)
-        request.append_locks.extend(builder.append_locks)
+    for request, (builder, req_id) in zip(requests, appends, strict=True):
+        data = builder.data
+        request.client_high_water_mark = builder.client_high_water_mark
+        if builder.header:
+            request.header = builder.header
+        request.data_length = len(data)
+        request.data = data
+        checksum = crc32_unsigned(data)  # waltz_common.types.crc32, inline: a signed int32 as the seed's
+        request.checksum = checksum - 0x100000000 if checksum > INT32_MAX else checksum
+        q = request.req_id
+        q.client_id = req_id.client_id
+        if req_id.generation:
+            q.generation = req_id.generation
+        if req_id.partition_id:
+            q.partition_id = req_id.partition_id
+        q.seq_num = req_id.seq_num
+        if not (builder._write_locks or builder._read_locks or builder._append_locks):  # takes_locks(), inline
+            continue
+        if builder.write_locks:
+            request.write_lock_request_length = len(builder.write_locks)
+            request.write_locks.extend(builder.write_locks)
+        if builder.read_locks:
+            request.read_lock_request_length = len(builder.read_locks)
+            request.read_locks.extend(builder.read_locks)
+        if builder.append_locks:
+            request.append_lock_request_length = len(builder.append_locks)
+            request.append_locks.extend(builder.append_locks)
 
 
 def message_partitions(message: server_pb2.ServerMessage) -> list[tuple[int, server_pb2.ServerMessage]]:

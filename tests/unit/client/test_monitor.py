@@ -69,13 +69,13 @@ def test_feed_entries_are_matched_on_every_req_id_field_also_as_protobuf_message
 
 def test_commit_oldest_is_on_feed_for_the_oldest_pending_append_and_changes_nothing_otherwise() -> None:
     monitor = monitor_with(1, 2, 3)
-    for not_oldest in (rid(2), rid(1, OTHER), ReqId(ME, 1, 0, 1), rid(9)):
-        assert monitor.commit_oldest(not_oldest) is None
+    for not_oldest in (rid(2), ReqId(ME, 1, 0, 1), rid(9)):  # the caller matched the client and partition
+        assert monitor.commit_oldest(not_oldest.seq_num, not_oldest.generation) is None
     assert monitor.pending_count() == 3
-    assert monitor.commit_oldest(req_id_to_proto(rid(1))) == "t1"
-    assert monitor.commit_oldest(rid(1)) is None and monitor.pending_count() == 2
+    assert monitor.commit_oldest(1, 0) == "t1"
+    assert monitor.commit_oldest(1, 0) is None and monitor.pending_count() == 2
     assert monitor.on_feed(rid(3), 8) == [failed("t2", SUPERSEDED), ("t3", Outcome.committed(8))]
-    assert monitor.commit_oldest(rid(4)) is None  # empty
+    assert monitor.commit_oldest(4, 0) is None  # empty
 
 
 def test_mount_complete_fails_everything_still_pending() -> None:
@@ -157,6 +157,20 @@ def test_capacity_bound() -> None:
     assert TransactionMonitor[str]().max_concurrent == 5
     with pytest.raises(ValueError):
         TransactionMonitor[str](max_concurrent=0)
+
+
+def test_tokens_that_are_their_own_req_ids_register_together_all_or_none_for_capacity() -> None:
+    monitor: TransactionMonitor[ReqId] = TransactionMonitor(3)
+    monitor.register_all([rid(1), rid(2)], now=1.0)
+    with pytest.raises(CapacityError):
+        monitor.register_all([rid(3), rid(4)], now=2.0)
+    assert monitor.pending_count() == 2
+    with pytest.raises(ValueError, match="already registered"):
+        monitor.register_all([rid(2)], now=2.0)
+    monitor.register_all([rid(3)], now=2.0)
+    assert monitor.oldest_pending_age(5.0) == 4.0 and monitor.flush_target() == rid(3)
+    assert monitor.on_feed(req_id_to_proto(rid(2)), 7) == [(rid(1), Outcome.failed(SUPERSEDED)),
+                                                           (rid(2), Outcome.committed(7))]
 
 
 def test_duplicate_registration_is_refused() -> None:

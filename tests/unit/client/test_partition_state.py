@@ -19,6 +19,13 @@ def test_req_ids_count_up_and_wrap() -> None:
     assert state.next_req_id().seq_num == INT32_MIN + 1
 
 
+def test_sequence_numbers_taken_together_count_up_and_wrap_as_one_by_one() -> None:
+    state = ClientPartitionState(client_id=3, partition_id=2, last_seq_num=INT32_MAX - 5)
+    assert list(state.next_seq_nums(3)) == [INT32_MAX - 4, INT32_MAX - 3, INT32_MAX - 2]
+    assert list(state.next_seq_nums(4)) == [INT32_MAX - 1, INT32_MAX, INT32_MIN, INT32_MIN + 1]
+    assert list(state.next_seq_nums(0)) == [] and state.next_seq_num() == INT32_MIN + 2
+
+
 @pytest.mark.parametrize("field", ["client_id", "partition_id", "generation", "last_seq_num"])
 def test_fields_must_be_int32(field: str) -> None:
     args = {"client_id": 0, "partition_id": 0, field: INT32_MAX + 1}
