@@ -1,6 +1,6 @@
 """Append and feed throughput, commit latency and memory over a real local cluster, next to baselines in the same run.
 
-    .venv/bin/python -m bench.append_bench [--quick] [--dir DIR] [--procs P]
+    .venv/bin/python -m bench.append_bench [--quick] [--dir DIR] [--procs P] [--server K=V] [--client K=V]
 
 Baselines first, on the same machine and in the same run:
 - raw gRPC: a bidi stream echoing 512 B messages from another process, one at a time (the
@@ -13,7 +13,9 @@ Then a LocalCluster (ZooKeeper, 3 storage nodes, 1 server, 1 partition), 512 B t
 - feed: the whole log from transaction 0 to one consumer: a raw Stream (mount at -1, counting
   FeedData) and an AsyncWaltzClient applying every transaction;
 - closed loop: N writers (1, 10, 100), each submitting one append through AsyncWaltzClient and
-  waiting for its commit, again and again; writer processes each run one client;
+  waiting for its commit, again and again; writer processes each run one client. Their callbacks
+  never block, so they run on the client's event loop (client.callbackThread=false, WRITER_CLIENT);
+  `--client client.callbackThread=true` measures them on the callback thread instead;
 - open loop: 1,000 appends/s offered on a fixed schedule (latency counted from the scheduled
   time, so a stall is not hidden);
 - peak RSS of every process, and the server's RSS over the 100-writer run.
@@ -252,11 +254,17 @@ def _cpu_per_1000(window: Window, results: list[JobResult], committed: int) -> d
     }
 
 
+WRITER_CLIENT: dict[str, object] = {"client.callbackThread": False}
+"""Client keys of the writer processes: an application whose callbacks never block runs them on the loop."""
+
+
 def closed_loop(cluster: LocalCluster, writers: int, procs: int, seconds: float, scale: Scale,
-                sampler: MemorySampler, timeline: list[tuple[float, int, int]] | None = None) -> WriterRow:
+                sampler: MemorySampler, timeline: list[tuple[float, int, int]] | None = None,
+                client: dict[str, object] | None = None) -> WriterRow:
     hwm = asyncio.run(high_water_mark(cluster.servers[0].address))
     share = [writers // procs + (1 if i < writers % procs else 0) for i in range(procs)]
-    jobs = [Job(cluster.client_config(), hwm, writers=n, warmup_s=scale.warmup_s, run_s=seconds) for n in share if n]
+    config = cluster.client_config(**(WRITER_CLIENT if client is None else client))
+    jobs = [Job(config, hwm, writers=n, warmup_s=scale.warmup_s, run_s=seconds) for n in share if n]
     window = Window(cluster, sampler, scale, seconds, timeline)
     results = run_clients(jobs, sampler, window)
     latencies = [x for r in results for x in r.latencies]
@@ -266,9 +274,11 @@ def closed_loop(cluster: LocalCluster, writers: int, procs: int, seconds: float,
                      _cpu_per_1000(window, results, committed), batch=window.batch)
 
 
-def open_loop(cluster: LocalCluster, scale: Scale, sampler: MemorySampler) -> WriterRow:
+def open_loop(cluster: LocalCluster, scale: Scale, sampler: MemorySampler,
+              client: dict[str, object] | None = None) -> WriterRow:
     hwm = asyncio.run(high_water_mark(cluster.servers[0].address))
-    job = Job(cluster.client_config(), hwm, rate=OPEN_LOOP_RATE, warmup_s=scale.warmup_s, run_s=scale.open_run_s)
+    config = cluster.client_config(**(WRITER_CLIENT if client is None else client))
+    job = Job(config, hwm, rate=OPEN_LOOP_RATE, warmup_s=scale.warmup_s, run_s=scale.open_run_s)
     window = Window(cluster, sampler, scale, scale.open_run_s)
     (result,) = run_clients([job], sampler, window)
     latencies = list(result.latencies)
@@ -296,7 +306,8 @@ async def client_feed(cluster: LocalCluster, until: int) -> float:
         return time.perf_counter() - started
 
 
-def run(workdir: Path, scale: Scale, procs: int, server_overrides: dict[str, object] | None = None) -> Report:
+def run(workdir: Path, scale: Scale, procs: int, server_overrides: dict[str, object] | None = None,
+        client: dict[str, object] | None = None) -> Report:
     report = Report()
     with ZooKeeperProcess(workdir / "zookeeper") as zookeeper, MemorySampler() as sampler:
         assert zookeeper.pid is not None
@@ -332,13 +343,13 @@ def run(workdir: Path, scale: Scale, procs: int, server_overrides: dict[str, obj
 
             for writers in WRITERS:
                 if writers < 100:
-                    row = closed_loop(cluster, writers, 1, scale.run_s, scale, sampler)
+                    row = closed_loop(cluster, writers, 1, scale.run_s, scale, sampler, client=client)
                 else:  # the long run, watching the server's memory
                     row = closed_loop(cluster, writers, procs, scale.long_run_s, scale, sampler,
-                                      report.memory_timeline)
+                                      report.memory_timeline, client)
                 report.writers.append(row)
                 load(f"after {writers} writers")
-            report.writers.append(open_loop(cluster, scale, sampler))
+            report.writers.append(open_loop(cluster, scale, sampler, client))
             load("after open loop")
             report.log_size = asyncio.run(high_water_mark(address)) + 1
         report.peak = dict(sampler.peak)
@@ -442,20 +453,31 @@ def main(argv: list[str] | None = None) -> int:
                         help="client processes for the 100 writers (each gets the whole feed; one was fastest here)")
     parser.add_argument("--server", action="append", default=[], metavar="KEY=VALUE",
                         help="a server configuration key (repeatable), e.g. storage.maxBatchesInFlight=1")
+    parser.add_argument("--client", action="append", default=[], metavar="KEY=VALUE",
+                        help="a client configuration key of the writer processes (repeatable), on top of "
+                             f"{', '.join(f'{k}={v}' for k, v in WRITER_CLIENT.items())}")
     args = parser.parse_args(argv)
-    overrides = {}
-    for option in args.server:
-        key, _, value = option.partition("=")
-        overrides[key] = yaml.safe_load(value)
+    overrides = _keys(args.server)
+    client = {**WRITER_CLIENT, **_keys(args.client)}
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     scale = QUICK if args.quick else FULL
     with tempfile.TemporaryDirectory(prefix="waltz-append-bench-", dir=args.dir) as workdir:
-        report = run(Path(workdir), scale, args.procs, overrides)
+        report = run(Path(workdir), scale, args.procs, overrides, client)
         print(format_report(report, args.procs))
         if overrides:
             print("server configuration: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
+        print("writer client configuration: " + ", ".join(f"{k}={v}" for k, v in client.items()))
     return 0
+
+
+def _keys(options: list[str]) -> dict[str, object]:
+    """KEY=VALUE options as configuration keys (values parsed as YAML scalars)."""
+    keys: dict[str, object] = {}
+    for option in options:
+        key, _, value = option.partition("=")
+        keys[key] = yaml.safe_load(value)
+    return keys
 
 
 if __name__ == "__main__":
