@@ -10,7 +10,7 @@ from enum import Enum
 from typing import Any
 
 from waltz.v1 import server_pb2
-from waltz_client.api import FedTransaction, Transaction, TransactionBuilder, TransactionContext
+from waltz_client.api import FedTransaction, Transaction, TransactionBuilder
 from waltz_client.connection import ServerConnection
 from waltz_client.driver import Ownership
 from waltz_client.errors import ClientAheadError, StreamClosedError, TransactionRejectedError, WaltzTimeoutError
@@ -42,8 +42,6 @@ _REMOUNT_REJECTIONS = {
 _FeedStep = tuple[int, PendingAppend | None, Transaction | None]
 """The application's side of one fed transaction: its id, this client's append it commits (if any),
 the transaction to apply (None: applied already, fed again after a reconnect). A tuple: one per append."""
-
-_DEFAULT_HOOKS = frozenset({TransactionContext.on_completion, TransactionContext.on_application})
 
 
 class _Verdict(Enum):
@@ -367,35 +365,34 @@ class ClientPartition:
     def _run_steps(self, steps: list[_FeedStep], index: int, retrying: bool) -> tuple[int, BaseException | None]:
         """On the callback thread, from steps[index] (retrying: its on_completion already ran): on_completion,
         apply_transaction, on_application, in feed order. Stops at an apply that raises: (its index, the error).
-        TransactionContext's empty hooks are not called."""
+        Every hook is called, TransactionContext's empty ones too: a call costs less than telling them apart."""
         apply = self.env.callbacks.apply_transaction
         for i in range(index, len(steps)):
             txn_id, mine, transaction = steps[i]
             if mine is not None and not (retrying and i == index):
-                hook = mine.context.on_completion
-                if getattr(hook, "__func__", None) not in _DEFAULT_HOOKS:
-                    self._call_hook(hook, txn_id, True)
+                try:
+                    mine.context.on_completion(True)
+                except Exception as exc:
+                    self._hook_raised("on_completion", txn_id, exc)
             if transaction is not None:
                 try:
                     apply(transaction)
                 except Exception as exc:
                     return i, exc
             if mine is not None:
-                then = mine.context.on_application
-                if getattr(then, "__func__", None) not in _DEFAULT_HOOKS:
-                    self._call_hook(then, txn_id)
+                try:
+                    mine.context.on_application()
+                except Exception as exc:
+                    self._hook_raised("on_application", txn_id, exc)
         return len(steps), None
 
-    def _call_hook(self, hook: Callable[..., None], txn_id: int, *args: Any) -> None:
-        """A context hook, on the callback thread; what it raises goes to uncaught_exception."""
+    def _hook_raised(self, hook: str, txn_id: int, exc: Exception) -> None:
+        """A context hook raised, on the callback thread: it goes to uncaught_exception."""
+        log.error("partition %d: context hook %s raised", self.partition_id, hook, exc_info=exc)
         try:
-            hook(*args)
-        except Exception as exc:
-            log.error("partition %d: context hook %s raised", self.partition_id, hook.__name__, exc_info=exc)
-            try:
-                self.env.callbacks.uncaught_exception(self.partition_id, txn_id, exc)
-            except Exception:
-                log.exception("uncaught_exception callback raised")
+            self.env.callbacks.uncaught_exception(self.partition_id, txn_id, exc)
+        except Exception:
+            log.exception("uncaught_exception callback raised")
 
     def _settle(self, steps: list[_FeedStep], start: int, end: int) -> None:
         """steps[start:end] ran: count them, move the client high-water mark, resolve their appends."""

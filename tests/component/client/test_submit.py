@@ -167,6 +167,31 @@ def test_apply_failure_is_reported_and_applied_again() -> None:
     run(main())
 
 
+
+def test_a_raising_completion_or_application_hook_goes_to_uncaught_exception_and_changes_nothing_else() -> None:
+    class Raising(Ctx):
+        def on_completion(self, committed: bool) -> None:
+            super().on_completion(committed)
+            raise ValueError("completion")
+
+        def on_application(self) -> None:
+            super().on_application()
+            raise KeyError("application")
+
+    async def main() -> None:
+        server = MockServer(1)
+        events: list[tuple] = []
+        callbacks = MemoryCallbacks(events)
+        async with client(server, callbacks) as c:
+            ctx = Raising(b"r", events=events)
+            assert await (await c.submit(ctx)) is True
+            assert await (await c.submit(Ctx(b"after"))) is True
+        assert [e[0] for e in events[:3]] == ["completion", "apply", "application"]
+        assert [(txn, type(exc)) for _, txn, exc in callbacks.exceptions] == [(0, ValueError), (0, KeyError)]
+        assert callbacks.applied[0] == [(0, b"r"), (1, b"after")]
+
+    run(main())
+
 def test_generation_bump_remounts_and_later_appends_carry_it() -> None:
     async def main() -> None:
         server = MockServer(1)
