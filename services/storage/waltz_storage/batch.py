@@ -46,7 +46,10 @@ def encode_appends(
     record_list_length must count its records. The 32-bit fields need no range check: protobuf's int32
     guarantees it (and the transaction id, an int64, is compared with the expected one).
     """
-    buf = bytearray()
+    # Each record is one block, prefix + data, and its 4-byte CRC, kept as pieces joined once at the end: one
+    # CRC pass over the block instead of two (prefix, then data seeded with it), and no bytearray regrowth.
+    pieces: list[bytes] = []
+    put = pieces.append
     offsets: list[int] = []
     mark = offsets.append
     pack = RECORD_PREFIX.pack
@@ -63,14 +66,13 @@ def encode_appends(
             n = len(data)
             checksum = p.checksum
             # The CRC is unsigned, the seed's checksum a signed int: compare them modulo 2**32.
-            if p.transaction_id != txn or p.data_length != n or n > max_record_size or (crc(data) - checksum) & _U32:
+            if p.transaction_id != txn or p.data_length != n or n > max_record_size or crc(data) != checksum & _U32:
                 return None
             r = p.req_id
-            prefix = pack(txn, r.client_id, r.generation, r.partition_id, r.seq_num, p.header, n, checksum)
-            buf += prefix
-            buf += data
-            buf += pack_crc(crc(data, crc(prefix)))
+            block = pack(txn, r.client_id, r.generation, r.partition_id, r.seq_num, p.header, n, checksum) + data
+            put(block)
+            put(pack_crc(crc(block)))
             mark(offset)
             offset += n + RECORD_OVERHEAD
             txn += 1
-    return EncodedBatch(first_transaction_id, txn - first_transaction_id, buf, offsets)
+    return EncodedBatch(first_transaction_id, txn - first_transaction_id, b"".join(pieces), offsets)
