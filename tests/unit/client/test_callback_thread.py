@@ -139,8 +139,8 @@ def test_a_batch_of_one_job_class_is_finished_by_its_done_all_a_mixed_one_job_by
             thread.schedule(job)
         await alone[-1].all_heard.wait()
         mixed = [BatchJob(4, heard, 8), RecordingJob(5, heard, 8), BatchJob(6, heard, 8), BatchJob(7, heard, 8)]
-        for job in mixed:
-            thread.schedule(job)
+        for each in mixed:
+            thread.schedule(each)
         await mixed[-1].all_heard.wait()
         again = BatchJob(8, heard, 9)  # the batch after a mixed one starts afresh
         thread.schedule(again)
