@@ -49,7 +49,11 @@ class StorageConnection:
             try:
                 with StreamReader(self.context, self.node) as reader:
                     while (request := await reader.read()) is not None:
-                        partition_id = self._dispatch(request)
+                        partition_id, answered = self._dispatch(request)
+                        if answered:
+                            # Let the writer send the answer before this task asks gRPC for the next request:
+                            # a server that keeps one append in flight sends none before it has this answer.
+                            await asyncio.sleep(0)
                         while len(self._outbox) >= RESPONSE_QUEUE_SIZE or (
                             partition_id is not None and self._unanswered.get(partition_id, 0) >= PARTITION_QUEUE_SIZE
                         ):
@@ -60,36 +64,36 @@ class StorageConnection:
 
     # ------------------------------------------------------------------ reading
 
-    def _dispatch(self, request: storage_pb2.StorageRequest) -> int | None:
-        """Have the node serve it (right away, or on its partition's thread) and return its partition id; None
-        for a request answered here: an Open, or one refused before it reaches a partition."""
+    def _dispatch(self, request: storage_pb2.StorageRequest) -> tuple[int | None, bool]:
+        """Have the node serve it (right away, or on its partition's thread); return its partition id (None for
+        an Open, or a request refused before it reaches a partition) and whether it is answered already."""
         kind = request.WhichOneof("request")
         if kind is None:
             self._fail(None, InvalidRequest("the request carries no message (none of the oneof is set)"))
-            return None
+            return None, True
         msg = getattr(request, kind)
         if kind == "open":
             self._push(self._open(msg))
-            return None
+            return None, True
         if not self.opened:
             self._fail(msg, protocol.NotOpen("the stream is not open: send an Open request with the cluster key"))
-            return None
+            return None, True
         partition_id: int = msg.partition_id
         try:
             self.node.manager.control_file.check_partition_id(partition_id)
         except StorageError as e:
             self._fail(msg, e)
-            return None
+            return None, True
         unanswered = self._unanswered.get(partition_id, 0)
         quiet = not unanswered and not self._outbox  # everything before this request is answered
         responses = self.node.serve(StreamRequest(kind, msg, self), stream_quiet=quiet)
         if responses is not None:  # served right here
             self._outbox.extend(responses)
             self._wake_writer()
-            return partition_id
+            return partition_id, True
         self._unanswered[partition_id] = unanswered + 1
         self._in_flight += 1
-        return partition_id
+        return partition_id, False
 
     def _open(self, msg: storage_pb2.OpenRequest) -> storage_pb2.StorageResponse:
         """Check the cluster key; a failed Open leaves the stream unopened, and another Open may follow."""
