@@ -24,22 +24,22 @@ def append_request(
 def append_pending_request(
     session_id: int, partition_id: int, first: int, records: Sequence[PendingRecord]
 ) -> storage_pb2.StorageRequest:
-    """The append of records with ids first.., built in place (no per-record message copies)."""
+    """The append of records with ids first.., built in place (no per-record message copies). Each record is
+    added empty and then filled: with this protobuf (upb) that costs about a quarter less than add(**fields)."""
     request = storage_pb2.StorageRequest()
     append = request.append
     append.session_id = session_id
     append.partition_id = partition_id
     append.record_list_length = len(records)
     add = append.records.add
-    for i, r in enumerate(records):
-        add(
-            transaction_id=first + i,
-            req_id=r.req_id,
-            header=r.header,
-            data_length=r.data_length,
-            data=r.data,
-            checksum=r.checksum,
-        )
+    for transaction_id, r in enumerate(records, first):
+        record = add()
+        record.transaction_id = transaction_id
+        record.req_id.CopyFrom(r.req_id)
+        record.header = r.header
+        record.data_length = r.data_length
+        record.data = r.data
+        record.checksum = r.checksum
     return request
 
 
