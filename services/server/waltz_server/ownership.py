@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,11 @@ from waltz_server.partition import Partition
 from waltz_server.store.api import StorePartition
 
 log = logging.getLogger(__name__)
+
+RESTART_DELAY_S = 1.0
+"""A failed partition is restarted after this long, twice as long after each failure in a row (at most
+RESTART_DELAY_MAX_S); a partition that ran that long without failing starts again from here."""
+RESTART_DELAY_MAX_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +51,7 @@ class PartitionManager:
         store_factory: Callable[[int], StorePartition],
         settings: PartitionSettings,
         metrics: ServerMetrics | None = None,
+        restart_delay_s: float = RESTART_DELAY_S,
     ) -> None:
         self.num_partitions = num_partitions
         self._store_factory = store_factory
@@ -53,6 +60,10 @@ class PartitionManager:
         self._partitions: dict[int, Partition] = {}
         self._lock = asyncio.Lock()
         self._paused = False
+        self._restart_delay_s = restart_delay_s
+        self._restarts: dict[int, tuple[float, float]] = {}  # partition -> (its last failure, the delay then)
+        self._restart_tasks: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()  # close_all: restarts waiting for their delay give up
 
     def get(self, partition_id: int) -> Partition | None:
         return self._partitions.get(partition_id)
@@ -75,17 +86,55 @@ class PartitionManager:
                 await self._partitions[pid].set_generation(generation)
             for pid, generation in change.open.items():
                 log.info("opening partition %d at generation %d", pid, generation)
-                metrics = self._metrics.for_partition(pid) if self._metrics is not None else None
-                partition = Partition(pid, generation, self._store_factory(pid), self._settings, metrics)
-                if self._paused:
-                    partition.pause()
-                self._partitions[pid] = partition
-                await partition.open()
-            if self._metrics is not None:
-                self._metrics.partitions.set(len(self._partitions))
+                await self._open(pid, generation)
+            self._count()
             return change
 
+    def _count(self) -> None:
+        if self._metrics is not None:
+            self._metrics.partitions.set(len(self._partitions))
+
+    async def _open(self, pid: int, generation: int) -> None:
+        metrics = self._metrics.for_partition(pid) if self._metrics is not None else None
+        partition = Partition(pid, generation, self._store_factory(pid), self._settings, metrics)
+        partition.on_failure = self._failed
+        if self._paused:
+            partition.pause()
+        self._partitions[pid] = partition
+        await partition.open()
+
+    def _failed(self, partition: Partition) -> None:
+        """A partition's task failed (a bug, reported by health meanwhile): close it, which answers its queued
+        appends PARTITION_NOT_READY (their clients mount again), and open it anew after a delay."""
+        now = asyncio.get_running_loop().time()
+        last, delay = self._restarts.get(partition.partition_id, (float("-inf"), 0.0))
+        ran = now - last - delay  # since it was opened again after its last failure
+        delay = self._restart_delay_s if ran > RESTART_DELAY_MAX_S else min(2 * delay, RESTART_DELAY_MAX_S)
+        self._restarts[partition.partition_id] = (now, delay)
+        task = asyncio.get_running_loop().create_task(self._restart(partition, delay))
+        self._restart_tasks.add(task)
+        task.add_done_callback(self._restart_tasks.discard)
+
+    async def _restart(self, partition: Partition, delay: float) -> None:
+        pid = partition.partition_id
+        async with self._lock:
+            if self._partitions.get(pid) is not partition:
+                return  # closed or replaced meanwhile
+            await partition.close()
+            del self._partitions[pid]
+            self._count()
+        log.warning("partition %d: restarting in %.1f s after a failure (%s)", pid, delay, partition.failure)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), delay)
+        async with self._lock:
+            if pid in self._partitions or self._stopping.is_set():
+                return  # opened again by an assignment meanwhile, or the server is stopping
+            await self._open(pid, partition.generation)
+            self._count()
+
     async def close_all(self) -> None:
+        self._stopping.set()
+        await asyncio.gather(*self._restart_tasks)
         await self.apply({})
 
     def pause(self) -> None:

@@ -95,6 +95,8 @@ class Partition:
         self.data_cache = DataCache(settings.data_cache_bytes)
         self._runner: asyncio.Task[None] | None = None
         self.failure: str = ""
+        self.on_failure: Callable[[Partition], None] | None = None
+        """Told when the partition's task failed (a bug): the owner restarts the partition."""
 
     # lifecycle
 
@@ -116,6 +118,8 @@ class Partition:
             self.failure = f"partition task failed: {exc!r}"
             log.exception("partition %d failed", self.partition_id)
             self._ready.clear()
+            if self.on_failure is not None:
+                self.on_failure(self)
         finally:
             started.set()
 

@@ -7,12 +7,14 @@ from collections.abc import Sequence
 
 import pytest
 
+from waltz.v1 import server_pb2
+from waltz_server.ownership import PartitionManager
 from waltz_server.service import partition_status
 from waltz_server.store.api import PendingRecord
 
-from .fakes import FakeStore
-from .harness import mounted_client, run
-from .helpers import append
+from .fakes import FakeStore, FakeStream
+from .harness import SMALL, mounted_client, run
+from .helpers import append, mount
 
 
 class CancellingStore(FakeStore):
@@ -63,5 +65,48 @@ def test_closing_the_partition_still_cancels_the_append_task_quietly():
         partition, _, _ = await mounted_client(CancellingStore(0))
         await partition.close()
         assert partition.failure == ""
+
+    run(scenario)
+
+
+def test_a_failed_partition_answers_its_queued_appends_and_is_opened_again():
+    async def scenario():
+        stores: list[CancellingStore] = []
+
+        def store_for(pid: int) -> CancellingStore:
+            stores.append(CancellingStore(pid))
+            return stores[-1]
+
+        manager = PartitionManager(1, store_for, SMALL, restart_delay_s=0.05)
+        await manager.apply({0: 3})
+        failed = manager.get(0)
+        assert failed is not None
+        await failed.wait_ready(10)
+        stream = FakeStream()
+        failed.mount(stream, mount(generation=3))
+        await stream.wait_for(lambda s: s.of("mount"))
+        stores[0].cancel_next = True
+        await failed.submit(stream, [append(seq=1, generation=3)])
+        for _ in range(500):
+            if failed.closed:
+                break
+            await asyncio.sleep(0.01)
+        # before: the failed partition stayed as it was until its ownership changed, taking appends that
+        # were never answered (their clients waited for ever)
+        await failed.submit(stream, [append(seq=2, generation=3)])
+        assert stream.of("append_rejected")[0].reason == server_pb2.AppendRejected.PARTITION_NOT_READY
+        for _ in range(500):
+            again = manager.get(0)
+            if again is not None and again is not failed and again.ready:
+                break
+            await asyncio.sleep(0.01)
+        assert again is not None and again is not failed and again.ready and again.generation == 3
+        assert len(stores) == 2 and partition_status(again).healthy
+        fresh = FakeStream()
+        again.mount(fresh, mount(generation=3))
+        await fresh.wait_for(lambda s: s.of("mount"))
+        await again.submit(fresh, [append(seq=3, generation=3)])
+        await fresh.wait_for(lambda s: s.fed())
+        await manager.close_all()
 
     run(scenario)
