@@ -12,12 +12,13 @@ from waltz_server.config import PartitionSettings
 from waltz_server.metrics import ServerMetrics
 from waltz_server.partition import Partition
 from waltz_server.store.api import StorePartition
+from waltz_server.store.settings import Backoff
 
 log = logging.getLogger(__name__)
 
 RESTART_DELAY_S = 1.0
 """A failed partition is restarted after this long, twice as long after each failure in a row (at most
-RESTART_DELAY_MAX_S); a partition that ran that long without failing starts again from here."""
+RESTART_DELAY_MAX_S); a failure more than twice that long after the one before starts again from here."""
 RESTART_DELAY_MAX_S = 30.0
 
 
@@ -61,7 +62,7 @@ class PartitionManager:
         self._lock = asyncio.Lock()
         self._paused = False
         self._restart_delay_s = restart_delay_s
-        self._restarts: dict[int, tuple[float, float]] = {}  # partition -> (its last failure, the delay then)
+        self._restarts: dict[int, tuple[float, Backoff]] = {}  # partition -> (its last failure, its delays)
         self._restart_tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()  # close_all: restarts waiting for their delay give up
 
@@ -107,10 +108,12 @@ class PartitionManager:
         """A partition's task failed (a bug, reported by health meanwhile): close it, which answers its queued
         appends PARTITION_NOT_READY (their clients mount again), and open it anew after a delay."""
         now = asyncio.get_running_loop().time()
-        last, delay = self._restarts.get(partition.partition_id, (float("-inf"), 0.0))
-        ran = now - last - delay  # since it was opened again after its last failure
-        delay = self._restart_delay_s if ran > RESTART_DELAY_MAX_S else min(2 * delay, RESTART_DELAY_MAX_S)
-        self._restarts[partition.partition_id] = (now, delay)
+        found = self._restarts.get(partition.partition_id)
+        last, backoff = found or (now, Backoff(self._restart_delay_s, RESTART_DELAY_MAX_S))
+        if now - last > 2 * RESTART_DELAY_MAX_S:
+            backoff.reset()  # not a failure in a row
+        delay = backoff.next_delay()
+        self._restarts[partition.partition_id] = (now, backoff)
         task = asyncio.get_running_loop().create_task(self._restart(partition, delay))
         self._restart_tasks.add(task)
         task.add_done_callback(self._restart_tasks.discard)

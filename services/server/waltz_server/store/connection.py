@@ -228,7 +228,7 @@ class StorageConnection:
         return response
 
     async def _run(self) -> None:
-        backoff = Backoff(self._settings)
+        backoff = Backoff.of(self._settings)
         while not self._closed:
             epoch = self._epoch
             try:

@@ -47,10 +47,15 @@ class StoreSettings:
 class Backoff:
     """Exponential retry delays from the initial to the max interval; reset after a success."""
 
-    def __init__(self, settings: StoreSettings) -> None:
-        self._initial = settings.initial_retry_interval_s
-        self._max = settings.max_retry_interval_s
-        self._next = self._initial
+    def __init__(self, initial_s: float, max_s: float) -> None:
+        self._initial = initial_s
+        self._max = max_s
+        self._next = initial_s
+
+    @classmethod
+    def of(cls, settings: StoreSettings) -> Backoff:
+        """The store's retries: storage.initialRetryInterval up to storage.maxRetryInterval."""
+        return cls(settings.initial_retry_interval_s, settings.max_retry_interval_s)
 
     def next_delay(self) -> float:
         delay = self._next

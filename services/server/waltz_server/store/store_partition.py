@@ -166,7 +166,7 @@ class ReplicatedStorePartition:
     # ----------------------------------------------------------------------------------- sessions
 
     async def _run(self) -> None:
-        backoff = Backoff(self._settings)
+        backoff = Backoff.of(self._settings)
         while True:
             try:
                 await asyncio.to_thread(self._watch, asyncio.get_running_loop())

@@ -168,7 +168,7 @@ class StoreSession:
             self._connections.release(replica)
 
     async def _serve_replica_connection(self, replica: str, connection: StorageConnection) -> None:
-        backoff = Backoff(self._settings)
+        backoff = Backoff.of(self._settings)
         while True:
             epoch = await connection.wait_connected()
             session = ReplicaSession(connection, epoch, self.partition_id, self.session_id)

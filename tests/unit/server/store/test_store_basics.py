@@ -47,7 +47,7 @@ def test_settings_from_config_converts_milliseconds_and_rejects_nonsense() -> No
 
 
 def test_backoff_doubles_up_to_the_max_and_resets() -> None:
-    backoff = Backoff(StoreSettings(initial_retry_interval_s=0.1, max_retry_interval_s=0.5))
+    backoff = Backoff.of(StoreSettings(initial_retry_interval_s=0.1, max_retry_interval_s=0.5))
     assert [backoff.next_delay() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
     backoff.reset()
     assert backoff.next_delay() == 0.1
