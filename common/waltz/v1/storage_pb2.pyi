@@ -445,6 +445,7 @@ class StorageAppendRequest(_message.Message):
     RECORD_LIST_LENGTH_FIELD_NUMBER: _builtins.int
     RECORDS_FIELD_NUMBER: _builtins.int
     OFFLINE_FIELD_NUMBER: _builtins.int
+    ENCODED_RECORDS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
     """Session ID: the store session ID."""
     seq_num: _builtins.int
@@ -455,6 +456,17 @@ class StorageAppendRequest(_message.Message):
     """Record List Length: the number of transaction records."""
     offline: _builtins.bool
     """ADDITION: offline recovery request (see LastSessionInfoRequest.offline)."""
+    encoded_records: _builtins.bytes
+    """ADDITION: the same record list, already in the data file's encoding (on-disk-format.txt, "Transaction
+    Record"): record_list_length records back to back, each big-endian: transaction id (int64), ReqId
+    (client id, generation, partition id, seq num: int32 each), header (int32), data length (int32), data
+    checksum (int32, the CRC-32 of the data), the data, then the CRC-32 (uint32) of every byte of the
+    record before it. A sender sets either this or records, never both. The storage node checks every
+    record as it checks records (consecutive ids, data length, both checksums, the size limit) and writes
+    the bytes as they are; the Waltz server sends its appends this way, which spares both ends a message
+    per record. A storage node from before this field sees no records and refuses such an append
+    (record_list_length counts records it does not see): upgrade storage nodes before servers.
+    """
     @_builtins.property
     def records(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Record]:
         """Record List: the list of records."""
@@ -468,10 +480,11 @@ class StorageAppendRequest(_message.Message):
         record_list_length: _builtins.int = ...,
         records: _abc.Iterable[_common_pb2.Record] | None = ...,
         offline: _builtins.bool = ...,
+        encoded_records: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["offline", b"offline", "partition_id", b"partition_id", "record_list_length", b"record_list_length", "records", b"records", "seq_num", b"seq_num", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["encoded_records", b"encoded_records", "offline", b"offline", "partition_id", b"partition_id", "record_list_length", b"record_list_length", "records", b"records", "seq_num", b"seq_num", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

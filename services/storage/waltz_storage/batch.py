@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from waltz.v1 import storage_pb2
 from waltz_common.types import Record, crc32_unsigned
-from waltz_storage.codec import RECORD_OVERHEAD, RECORD_PREFIX, UINT32, encode_record
+from waltz_storage.codec import RECORD_OVERHEAD, RECORD_PREFIX, RECORD_PREFIX_SIZE, UINT32, encode_record
 
 _U32 = 0xFFFFFFFF
 
@@ -39,7 +39,8 @@ def encode_appends(
 ) -> EncodedBatch | None:
     """The records of consecutive append requests as one batch, each validated as it is encoded; None when
     anything is wrong, and then the checked path (protocol.records_from_append, StoragePartition.append)
-    names the problem exactly.
+    names the problem exactly. A request's records come either as messages (records) or already encoded
+    (encoded_records, which are checked as they are and taken whole).
 
     Every record must carry the next transaction id from first_transaction_id, a data_length equal to its
     data's length, at most max_record_size data bytes and the CRC32 of its data as checksum; each request's
@@ -58,6 +59,17 @@ def encode_appends(
     txn = first_transaction_id
     offset = 0
     for request in requests:
+        encoded = request.encoded_records
+        if encoded:
+            offsets_of = _encoded_offsets(encoded, request.record_list_length, txn, max_record_size)
+            if offsets_of is None or request.records:
+                return None
+            for at in offsets_of:
+                mark(offset + at)
+            put(encoded)
+            offset += len(encoded)
+            txn += len(offsets_of)
+            continue
         records = request.records
         if request.record_list_length != len(records):
             return None
@@ -76,3 +88,37 @@ def encode_appends(
             offset += n + RECORD_OVERHEAD
             txn += 1
     return EncodedBatch(first_transaction_id, txn - first_transaction_id, b"".join(pieces), offsets)
+
+
+def _encoded_offsets(encoded: bytes, count: int, first_transaction_id: int, max_record_size: int) -> list[int] | None:
+    """Where each of the count records in encoded (StorageAppendRequest.encoded_records) starts; None unless
+    they fill it exactly and each is whole and right: the next transaction id from first_transaction_id, at
+    most max_record_size data bytes, the CRC32 of its data as data checksum and the CRC32 of all of it
+    before its last four bytes there."""
+    view = memoryview(encoded)
+    unpack = RECORD_PREFIX.unpack_from
+    unpack_crc = UINT32.unpack_from
+    crc = crc32_unsigned
+    size = len(encoded)
+    offsets: list[int] = []
+    mark = offsets.append
+    txn = first_transaction_id
+    start = 0
+    for _ in range(count):
+        if start + RECORD_OVERHEAD > size:
+            return None
+        t, _c, _g, _p, _s, _h, length, checksum = unpack(encoded, start)
+        data_start = start + RECORD_PREFIX_SIZE
+        end = data_start + length  # where the record's CRC is
+        if (
+            t != txn
+            or not 0 <= length <= max_record_size
+            or end + 4 > size
+            or crc(view[data_start:end]) != checksum & _U32
+            or crc(view[start:end]) != unpack_crc(encoded, end)[0]
+        ):
+            return None
+        mark(start)
+        start = end + 4
+        txn += 1
+    return offsets if start == size else None

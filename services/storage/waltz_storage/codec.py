@@ -8,6 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from waltz_common.record_layout import RECORD_OVERHEAD as RECORD_OVERHEAD
+from waltz_common.record_layout import RECORD_PREFIX as RECORD_PREFIX
+from waltz_common.record_layout import RECORD_PREFIX_SIZE as RECORD_PREFIX_SIZE
 from waltz_common.types import INT32_MAX, INT32_MIN, Record, RecordHeader, ReqId, crc32, crc32_unsigned
 from waltz_storage.errors import (
     ChecksumError,
@@ -27,8 +30,6 @@ FILE_HEADER_SIZE = 128
 INDEX_ENTRY_SIZE = 8
 PARTITION_INFO_SIZE = 60
 PARTITION_INFO_STRUCT_SIZE = 28
-RECORD_PREFIX_SIZE = 36
-RECORD_OVERHEAD = RECORD_PREFIX_SIZE + 4
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
@@ -36,10 +37,8 @@ _CONTROL_HEADER = struct.Struct(">iq16si")
 _SEGMENT_HEADER = struct.Struct(">iq16siq")
 _INT32 = struct.Struct(">i")
 _INFO_BODY = struct.Struct(">qqq")
-RECORD_PREFIX = struct.Struct(">q4iiii")
 UINT32 = struct.Struct(">I")
 
-assert RECORD_PREFIX.size == RECORD_PREFIX_SIZE
 assert 4 + 2 * PARTITION_INFO_STRUCT_SIZE == PARTITION_INFO_SIZE
 
 

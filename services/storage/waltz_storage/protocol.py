@@ -10,10 +10,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from waltz.v1 import common_pb2, storage_pb2
-from waltz_common.types import Record, ReqId
+from waltz_common.types import Record, ReqId, crc32_unsigned
 from waltz_common.wire import header_to_proto as header_to_proto
 from waltz_common.wire import record_to_proto as record_to_proto
-from waltz_storage.codec import HeaderFields, RecordFields
+from waltz_storage.codec import (
+    RECORD_OVERHEAD,
+    RECORD_PREFIX,
+    RECORD_PREFIX_SIZE,
+    UINT32,
+    HeaderFields,
+    RecordFields,
+)
 from waltz_storage.errors import (
     ClusterKeyMismatch,
     CorruptionError,
@@ -172,13 +179,53 @@ def add_headers(target: Any, headers: Iterable[HeaderFields]) -> None:
 
 
 def records_from_append(request: storage_pb2.StorageAppendRequest) -> list[Record]:
-    """The batch's records; InvalidRequest when record_list_length does not count them."""
-    if request.record_list_length != len(request.records):
+    """The batch's records, from records or from encoded_records; InvalidRequest when record_list_length does not
+    count them, when both are set, or when encoded_records do not split into whole records with right CRCs (the
+    other checks, of ids, sizes and data checksums, are the partition's, as for records)."""
+    encoded = request.encoded_records
+    if encoded and len(request.records):
         raise InvalidRequest(
-            f"record_list_length is {request.record_list_length} but the batch holds {len(request.records)} "
+            f"the append carries both records ({len(request.records)}) and encoded_records ({len(encoded)} bytes); "
+            f"nothing was written"
+        )
+    records = records_from_encoded(encoded) if encoded else [record_from_proto(p) for p in request.records]
+    if request.record_list_length != len(records):
+        raise InvalidRequest(
+            f"record_list_length is {request.record_list_length} but the batch holds {len(records)} "
             f"records; nothing was written"
         )
-    return [record_from_proto(p) for p in request.records]
+    return records
+
+
+def records_from_encoded(encoded: bytes) -> list[Record]:
+    """The records in encoded_records, each checked to be whole and to match its record CRC."""
+    records: list[Record] = []
+    offset = 0
+    while offset < len(encoded):
+        where = f"encoded record {len(records)} (at byte {offset} of {len(encoded)})"
+        left = len(encoded) - offset
+        if left < RECORD_OVERHEAD:
+            raise InvalidRequest(
+                f"{where}: only {left} bytes, a record takes at least {RECORD_OVERHEAD}; nothing was written"
+            )
+        txn, client_id, generation, partition_id, seq_num, header, length, checksum = RECORD_PREFIX.unpack_from(
+            encoded, offset
+        )
+        if not 0 <= length <= left - RECORD_OVERHEAD:
+            raise InvalidRequest(
+                f"{where}: data length {length} does not fit the {left} bytes left; nothing was written"
+            )
+        end = offset + RECORD_OVERHEAD + length
+        (stored,) = UINT32.unpack_from(encoded, end - 4)
+        computed = crc32_unsigned(encoded[offset : end - 4])
+        if stored != computed:
+            raise InvalidRequest(
+                f"{where}: record CRC {stored} does not match the computed {computed}; nothing was written"
+            )
+        data = encoded[offset + RECORD_PREFIX_SIZE : end - 4]
+        records.append(Record(txn, ReqId(client_id, generation, partition_id, seq_num), header, data, checksum))
+        offset = end
+    return records
 
 
 def check_list_request(transaction_id: int, max_records: int) -> None:

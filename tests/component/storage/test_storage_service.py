@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.component.storage.node_harness import KEY, BlockedPartition, NodeThread, SessionClient, record, records
-from waltz.v1 import storage_pb2
+from waltz.v1 import common_pb2, storage_pb2
+from waltz_server.store.api import NewRecord
+from waltz_server.store.wire import encode_pending
 from waltz_storage.admin_client import StorageAdminClient
 from waltz_storage.codec import partition_info_struct_offset
 from waltz_storage.control_file import CONTROL_FILE_NAME
@@ -211,6 +213,44 @@ def test_bad_appends_are_refused_and_write_nothing(node):
     node.call(scenario())
     failures = node.node.metrics.registry.get_sample_value
     assert failures("waltz_storage_request_failures_total", {"code": "INVALID_REQUEST"}) == 9
+
+
+def encoded(recs: list[common_pb2.Record], first: int) -> bytes:
+    """The records as the server sends them (StorageAppendRequest.encoded_records)."""
+    return encode_pending(first, [NewRecord(r.req_id, r.header, r.data, r.checksum) for r in recs])
+
+
+def test_encoded_appends_are_written_as_sent_and_bad_ones_refused(node):
+    directory = node.directory / "0"
+
+    async def scenario():
+        async with SessionClient(node.address) as c:
+            await c.open()
+            answer = await c.ask("append", record_list_length=2, encoded_records=encoded(records(0, 2), 0))
+            assert answer[0] == "success"
+            _, msg = await c.ask("record_list", transaction_id=0, max_records=10)
+            assert list(msg.records) == records(0, 2)
+            before = snapshot(directory)
+            good = encoded(records(2, 2), 2)
+            cases = [
+                ({"encoded_records": encoded(records(2, 2), 3)}, "expected 2"),
+                ({"encoded_records": encoded([record(2), record(3, size=1001)], 2)}, "exceed the maximum 1000"),
+                ({"encoded_records": good[:-1]}, "encoded record 1 (at byte 56 of 111)"),
+                ({"encoded_records": good[:-5] + b"!" + good[-4:]}, "record CRC"),
+                ({"encoded_records": good, "record_list_length": 3}, "record_list_length is 3"),
+                ({"encoded_records": good, "records": records(2, 2)}, "both records (2) and encoded_records"),
+            ]
+            for fields, match in cases:
+                fields.setdefault("record_list_length", 2)
+                answer = await c.ask("append", **fields)
+                assert_failure(answer, Code.INVALID_REQUEST, match)
+                assert "nothing was written" in answer[1].exception.message
+            assert snapshot(directory) == before
+            assert (await c.ask("append", record_list_length=2, encoded_records=good))[0] == "success"
+            _, msg = await c.ask("record_list", transaction_id=0, max_records=10)
+            assert list(msg.records) == records(0, 4)
+
+    node.call(scenario())
 
 
 def test_malformed_requests_get_failures_and_the_stream_lives_on(node):

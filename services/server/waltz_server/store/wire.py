@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from waltz.v1 import common_pb2, storage_pb2
+from waltz_common.record_layout import RECORD_CRC, RECORD_PREFIX
+from waltz_common.types import crc32_unsigned
 from waltz_common.wire import header_from_proto as header_from_proto
 from waltz_common.wire import record_from_proto as record_from_proto
 from waltz_server.store.api import PendingRecord
@@ -24,23 +26,36 @@ def append_request(
 def append_pending_request(
     session_id: int, partition_id: int, first: int, records: Sequence[PendingRecord]
 ) -> storage_pb2.StorageRequest:
-    """The append of records with ids first.., built in place (no per-record message copies). Each record is
-    added empty and then filled: with this protobuf (upb) that costs about a quarter less than add(**fields)."""
+    """The append of records with ids first.., sent as encoded_records: the records as the data file holds
+    them, one bytes field instead of a message per record. Building it costs about a fifth less than filling
+    a Record per append, the storage node checks it with a fifth of the work (no protobuf field reads), and
+    writes it as it is."""
     request = storage_pb2.StorageRequest()
     append = request.append
     append.session_id = session_id
     append.partition_id = partition_id
     append.record_list_length = len(records)
-    add = append.records.add
-    for transaction_id, r in enumerate(records, first):
-        record = add()
-        record.transaction_id = transaction_id
-        record.req_id.CopyFrom(r.req_id)
-        record.header = r.header
-        record.data_length = r.data_length
-        record.data = r.data
-        record.checksum = r.checksum
+    append.encoded_records = encode_pending(first, records)
     return request
+
+
+def encode_pending(first: int, records: Sequence[PendingRecord]) -> bytes:
+    """records with ids first.. in the data file's record layout (waltz_common.record_layout), back to back."""
+    pieces: list[bytes] = []
+    put = pieces.append
+    pack = RECORD_PREFIX.pack
+    pack_crc = RECORD_CRC.pack
+    crc = crc32_unsigned
+    for transaction_id, r in enumerate(records, first):
+        q = r.req_id
+        data = r.data  # each access of a protobuf bytes field copies it: read it once
+        block = pack(
+            transaction_id, q.client_id, q.generation, q.partition_id, q.seq_num, r.header, len(data), r.checksum
+        )
+        block += data
+        put(block)
+        put(pack_crc(crc(block)))
+    return b"".join(pieces)
 
 
 def open_request(cluster_key: str, num_partitions: int) -> storage_pb2.StorageRequest:

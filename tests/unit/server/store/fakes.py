@@ -7,6 +7,7 @@ from typing import Any, cast
 
 from waltz.v1 import common_pb2, storage_pb2
 from waltz_common.types import crc32
+from waltz_common.wire import record_to_proto
 from waltz_server.store.connection import (
     Code,
     StorageConnectionLost,
@@ -15,6 +16,7 @@ from waltz_server.store.connection import (
     seq_num_patch,
 )
 from waltz_server.store.wire import request_body
+from waltz_storage.protocol import records_from_append
 
 
 def record(transaction_id: int, tag: str = "r") -> common_pb2.Record:
@@ -69,7 +71,7 @@ class FakeReplica:
             while self.hold_appends:
                 self.released.clear()
                 await self.released.wait()
-            for r in msg.records:
+            for r in map(record_to_proto, records_from_append(msg)):  # as a storage node reads them
                 if r.transaction_id != self.max_transaction_id + 1:
                     raise StorageRpcError(Code.INVALID_REQUEST, f"non-consecutive {r.transaction_id}")
                 copy = common_pb2.Record()

@@ -8,14 +8,16 @@ import pytest
 
 from waltz.v1 import metadata_pb2, storage_pb2
 from waltz_common.config import Config
+from waltz_common.record_layout import RECORD_OVERHEAD
 from waltz_common.types import Record, ReqId, crc32
 from waltz_server.store.api import NewRecord
 from waltz_server.store.connection import seq_num_patch
 from waltz_server.store.events import Signal
 from waltz_server.store.metadata import groups_of, replicas_of
 from waltz_server.store.settings import STORE_KEYS, Backoff, StoreSettings
-from waltz_server.store.wire import append_pending_request, record_from_proto, request_body
+from waltz_server.store.wire import append_pending_request, request_body
 from waltz_server.validation import req_id_message
+from waltz_storage.protocol import records_from_append
 
 
 def test_store_keys_defaults_are_the_settings_defaults() -> None:
@@ -85,8 +87,8 @@ def test_records_round_trip_through_the_append_request() -> None:
     request = append_pending_request(7, 3, 10, [pending])
     body = request_body(request)
     assert (body.session_id, body.partition_id, body.record_list_length) == (7, 3, 1)
-    assert body.records[0].data_length == 4
-    assert record_from_proto(body.records[0]) == Record(10, ReqId(1, 2, 3, 4), 5, b"data", crc32(b"data"))
+    assert not body.records and len(body.encoded_records) == RECORD_OVERHEAD + 4  # sent in the data file's layout
+    assert records_from_append(body) == [Record(10, ReqId(1, 2, 3, 4), 5, b"data", crc32(b"data"))]
 
 
 @pytest.mark.parametrize("seq", [0, 1, 300, 2**40])
