@@ -10,17 +10,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from waltz.v1 import common_pb2, storage_pb2
-from waltz_common.types import Record, ReqId, crc32_unsigned
+from waltz_common.types import Record, ReqId
 from waltz_common.wire import header_to_proto as header_to_proto
 from waltz_common.wire import record_to_proto as record_to_proto
-from waltz_storage.codec import (
-    RECORD_OVERHEAD,
-    RECORD_PREFIX,
-    RECORD_PREFIX_SIZE,
-    UINT32,
-    HeaderFields,
-    RecordFields,
-)
+from waltz_storage.codec import HeaderFields, RecordFields, decode_record
 from waltz_storage.errors import (
     ClusterKeyMismatch,
     CorruptionError,
@@ -198,33 +191,18 @@ def records_from_append(request: storage_pb2.StorageAppendRequest) -> list[Recor
 
 
 def records_from_encoded(encoded: bytes) -> list[Record]:
-    """The records in encoded_records, each checked to be whole and to match its record CRC."""
+    """The records in encoded_records, decoded and checked as a data file's (codec.decode_record): whole, with
+    the right record CRC and data checksum. A fault there is the request's: InvalidRequest naming it."""
     records: list[Record] = []
     offset = 0
     while offset < len(encoded):
-        where = f"encoded record {len(records)} (at byte {offset} of {len(encoded)})"
-        left = len(encoded) - offset
-        if left < RECORD_OVERHEAD:
+        try:
+            record, offset = decode_record(encoded, offset, None)
+        except CorruptionError as e:
             raise InvalidRequest(
-                f"{where}: only {left} bytes, a record takes at least {RECORD_OVERHEAD}; nothing was written"
-            )
-        txn, client_id, generation, partition_id, seq_num, header, length, checksum = RECORD_PREFIX.unpack_from(
-            encoded, offset
-        )
-        if not 0 <= length <= left - RECORD_OVERHEAD:
-            raise InvalidRequest(
-                f"{where}: data length {length} does not fit the {left} bytes left; nothing was written"
-            )
-        end = offset + RECORD_OVERHEAD + length
-        (stored,) = UINT32.unpack_from(encoded, end - 4)
-        computed = crc32_unsigned(encoded[offset : end - 4])
-        if stored != computed:
-            raise InvalidRequest(
-                f"{where}: record CRC {stored} does not match the computed {computed}; nothing was written"
-            )
-        data = encoded[offset + RECORD_PREFIX_SIZE : end - 4]
-        records.append(Record(txn, ReqId(client_id, generation, partition_id, seq_num), header, data, checksum))
-        offset = end
+                f"encoded record {len(records)} of {len(encoded)} bytes: {e}; nothing was written"
+            ) from None
+        records.append(record)
     return records
 
 

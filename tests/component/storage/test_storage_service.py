@@ -235,8 +235,8 @@ def test_encoded_appends_are_written_as_sent_and_bad_ones_refused(node):
             cases = [
                 ({"encoded_records": encoded(records(2, 2), 3)}, "expected 2"),
                 ({"encoded_records": encoded([record(2), record(3, size=1001)], 2)}, "exceed the maximum 1000"),
-                ({"encoded_records": good[:-1]}, "encoded record 1 (at byte 56 of 111)"),
-                ({"encoded_records": good[:-5] + b"!" + good[-4:]}, "record CRC"),
+                ({"encoded_records": good[:-1]}, "encoded record 1 of 111 bytes: record at offset 56"),
+                ({"encoded_records": good[:-5] + b"!" + good[-4:]}, "record checksum"),
                 ({"encoded_records": good, "record_list_length": 3}, "record_list_length is 3"),
                 ({"encoded_records": good, "records": records(2, 2)}, "both records (2) and encoded_records"),
             ]
