@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from waltz.v1 import server_pb2
+from waltz.v1 import common_pb2, server_pb2
 from waltz_client.driver import ClusterInfo, Driver, Ownership, ServerStream, Topology
 from waltz_client.errors import StreamClosedError
 from waltz_client.wire import req_id_from_proto, req_id_to_proto
@@ -38,10 +38,10 @@ class MockServer:
     on different event loops and threads. Exact lock table (no false positives). Faults:
     force_next_append_fail (dropped silently: the client must detect it), force_next_lock_fail,
     set_fault_rate, set_max_delay (per request, order kept), suspend_feed / resume_feed (the
-    live feed after a mount; a mount's catch-up is always sent), end_feeds, hold_requests / release_requests (requests
-    wait unprocessed), disconnect (cut streams, dropping what is in flight either way),
-    set_partition_available (mounts answer NOT_READY), bump_generation (a failover),
-    corrupt_next_data (a bad checksum from GetTransactionData).
+    live feed after a mount; a mount's catch-up is always sent), end_feeds, restart_partition,
+    hold_requests / release_requests (requests wait unprocessed), disconnect (cut streams,
+    dropping what is in flight either way), set_partition_available (mounts answer NOT_READY),
+    bump_generation (a failover), corrupt_next_data (a bad checksum from GetTransactionData).
     """
 
     def __init__(self, num_partitions: int = 1, cluster_name: str = "mock") -> None:
@@ -113,6 +113,18 @@ class MockServer:
         with self._lock:
             for stream in self._streams:
                 stream.cursors.clear()
+
+    def restart_partition(self, partition_id: int) -> None:
+        """The server closes the partition and opens it again, same owner and generation (a restart after a
+        failure): each of its feeds ends with an unasked NOT_READY for the mount that started it."""
+        with self._lock:
+            partition = self._partitions[partition_id]
+            for stream in partition.mounts.values():
+                stream.cursors.pop(partition_id, None)
+                stream.deliver(server_pb2.ServerMessage(mount=server_pb2.MountResponse(
+                    req_id=stream.mounts.pop(partition_id), partition_ready=False,
+                    state=server_pb2.MountResponse.NOT_READY, high_water_mark=partition.high_water_mark)))
+            partition.mounts.clear()
 
     def disconnect(self, client_id: int | None = None) -> int:
         """Cut the streams (of one client, or all); requests not yet processed are lost."""
@@ -218,6 +230,7 @@ class MockServer:
             high_water_mark=partition.high_water_mark)))
         if state == server_pb2.MountResponse.READY:
             stream.cursors[pid] = len(partition.log)  # the feed goes on after the mount
+            stream.mounts[pid] = request.req_id
 
     def _append(self, stream: _MockStream, request: server_pb2.AppendRequest) -> None:
         pid = request.req_id.partition_id
@@ -303,6 +316,7 @@ class _MockStream(ServerStream):
         self.client_id = client_id
         self.closed = False
         self.cursors: dict[int, int] = {}  # partition -> next transaction id to feed
+        self.mounts: dict[int, common_pb2.ReqId] = {}  # partition -> the mount its feed answered READY
         self._loop = loop
         self._requests: asyncio.Queue[server_pb2.ClientMessage] = asyncio.Queue()
         self._responses: asyncio.Queue[object] = asyncio.Queue()

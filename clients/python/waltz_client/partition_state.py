@@ -45,7 +45,9 @@ class ClientPartitionState:
          GAP -> the state is now UNMOUNTED, start again at 1.
       3. MountResponse: `on_mount_response(req_id, result)`; False means stale, ignore it.
          READY -> MOUNTED (then call the monitor's `on_mount_complete()`); NOT_READY ->
-         UNMOUNTED (retry after a delay); CLIENT_AHEAD -> sticky error, surface it.
+         UNMOUNTED (retry after a delay); CLIENT_AHEAD -> sticky error, surface it. A later
+         NOT_READY for the mount that was answered READY (the server ended the feed) also
+         unmounts: retry after a delay.
       4. Each append: `req = next_req_id()`, register it with the monitor, send it.
       5. New partition ownership: `update_generation(g)`; True means a remount is needed.
 
@@ -66,7 +68,8 @@ class ClientPartitionState:
         self._seq_num = last_seq_num
         self._mount_state = MountState.UNMOUNTED
         self.appends_allowed = False  # MOUNTED; an attribute, not a property: read for every append
-        self._mount_req_id: ReqId | None = None
+        self._mount_req_id: ReqId | None = None  # the mount awaiting its answer
+        self._mounted_by: ReqId | None = None  # the mount that made the partition MOUNTED
 
     @property
     def generation(self) -> int:
@@ -117,10 +120,17 @@ class ClientPartitionState:
         return self._mount_req_id
 
     def on_mount_response(self, req_id: ReqId, result: MountResult) -> bool:
-        """Apply the answer to the current mount; False (nothing changes) if it is stale."""
+        """Apply the answer to the current mount; False (nothing changes) if it is stale.
+
+        A NOT_READY for the mount that made this partition MOUNTED is the server ending its feed (it closed the
+        partition): UNMOUNTED, to mount again after a delay."""
+        if self._mount_state is MountState.MOUNTED and req_id == self._mounted_by and result is MountResult.NOT_READY:
+            self.on_disconnect()
+            return True
         if self._mount_state is not MountState.MOUNTING or req_id != self._mount_req_id:
             return False
         self._mount_req_id = None
+        self._mounted_by = req_id if result is MountResult.READY else None
         self._enter({
             MountResult.READY: MountState.MOUNTED,
             MountResult.NOT_READY: MountState.UNMOUNTED,
@@ -132,7 +142,7 @@ class ClientPartitionState:
         """The connection to the partition's server is gone (or unusable): block appends."""
         if self._mount_state is not MountState.CLIENT_AHEAD:
             self._enter(MountState.UNMOUNTED)
-        self._mount_req_id = None
+        self._mount_req_id = self._mounted_by = None
 
     def accept_feed(self, transaction_id: int, client_high_water_mark: int) -> FeedDecision:
         """Whether a fed transaction is the next one to apply; a gap also unmounts."""

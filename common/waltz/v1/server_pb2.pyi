@@ -180,6 +180,10 @@ class MountResponse(_message.Message):
     """ADDITION: the three outcomes of a mount. NOT_READY: the partition is not on this server
     (yet); find its owner and retry. CLIENT_AHEAD: the client high-water mark is above the
     partition's, a configuration error (wrong cluster or a lost log), not a retry.
+    A NOT_READY may also come later, unasked, for a mount already answered READY: the server
+    closed the partition to open it again (a restart after a failure, same generation, so
+    ZooKeeper shows no change) and ended its feed on this stream. It follows everything that
+    feed sent; the client mounts again.
     """
     high_water_mark: _builtins.int
     """ADDITION: the partition's high-water mark when the response was sent (-1: empty)."""

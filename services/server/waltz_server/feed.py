@@ -86,6 +86,9 @@ class FeedContext:
         self.stream = stream
         self.cursor = cursor
         self.mount_req_id = mount_req_id
+        """The mount this feed still has to answer READY (None once answered, or for a feed request)."""
+        self.mount = mount_req_id
+        """The mount that started this feed, kept: ending the feed answers it NOT_READY (PartitionFeeds.close)."""
         self._batch_size = batch_size
         self._fetch_size = fetch_size
         self.task: asyncio.Task[None] | None = None

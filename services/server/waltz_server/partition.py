@@ -123,8 +123,11 @@ class Partition:
         finally:
             started.set()
 
-    async def close(self) -> None:
-        """Stop: refuse queued appends (PARTITION_NOT_READY), end feeds, close the store session."""
+    async def close(self, restarting: bool = False) -> None:
+        """Stop: refuse queued appends (PARTITION_NOT_READY), end feeds, close the store session.
+
+        restarting: it opens again here, with the same generation, so ZooKeeper shows its clients no change;
+        each feed ends with a NOT_READY for its mount, so that a client that only reads mounts again too."""
         if self._closed:
             return
         self._closed = True
@@ -137,7 +140,7 @@ class Partition:
         self._pending.drop_waiters()
         self._room.set()
         self._accepting.set()
-        self.feeds.close()
+        self.feeds.close(tell_clients=restarting)
         self._prepared.clear()
         if self._runner is not None:
             self._runner.cancel()

@@ -215,6 +215,25 @@ def test_a_feed_that_stops_is_requested_again() -> None:
     run(main())
 
 
+@pytest.mark.callback_modes("thread")  # the reader's applies fetch the writer's data
+def test_a_reader_mounts_again_when_the_server_ends_its_feed() -> None:
+    """A partition restarted on the same server and generation (after a failure): a client that only reads
+    has no append to be refused and sends no flush, so only the server's unasked NOT_READY tells it."""
+    async def main() -> None:
+        server = MockServer(1)
+        applied = MemoryCallbacks()
+        async with client(server) as writer, client(server, applied) as reader:
+            assert await (await writer.submit(Ctx(b"first"))) is True
+            await reader.wait_mounted()
+            await eventually(lambda: applied.hwm.get(0) == 0)
+            server.restart_partition(0)
+            assert await (await writer.submit(Ctx(b"second"))) is True
+            await eventually(lambda: applied.hwm.get(0) == 1)
+            assert [data for _, data in applied.applied[0]] == [b"first", b"second"]
+
+    run(main())
+
+
 def test_a_transaction_the_server_refuses_is_an_error_not_a_retry() -> None:
     async def main() -> None:
         server = MockServer(1)

@@ -91,6 +91,14 @@ def test_a_failed_partition_answers_its_queued_appends_and_is_opened_again():
             if failed.closed:
                 break
             await asyncio.sleep(0.01)
+        # its feed on the stream ended, and the client is told so: an unasked NOT_READY for the mount that
+        # started it, after everything the feed sent (before: nothing, and a client that only reads waited
+        # for ever on a feed that was gone)
+        await stream.wait_for(lambda s: len(s.of("mount")) == 2)
+        ready, ended = stream.of("mount")
+        assert ready.state == server_pb2.MountResponse.READY and ended.state == server_pb2.MountResponse.NOT_READY
+        assert ended.req_id == ready.req_id == mount(generation=3).req_id
+        assert stream.messages[-1].mount == ended
         # before: the failed partition stayed as it was until its ownership changed, taking appends that
         # were never answered (their clients waited for ever)
         await failed.submit(stream, [append(seq=2, generation=3)])

@@ -52,7 +52,8 @@ def test_stale_mount_response_is_ignored() -> None:
     assert not state.on_mount_response(old, MountResult.READY)
     assert state.mount_state is MountState.MOUNTING
     assert state.on_mount_response(new, MountResult.READY)
-    assert not state.on_mount_response(new, MountResult.NOT_READY)
+    assert not state.on_mount_response(old, MountResult.NOT_READY)
+    assert not state.on_mount_response(new, MountResult.CLIENT_AHEAD)  # answered already
     assert state.mount_state is MountState.MOUNTED
 
 
@@ -92,3 +93,22 @@ def test_apply_gate() -> None:
     assert state.mount_state is MountState.MOUNTED
     assert state.accept_feed(11, client_high_water_mark=9) is FeedDecision.GAP
     assert state.mount_state is MountState.UNMOUNTED
+
+
+def test_not_ready_for_the_mount_answered_ready_ends_it() -> None:
+    """The server closed the partition and ended the feed that mount started: mount again."""
+    s = ClientPartitionState(1, 0)
+    first = s.begin_mount()
+    assert s.on_mount_response(first, MountResult.READY)
+    assert not s.on_mount_response(ReqId(1, 0, 0, 99), MountResult.NOT_READY)  # not this mount's
+    assert not s.on_mount_response(first, MountResult.READY)  # a repeat changes nothing
+    assert s.mount_state is MountState.MOUNTED
+    assert s.on_mount_response(first, MountResult.NOT_READY)
+    assert s.mount_state is MountState.UNMOUNTED and not s.appends_allowed
+    second = s.begin_mount()
+    assert not s.on_mount_response(first, MountResult.NOT_READY)  # the old mount's end, late: stale
+    assert s.on_mount_response(second, MountResult.READY) and s.mount_state is MountState.MOUNTED
+    s.on_disconnect()
+    second_again = s.begin_mount()
+    assert not s.on_mount_response(second, MountResult.NOT_READY)  # ended by the disconnect already
+    assert s.mount_state is MountState.MOUNTING and second_again != second
