@@ -322,8 +322,9 @@ class Partition:
         current = self.feeds.get(stream.stream_id)
         ready_at = current.cursor.ready_at if current is not None else None
         mount_req_id = current.mount_req_id if current is not None else None
+        mount = current.mount if current is not None else None
         self.feeds.end(stream.stream_id)
-        self.feeds.start(stream, FeedCursor(request.client_high_water_mark + 1, ready_at), mount_req_id)
+        self.feeds.start(stream, FeedCursor(request.client_high_water_mark + 1, ready_at), mount_req_id, mount)
 
     def detach(self, stream: StreamPort) -> None:
         """The stream ended: forget its mounts and end its feed."""

@@ -93,10 +93,19 @@ class PartitionFeeds:
 
     # the feeds
 
-    def start(self, stream: StreamPort, cursor: FeedCursor, mount_req_id: common_pb2.ReqId | None) -> None:
+    def start(
+        self,
+        stream: StreamPort,
+        cursor: FeedCursor,
+        mount_req_id: common_pb2.ReqId | None,
+        mount: common_pb2.ReqId | None = None,
+    ) -> None:
+        """A feed for stream from cursor, still to answer mount_req_id READY (if not None); mount: the mount that
+        started the feed this one replaces (a feed request), when it is not mount_req_id itself."""
         if self._group is None or self.closed:
             return
         context = FeedContext(self, stream, cursor, mount_req_id, self._batch_size, self._fetch_size)
+        context.mount = mount_req_id if mount_req_id is not None else mount
         context.task = self._group.create_task(self._run(context))
         self._contexts[stream.stream_id] = context
 
