@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from waltz.v1 import storage_pb2
 from waltz_common.types import Record, crc32_unsigned
-from waltz_storage.codec import RECORD_OVERHEAD, RECORD_PREFIX, RECORD_PREFIX_SIZE, UINT32, encode_record
+from waltz_storage.codec import RECORD_CRC, RECORD_OVERHEAD, RECORD_PREFIX, RECORD_PREFIX_SIZE, encode_record
 
 _U32 = 0xFFFFFFFF
 
@@ -54,7 +54,7 @@ def encode_appends(
     offsets: list[int] = []
     mark = offsets.append
     pack = RECORD_PREFIX.pack
-    pack_crc = UINT32.pack
+    pack_crc = RECORD_CRC.pack
     crc = crc32_unsigned
     txn = first_transaction_id
     offset = 0
@@ -97,7 +97,7 @@ def _encoded_offsets(encoded: bytes, count: int, first_transaction_id: int, max_
     before its last four bytes there."""
     view = memoryview(encoded)
     unpack = RECORD_PREFIX.unpack_from
-    unpack_crc = UINT32.unpack_from
+    unpack_crc = RECORD_CRC.unpack_from
     crc = crc32_unsigned
     size = len(encoded)
     offsets: list[int] = []

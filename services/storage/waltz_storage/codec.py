@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from waltz_common.record_layout import RECORD_CRC as RECORD_CRC
 from waltz_common.record_layout import RECORD_OVERHEAD as RECORD_OVERHEAD
 from waltz_common.record_layout import RECORD_PREFIX as RECORD_PREFIX
 from waltz_common.record_layout import RECORD_PREFIX_SIZE as RECORD_PREFIX_SIZE
@@ -37,7 +38,6 @@ _CONTROL_HEADER = struct.Struct(">iq16si")
 _SEGMENT_HEADER = struct.Struct(">iq16siq")
 _INT32 = struct.Struct(">i")
 _INFO_BODY = struct.Struct(">qqq")
-UINT32 = struct.Struct(">I")
 
 assert 4 + 2 * PARTITION_INFO_STRUCT_SIZE == PARTITION_INFO_SIZE
 
@@ -341,7 +341,7 @@ def decode_records(buf: bytes, offsets: Sequence[int], first_transaction_id: int
         )
     view = memoryview(buf)
     unpack_prefix = RECORD_PREFIX.unpack_from
-    unpack_crc = UINT32.unpack_from
+    unpack_crc = RECORD_CRC.unpack_from
     crc = crc32_unsigned
     out: list[RecordFields] = []
     append = out.append
