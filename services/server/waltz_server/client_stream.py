@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator, Iterable
 import grpc
 
 from waltz.v1 import server_pb2
+from waltz_server.feed import mount_response
 from waltz_server.ownership import PartitionManager
-from waltz_server.partition import mount_response, rejected
+from waltz_server.partition import rejected
 
 Reason = server_pb2.AppendRejected.Reason
 _stream_ids = itertools.count(1)

@@ -12,6 +12,17 @@ from waltz_server.feed_cursor import FeedCursor, Source
 from waltz_server.store.api import StoreUnavailable
 
 
+def mount_response(
+    req_id: common_pb2.ReqId, state: server_pb2.MountResponse.PartitionState.ValueType, high_water_mark: int
+) -> server_pb2.ServerMessage:
+    ready = state == server_pb2.MountResponse.READY
+    return server_pb2.ServerMessage(
+        mount=server_pb2.MountResponse(
+            req_id=req_id, partition_ready=ready, state=state, high_water_mark=high_water_mark
+        )
+    )
+
+
 class StreamPort(Protocol):
     """What a partition and its feeds need from one client stream."""
 
@@ -81,14 +92,16 @@ class FeedContext:
         mount_req_id: common_pb2.ReqId | None,
         batch_size: int,
         fetch_size: int,
+        mount: common_pb2.ReqId | None = None,
     ) -> None:
         self.source = source
         self.stream = stream
         self.cursor = cursor
         self.mount_req_id = mount_req_id
         """The mount this feed still has to answer READY (None once answered, or for a feed request)."""
-        self.mount = mount_req_id
-        """The mount that started this feed, kept: ending the feed answers it NOT_READY (PartitionFeeds.close)."""
+        self.mount = mount_req_id if mount_req_id is not None else mount
+        """The mount that started this feed (or the feed it replaces), kept: PartitionFeeds.close may end the feed
+        with a NOT_READY for it."""
         self._batch_size = batch_size
         self._fetch_size = fetch_size
         self.task: asyncio.Task[None] | None = None
@@ -127,11 +140,5 @@ class FeedContext:
                     cursor.sent(len(chunk))
 
     def _ready(self) -> server_pb2.ServerMessage:
-        return server_pb2.ServerMessage(
-            mount=server_pb2.MountResponse(
-                req_id=self.mount_req_id,
-                partition_ready=True,
-                state=server_pb2.MountResponse.READY,
-                high_water_mark=self.source.high_water_mark,
-            )
-        )
+        assert self.mount_req_id is not None
+        return mount_response(self.mount_req_id, server_pb2.MountResponse.READY, self.source.high_water_mark)

@@ -14,7 +14,7 @@ from waltz.v1 import common_pb2, server_pb2
 from waltz_server.append_pipeline import AppendPipeline, ClientPending, QueuedAppend, Resolved
 from waltz_server.caches import DataCache
 from waltz_server.config import PartitionSettings
-from waltz_server.feed import StreamPort
+from waltz_server.feed import StreamPort, mount_response
 from waltz_server.feed_cursor import FeedCursor
 from waltz_server.locks import LockRequest, LockTable
 from waltz_server.metrics import PartitionMetrics
@@ -40,17 +40,6 @@ class _Origin:
 def rejected(request_req_id: common_pb2.ReqId, reason: Reason.ValueType, message: str) -> server_pb2.ServerMessage:
     return server_pb2.ServerMessage(
         append_rejected=server_pb2.AppendRejected(req_id=request_req_id, reason=reason, message=message)
-    )
-
-
-def mount_response(
-    req_id: common_pb2.ReqId, state: server_pb2.MountResponse.PartitionState.ValueType, high_water_mark: int
-) -> server_pb2.ServerMessage:
-    ready = state == server_pb2.MountResponse.READY
-    return server_pb2.ServerMessage(
-        mount=server_pb2.MountResponse(
-            req_id=req_id, partition_ready=ready, state=state, high_water_mark=high_water_mark
-        )
     )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from waltz.v1 import common_pb2, server_pb2
 from waltz_common.types import RecordHeader
 from waltz_server.caches import FeedCache
-from waltz_server.feed import FeedContext, StreamPort, feed_message
+from waltz_server.feed import FeedContext, StreamPort, feed_message, mount_response
 from waltz_server.feed_cursor import FeedCursor, Source
 from waltz_server.store.api import StorePartition, StoreUnavailable
 from waltz_server.store_batches import RETRY_S
@@ -82,13 +82,8 @@ class PartitionFeeds:
         self._wake()
         for context in self._contexts.values() if tell_clients else ():
             if context.mount is not None:
-                ended = server_pb2.MountResponse(
-                    req_id=context.mount,
-                    partition_ready=False,
-                    state=server_pb2.MountResponse.NOT_READY,
-                    high_water_mark=self.high_water_mark,
-                )
-                context.stream.send_control(server_pb2.ServerMessage(mount=ended))
+                ended = mount_response(context.mount, server_pb2.MountResponse.NOT_READY, self.high_water_mark)
+                context.stream.send_control(ended)
         self._contexts.clear()
 
     # the feeds
@@ -104,8 +99,7 @@ class PartitionFeeds:
         started the feed this one replaces (a feed request), when it is not mount_req_id itself."""
         if self._group is None or self.closed:
             return
-        context = FeedContext(self, stream, cursor, mount_req_id, self._batch_size, self._fetch_size)
-        context.mount = mount_req_id if mount_req_id is not None else mount
+        context = FeedContext(self, stream, cursor, mount_req_id, self._batch_size, self._fetch_size, mount)
         context.task = self._group.create_task(self._run(context))
         self._contexts[stream.stream_id] = context
 
