@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -84,6 +86,16 @@ async def check_run(cluster: LocalCluster, writer: Writer, name: str) -> None:
         raise AssertionError(problems) from None
 
 
+def assert_new_sessions_under_the_same_owners(
+    before: dict[int, tuple[int, int, int]], during: dict[int, tuple[int, int, int]]
+) -> None:
+    """A replica's failure ended every partition's store session (all are on all three nodes), and no
+    partition moved: (generation, session, high-water mark) per partition, before and during the fault."""
+    for pid, (generation, session, _) in during.items():
+        assert generation == before[pid][0], f"partition {pid} moved: {before} -> {during}"
+        assert session > before[pid][1], f"partition {pid} kept its store session: {before} -> {during}"
+
+
 def test_appends_commit_with_dense_ids_on_every_partition(
     zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path
 ) -> None:
@@ -120,9 +132,7 @@ def test_kill_9_of_a_storage_node_during_appends(
                     f"killed {victim.name} at {killed_at} acknowledged, restarted it at {down_at}, {acked} "
                     f"acknowledged by then; (generation, session, hwm) {before} -> {during}",
                 )
-                for pid, (generation, session, _) in during.items():
-                    assert generation == before[pid][0]  # the owner did not change
-                    assert session > before[pid][1]  # the replica failure ended the store session
+                assert_new_sessions_under_the_same_owners(before, during)
         await check_run(cluster, writer, "storage kill")
 
     on_cluster(zookeeper, cluster_root, tmp_path, scenario)
@@ -242,5 +252,39 @@ def test_kill_9_of_two_storage_nodes_stops_acknowledgements_until_a_majority_is_
             f"down; {acked} after both came back",
         )
         await check_run(cluster, writer, "quorum loss")
+
+    on_cluster(zookeeper, cluster_root, tmp_path, scenario)
+
+
+def test_a_frozen_storage_node_holds_appends_back_only_until_the_replica_lag_timeout(
+    zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path
+) -> None:
+    """SIGSTOP: a hung disk or a paused machine. Its connections stay up and it answers nothing, so only
+    storage.replicaLagTimeout (5 s by default) ends the store sessions it holds back, not the 30 s request
+    timeout; the next sessions go on with the other two, and it catches up once it runs again."""
+
+    async def scenario(cluster: LocalCluster) -> None:
+        await healthy_owners(cluster)
+        async with writing(cluster) as writer:
+            acked = await writer.acknowledged_at_least(STEP, "before the freeze")
+            victim = cluster.storage[2]
+            assert victim.process is not None
+            before = await sessions(cluster)
+            victim.process.send_signal(signal.SIGSTOP)
+            frozen_at = time.monotonic()
+            try:
+                thawed_at = await writer.acknowledged_at_least(acked + STEP, f"with {victim.name} frozen", 20)
+                took = time.monotonic() - frozen_at
+                during = await sessions(cluster)
+            finally:
+                victim.process.send_signal(signal.SIGCONT)
+            acked = await writer.acknowledged_at_least(thawed_at + STEP, f"after {victim.name} thawed")
+        report(
+            "storage freeze",
+            f"{STEP} appends in {took:.1f} s with {victim.name} stopped; (generation, session, hwm) {before} -> "
+            f"{during}; {acked} acknowledged after it went on",
+        )
+        assert_new_sessions_under_the_same_owners(before, during)
+        await check_run(cluster, writer, "storage freeze")
 
     on_cluster(zookeeper, cluster_root, tmp_path, scenario)

@@ -14,6 +14,9 @@ STORE_KEYS: tuple[Key, ...] = (
     Key("storage.checkpointInterval", int, 250000, "transactions after which a new store session is forced"),
     Key("storage.requestTimeoutSeconds", float, 30.0, "how long one storage request may take before it fails"),
     Key("storage.catchUpBatchSize", int, 500, "records per read when a replica catches up from another"),
+    Key("storage.replicaLagTimeout", int, 5000,
+        "milliseconds a replica may stay behind a batch a quorum acknowledged before the store session ends "
+        "without it (it catches up in the next); bounds how long a hung replica holds appends back"),
 )
 
 
@@ -26,12 +29,21 @@ class StoreSettings:
     checkpoint_interval: int = 250_000
     request_timeout_s: float = 30.0
     catch_up_batch_size: int = 500
+    replica_lag_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.initial_retry_interval_s <= 0 or self.max_retry_interval_s < self.initial_retry_interval_s:
             raise ValueError("storage retry intervals must be positive, initial <= max")
-        if self.checkpoint_interval < 1 or self.catch_up_batch_size < 1 or self.request_timeout_s <= 0:
-            raise ValueError("storage.checkpointInterval, catchUpBatchSize and requestTimeoutSeconds must be positive")
+        if (
+            self.checkpoint_interval < 1
+            or self.catch_up_batch_size < 1
+            or self.request_timeout_s <= 0
+            or self.replica_lag_timeout_s <= 0
+        ):
+            raise ValueError(
+                "storage.checkpointInterval, catchUpBatchSize, requestTimeoutSeconds and replicaLagTimeout must be "
+                "positive"
+            )
 
     @staticmethod
     def from_config(config: Config | Mapping[str, Any]) -> StoreSettings:
@@ -41,6 +53,7 @@ class StoreSettings:
             checkpoint_interval=config["storage.checkpointInterval"],
             request_timeout_s=config["storage.requestTimeoutSeconds"],
             catch_up_batch_size=config["storage.catchUpBatchSize"],
+            replica_lag_timeout_s=config["storage.replicaLagTimeout"] / 1000.0,
         )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TypeVar
@@ -127,6 +128,7 @@ class StoreSession:
                 tasks.create_task(self._coordinate())
                 tasks.create_task(self._until_stopped())
                 tasks.create_task(self._checkpoint())
+                tasks.create_task(self._watch_lag())
         except BaseExceptionGroup as group:
             reason = end_reason(group)
             self._end(reason)
@@ -153,6 +155,27 @@ class StoreSession:
         # Shielded: when the task group tears down (a replica failed), cancelling this task must not
         # cancel _stop itself, or `restarting` and `_check_usable` would hand CancelledError to callers.
         raise await asyncio.shield(self._stop)
+
+    async def _watch_lag(self) -> None:
+        """End the session when a member stays behind a batch that a quorum acknowledged for longer than
+        storage.replicaLagTimeout. A replica whose process or disk hangs keeps its connection up, so nothing
+        else would end the session before the request timeout, and meanwhile it holds every append back once
+        it has MAX_OUTSTANDING_BATCHES unacknowledged. The next session recovers without it, and it catches
+        up from the others once it answers again."""
+        lag = self._settings.replica_lag_timeout_s
+        while True:
+            await asyncio.sleep(lag / 4)
+            late = self._writes.laggards(time.monotonic(), lag)
+            if late:
+                log.warning(
+                    "partition %d session %d: replica %s has not acknowledged a batch %g s after a quorum did; "
+                    "ending the session without it",
+                    self.partition_id,
+                    self.session_id,
+                    ", ".join(late),
+                    lag,
+                )
+                raise SessionFailed(f"replica {', '.join(late)} fell {lag:g} s behind the quorum's acknowledgements")
 
     async def _wait_until(self, signal: Signal, predicate: Callable[[], bool]) -> None:
         while not predicate():

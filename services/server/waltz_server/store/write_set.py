@@ -4,6 +4,7 @@ that commit a batch once a majority of all the partition's replicas have it."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ class Batch:
     serialized: bytes  # the request with seq_num 0, serialized once for every member
     done: asyncio.Future[int]  # the first id, once a majority of all replicas fsynced the batch
     votes: int = 0
+    committed_at: float | None = None  # time.monotonic() when the quorum was reached
 
 
 @dataclass(eq=False)
@@ -35,6 +37,7 @@ class Member:
     sent: asyncio.Queue[tuple[Batch, asyncio.Future[storage_pb2.StorageResponse]]]  # awaiting its answer
     acked: int
     outstanding: int = 0
+    waiting: Batch | None = None  # the oldest batch sent to it and not acknowledged (serve() waits for it)
     failed: bool = False  # serve() ended: the session is ending, nothing more goes to this member
 
     def send(self, batch: Batch) -> None:
@@ -75,6 +78,17 @@ class WriteSet:
     def has_room(self) -> bool:
         return all(m.outstanding < MAX_OUTSTANDING_BATCHES for m in self.members.values())
 
+    def laggards(self, now: float, lag: float) -> list[str]:
+        """Members that have not acknowledged a batch which a quorum acknowledged more than lag seconds before
+        now (time.monotonic()): alive as far as their streams tell, but not keeping up."""
+        return [
+            name
+            for name, member in self.members.items()
+            if member.waiting is not None
+            and member.waiting.committed_at is not None
+            and now - member.waiting.committed_at > lag
+        ]
+
     def drained(self) -> bool:
         """Every member acknowledged every batch sent to it."""
         return all(m.outstanding == 0 for m in self.members.values())
@@ -103,7 +117,9 @@ class WriteSet:
         try:
             while True:
                 batch, answer = await member.sent.get()
+                member.waiting = batch
                 await member.session.acknowledged(answer)
+                member.waiting = None
                 member.acked = batch.last
                 member.outstanding -= 1
                 batch.votes += 1
@@ -123,5 +139,6 @@ class WriteSet:
         if self.inflight and self.inflight[0] is batch:
             self.inflight.popleft()
         self.high_water_mark = max(self.high_water_mark, batch.last)
+        batch.committed_at = time.monotonic()
         if not batch.done.done():  # (a caller may have cancelled its wait: the batch commits all the same)
             batch.done.set_result(batch.first)

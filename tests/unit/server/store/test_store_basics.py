@@ -29,23 +29,35 @@ def test_store_keys_defaults_are_the_settings_defaults() -> None:
         "storage.checkpointInterval",
         "storage.requestTimeoutSeconds",
         "storage.catchUpBatchSize",
+        "storage.replicaLagTimeout",
     }
 
 
 def test_settings_from_config_converts_milliseconds_and_rejects_nonsense() -> None:
     config = Config(
-        STORE_KEYS, {"storage": {"initialRetryInterval": 50, "maxRetryInterval": 400, "checkpointInterval": 9}}
+        STORE_KEYS,
+        {
+            "storage": {
+                "initialRetryInterval": 50,
+                "maxRetryInterval": 400,
+                "checkpointInterval": 9,
+                "replicaLagTimeout": 2500,
+            }
+        },
     )
     settings = StoreSettings.from_config(config)
-    assert (settings.initial_retry_interval_s, settings.max_retry_interval_s, settings.checkpoint_interval) == (
-        0.05,
-        0.4,
-        9,
-    )
+    assert (
+        settings.initial_retry_interval_s,
+        settings.max_retry_interval_s,
+        settings.checkpoint_interval,
+        settings.replica_lag_timeout_s,
+    ) == (0.05, 0.4, 9, 2.5)
     with pytest.raises(ValueError):
         StoreSettings(initial_retry_interval_s=1.0, max_retry_interval_s=0.5)
     with pytest.raises(ValueError):
         StoreSettings(checkpoint_interval=0)
+    with pytest.raises(ValueError):
+        StoreSettings(replica_lag_timeout_s=0)
 
 
 def test_backoff_doubles_up_to_the_max_and_resets() -> None:

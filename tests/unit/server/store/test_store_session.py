@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -278,6 +279,38 @@ def test_a_slow_member_holds_appends_back_after_a_bounded_number_of_batches() ->
 
     run(test)
 
+
+
+def test_a_member_behind_the_quorum_for_the_lag_timeout_ends_the_session_without_it() -> None:
+    async def test() -> None:
+        lag = dataclasses.replace(FAST, replica_lag_timeout_s=0.2)
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()}, settings=lag)
+        async with h.running() as task:
+            await until(lambda: len(h.session.members) == 3)
+            h.replicas[C].hold_appends = True  # connected, but it never answers: a hung disk or process
+            assert await h.session.append(pending(1)) == 0  # A and B are the quorum
+            reason = await ended(task)
+            assert isinstance(reason, SessionFailed) and C in str(reason) and "behind the quorum" in str(reason)
+            assert h.log(A) == h.log(B) and len(h.log(A)) == 1
+
+    run(test)
+
+
+def test_a_member_that_answers_within_the_lag_timeout_stays_in_the_session() -> None:
+    async def test() -> None:
+        lag = dataclasses.replace(FAST, replica_lag_timeout_s=0.4)
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()}, settings=lag)
+        async with h.running() as task:
+            await until(lambda: len(h.session.members) == 3)
+            h.replicas[C].hold_appends = True
+            assert await h.session.append(pending(1)) == 0
+            await asyncio.sleep(0.2)
+            h.replicas[C].release()
+            await h.session.drain()
+            await asyncio.sleep(0.4)  # past the lag timeout since the quorum: nothing is outstanding now
+            assert not task.done() and h.session.usable and h.log(C) == h.log(A)
+
+    run(test)
 
 async def hold_appends_everywhere(h: Harness) -> None:
     """Once all three replicas are in the write set, none of them answers appends (until released)."""
