@@ -288,3 +288,49 @@ def test_a_frozen_storage_node_holds_appends_back_only_until_the_replica_lag_tim
         await check_run(cluster, writer, "storage freeze")
 
     on_cluster(zookeeper, cluster_root, tmp_path, scenario)
+
+
+def test_a_frozen_owning_server_loses_its_partitions_and_does_no_harm_when_it_wakes(
+    zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path
+) -> None:
+    """SIGSTOP of a server: its ZooKeeper session expires, its partitions move to the other server with a
+    higher generation, and appends go on there. Woken, it still has its client streams and its store
+    sessions: whatever it does then must neither acknowledge an append the log does not hold nor break
+    the new owner's sessions (the storage nodes fence its older session ids)."""
+
+    async def scenario(cluster: LocalCluster) -> None:
+        await healthy_owners(cluster)
+        async with writing(cluster) as writer:
+            acked = await writer.acknowledged_at_least(STEP, "before the freeze")
+            before = await asyncio.to_thread(assignment, cluster)
+            servers = await servers_by_id(cluster)
+            victim_id = before[0].server_id
+            victim = servers[victim_id]
+            moved = sorted(pid for pid, o in before.items() if o.server_id == victim_id)
+            assert victim.process is not None
+            frozen_at = acked
+            victim.process.send_signal(signal.SIGSTOP)
+            try:
+                await until(
+                    lambda: all(o.server_id != victim_id for o in assignment(cluster).values()),
+                    f"server {victim_id}'s partitions moved",
+                    60,
+                )
+                frozen_acked = await writer.acknowledged_at_least(acked + STEP, f"with server {victim_id} frozen")
+            finally:
+                victim.process.send_signal(signal.SIGCONT)
+            acked = await writer.acknowledged_at_least(frozen_acked + STEP, f"after server {victim_id} woke")
+            await healthy_owners(cluster)
+            after = await asyncio.to_thread(assignment, cluster)
+            acked = await writer.acknowledged_at_least(acked + STEP, "with both servers again")
+        report(
+            "server freeze",
+            f"froze server {victim_id} (owner of {moved}) at {frozen_at} acknowledged, woke it at {frozen_acked}, "
+            f"{acked} by the end; generations "
+            f"{ {p: o.generation for p, o in before.items()} } -> { {p: o.generation for p, o in after.items()} }",
+        )
+        for pid in moved:
+            assert after[pid].generation > before[pid].generation, (pid, before, after)
+        await check_run(cluster, writer, "server freeze")
+
+    on_cluster(zookeeper, cluster_root, tmp_path, scenario)
