@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -332,5 +333,43 @@ def test_a_frozen_owning_server_loses_its_partitions_and_does_no_harm_when_it_wa
         for pid in moved:
             assert after[pid].generation > before[pid].generation, (pid, before, after)
         await check_run(cluster, writer, "server freeze")
+
+    on_cluster(zookeeper, cluster_root, tmp_path, scenario)
+
+
+
+def test_a_storage_node_whose_writes_fail_leaves_the_write_set_and_catches_up_once_they_work(
+    zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path
+) -> None:
+    """A full or failing disk: the node's file size limit (RLIMIT_FSIZE, lowered from outside) makes
+    every append it gets fail with EFBIG, while it still answers reads. Its failure ends the store
+    sessions once; the next ones go on with the other two (it cannot catch up meanwhile), and once its
+    writes work again it catches up and the three replicas end identical."""
+
+    async def scenario(cluster: LocalCluster) -> None:
+        await healthy_owners(cluster)
+        async with writing(cluster) as writer:
+            acked = await writer.acknowledged_at_least(STEP, "before the write errors")
+            victim = cluster.storage[2]
+            assert victim.process is not None
+            smallest = min(f.stat().st_size for f in victim.directory.glob("*/*.seg"))
+            before = await sessions(cluster)
+            hard = resource.prlimit(victim.process.pid, resource.RLIMIT_FSIZE)[1]
+            resource.prlimit(victim.process.pid, resource.RLIMIT_FSIZE, (smallest, hard))
+            started = time.monotonic()
+            try:
+                failing_at = await writer.acknowledged_at_least(acked + STEP, f"with {victim.name} failing", 30)
+                took = time.monotonic() - started
+                during = await sessions(cluster)
+            finally:
+                resource.prlimit(victim.process.pid, resource.RLIMIT_FSIZE, (hard, hard))
+            acked = await writer.acknowledged_at_least(failing_at + STEP, f"after {victim.name}'s writes work")
+        report(
+            "write errors",
+            f"{STEP} appends in {took:.1f} s while {victim.name} failed every write; (generation, session, hwm) "
+            f"{before} -> {during}; {acked} acknowledged by the end",
+        )
+        assert_new_sessions_under_the_same_owners(before, during)
+        await check_run(cluster, writer, "write errors")
 
     on_cluster(zookeeper, cluster_root, tmp_path, scenario)
