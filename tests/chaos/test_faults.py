@@ -19,6 +19,7 @@ import resource
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 from tests.chaos.cluster import (
@@ -97,6 +98,37 @@ def assert_new_sessions_under_the_same_owners(
         assert session > before[pid][1], f"partition {pid} kept its store session: {before} -> {during}"
 
 
+async def through_a_replica_fault(
+    cluster: LocalCluster,
+    writer: Writer,
+    acked: int,
+    fault: str,
+    inflict: Callable[[], object],
+    mend: Callable[[], object],
+    within: float = 120.0,
+) -> int:
+    """Inflict a fault on one storage node: STEP more appends must be acknowledged within `within` s on the
+    other two replicas, and the fault must have ended every store session without moving a partition;
+    then mend it and see STEP more. The acknowledged count at the end."""
+    before = await sessions(cluster)
+    await asyncio.to_thread(inflict)
+    started = time.monotonic()
+    try:
+        faulty_at = await writer.acknowledged_at_least(acked + STEP, f"with {fault}", within)
+        took = time.monotonic() - started
+        during = await sessions(cluster)
+    finally:
+        await asyncio.to_thread(mend)
+    after = await writer.acknowledged_at_least(faulty_at + STEP, f"after {fault} was mended")
+    report(
+        fault,
+        f"{STEP} appends in {took:.1f} s from {acked} acknowledged, {after} once mended; (generation, session, "
+        f"hwm) {before} -> {during}",
+    )
+    assert_new_sessions_under_the_same_owners(before, during)
+    return after
+
+
 def test_appends_commit_with_dense_ids_on_every_partition(
     zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path
 ) -> None:
@@ -120,20 +152,9 @@ def test_kill_9_of_a_storage_node_during_appends(
             acked = await writer.acknowledged_at_least(STEP, "before the first kill")
             for cycle in range(CYCLES):
                 victim = cluster.storage[(1 + cycle) % len(cluster.storage)]
-                before = await sessions(cluster)
-                await asyncio.to_thread(victim.kill)
-                killed_at = acked
-                # appends go on with two of three replicas
-                down_at = await writer.acknowledged_at_least(killed_at + STEP, f"with {victim.name} down")
-                during = await sessions(cluster)
-                await asyncio.to_thread(victim.start)
-                acked = await writer.acknowledged_at_least(down_at + STEP, f"after {victim.name} restarted")
-                report(
-                    "storage kill",
-                    f"killed {victim.name} at {killed_at} acknowledged, restarted it at {down_at}, {acked} "
-                    f"acknowledged by then; (generation, session, hwm) {before} -> {during}",
+                acked = await through_a_replica_fault(
+                    cluster, writer, acked, f"{victim.name} killed", victim.kill, victim.start
                 )
-                assert_new_sessions_under_the_same_owners(before, during)
         await check_run(cluster, writer, "storage kill")
 
     on_cluster(zookeeper, cluster_root, tmp_path, scenario)
@@ -269,23 +290,17 @@ def test_a_frozen_storage_node_holds_appends_back_only_until_the_replica_lag_tim
         async with writing(cluster) as writer:
             acked = await writer.acknowledged_at_least(STEP, "before the freeze")
             victim = cluster.storage[2]
-            assert victim.process is not None
-            before = await sessions(cluster)
-            victim.process.send_signal(signal.SIGSTOP)
-            frozen_at = time.monotonic()
-            try:
-                thawed_at = await writer.acknowledged_at_least(acked + STEP, f"with {victim.name} frozen", 20)
-                took = time.monotonic() - frozen_at
-                during = await sessions(cluster)
-            finally:
-                victim.process.send_signal(signal.SIGCONT)
-            acked = await writer.acknowledged_at_least(thawed_at + STEP, f"after {victim.name} thawed")
-        report(
-            "storage freeze",
-            f"{STEP} appends in {took:.1f} s with {victim.name} stopped; (generation, session, hwm) {before} -> "
-            f"{during}; {acked} acknowledged after it went on",
-        )
-        assert_new_sessions_under_the_same_owners(before, during)
+            process = victim.process
+            assert process is not None
+            await through_a_replica_fault(
+                cluster,
+                writer,
+                acked,
+                f"{victim.name} stopped",
+                partial(process.send_signal, signal.SIGSTOP),
+                partial(process.send_signal, signal.SIGCONT),
+                within=20,
+            )
         await check_run(cluster, writer, "storage freeze")
 
     on_cluster(zookeeper, cluster_root, tmp_path, scenario)
@@ -352,24 +367,18 @@ def test_a_storage_node_whose_writes_fail_leaves_the_write_set_and_catches_up_on
             acked = await writer.acknowledged_at_least(STEP, "before the write errors")
             victim = cluster.storage[2]
             assert victim.process is not None
+            pid = victim.process.pid
             smallest = min(f.stat().st_size for f in victim.directory.glob("*/*.seg"))
-            before = await sessions(cluster)
-            hard = resource.prlimit(victim.process.pid, resource.RLIMIT_FSIZE)[1]
-            resource.prlimit(victim.process.pid, resource.RLIMIT_FSIZE, (smallest, hard))
-            started = time.monotonic()
-            try:
-                failing_at = await writer.acknowledged_at_least(acked + STEP, f"with {victim.name} failing", 30)
-                took = time.monotonic() - started
-                during = await sessions(cluster)
-            finally:
-                resource.prlimit(victim.process.pid, resource.RLIMIT_FSIZE, (hard, hard))
-            acked = await writer.acknowledged_at_least(failing_at + STEP, f"after {victim.name}'s writes work")
-        report(
-            "write errors",
-            f"{STEP} appends in {took:.1f} s while {victim.name} failed every write; (generation, session, hwm) "
-            f"{before} -> {during}; {acked} acknowledged by the end",
-        )
-        assert_new_sessions_under_the_same_owners(before, during)
+            hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)[1]
+            await through_a_replica_fault(
+                cluster,
+                writer,
+                acked,
+                f"{victim.name} failing every write",
+                partial(resource.prlimit, pid, resource.RLIMIT_FSIZE, (smallest, hard)),
+                partial(resource.prlimit, pid, resource.RLIMIT_FSIZE, (hard, hard)),
+                within=30,
+            )
         await check_run(cluster, writer, "write errors")
 
     on_cluster(zookeeper, cluster_root, tmp_path, scenario)
