@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from waltz_server.store.api import StoreStatus
 
 RESULTS = ("ok", "lock_failure", "rejected", "failed")
 
@@ -88,9 +92,31 @@ class ServerMetrics:
             "waltz_server_append_queue_size", "Appends queued and not yet resolved", ["partition"], registry=r
         )
         self.partitions = Gauge("waltz_server_partitions", "Partitions owned by this server", registry=r)
+        self.replicas = Gauge(
+            "waltz_server_partition_replicas",
+            "The partition's storage replicas by state: assigned, connected, and in the write set (holding "
+            "every committed transaction and taking appends). Fewer in the write set than assigned: the "
+            "partition runs with a replica out (down, hung, failing writes, or catching up)",
+            ["partition", "state"],
+            registry=r,
+        )
 
     def for_partition(self, partition_id: int) -> PartitionMetrics:
         return PartitionMetrics(self, partition_id)
+
+
+REPLICA_STATES = {"assigned": "replicas_total", "connected": "replicas_connected", "write_set": "replicas_in_write_set"}
+"""The states of waltz_server_partition_replicas and the StoreStatus field each is read from when scraped."""
+
+log = logging.getLogger(__name__)
+
+
+def _status_field(status: Callable[[], StoreStatus], name: str) -> float:
+    try:
+        return float(getattr(status(), name))
+    except Exception:  # a scrape must not fail for one partition's store
+        log.exception("reading the store status for the metrics failed")
+        return float("nan")
 
 
 class PartitionMetrics:
@@ -108,6 +134,12 @@ class PartitionMetrics:
         self.generation = m.generation.labels(p)
         self.feed_lag = m.feed_lag.labels(p)
         self.append_queue_size = m.append_queue_size.labels(p)
+        self.replicas = {state: m.replicas.labels(p, state) for state in REPLICA_STATES}
+
+    def watch_replicas(self, status: Callable[[], StoreStatus]) -> None:
+        """Read the replica counts from status() at each scrape: they change between commits too."""
+        for state, child in self.replicas.items():
+            child.set_function(partial(_status_field, status, REPLICA_STATES[state]))
 
     def remove(self) -> None:
         """Forget the partition's gauges (it moved to another server)."""
@@ -115,5 +147,10 @@ class PartitionMetrics:
         for gauge in (m.high_water_mark, m.session_id, m.generation, m.feed_lag, m.append_queue_size):
             try:
                 gauge.remove(p)
+            except KeyError:
+                pass
+        for state in REPLICA_STATES:
+            try:
+                m.replicas.remove(p, state)
             except KeyError:
                 pass

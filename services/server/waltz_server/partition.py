@@ -64,6 +64,8 @@ class Partition:
         self.store = store
         self.settings = settings
         self.metrics = metrics
+        if metrics is not None:
+            metrics.watch_replicas(store.status)
         self._clock = clock
         self._ready = asyncio.Event()
         self._accepting = asyncio.Event()

@@ -144,7 +144,8 @@ class FakeStore:
 
     def status(self) -> StoreStatus:
         healthy = self._ready.is_set() and not self._closed
-        return StoreStatus(self.session_id, self.high_water_mark, healthy, "ok" if healthy else "no session", 1, 1)
+        detail = "ok" if healthy else "no session"
+        return StoreStatus(self.session_id, self.high_water_mark, healthy, detail, 1, 1, 1 if healthy else 0)
 
     async def close(self) -> None:
         self._closed = True

@@ -7,7 +7,7 @@ import asyncio
 from prometheus_client import generate_latest
 
 from waltz.v1 import server_pb2
-from waltz_server.metrics import ServerMetrics
+from waltz_server.metrics import REPLICA_STATES, ServerMetrics
 from waltz_server.partition import Partition
 
 from .fakes import FakeStore, FakeStream
@@ -40,8 +40,14 @@ def test_metrics_follow_appends_and_disappear_with_the_partition():
         assert sample(metrics, "waltz_server_partition_generation", partition="3") == 2
         assert sample(metrics, "waltz_server_commit_latency_seconds_count") == 1
         assert b"waltz_server_feed_lag_transactions" in generate_latest(metrics.registry)
+        replicas = {
+            state: sample(metrics, "waltz_server_partition_replicas", partition="3", state=state)
+            for state in REPLICA_STATES
+        }
+        assert replicas == {"assigned": 1, "connected": 1, "write_set": 1}
         await partition.close()
         assert sample(metrics, "waltz_server_partition_high_water_mark", partition="3") is None
+        assert sample(metrics, "waltz_server_partition_replicas", partition="3", state="write_set") is None
 
     run(scenario)
 

@@ -211,7 +211,8 @@ def test_fresh_partition_opens_empty_and_appends_dense_ids_to_every_replica(clus
         assert [h.transaction_id for h in await store.get_headers(5, 10)] == [5, 6, 7]
         assert (await store.get_record(7)) == got[7] and await store.get_record(8) is None
         status = store.status()
-        assert (status.replicas_connected, status.replicas_total, status.high_water_mark) == (3, 3, 7)
+        assert (status.replicas_connected, status.replicas_total, status.replicas_in_write_set) == (3, 3, 3)
+        assert status.high_water_mark == 7
         metadata = c.metadata()
         assert (metadata.generation, metadata.session_id) == (1, 0)
         assert c.replica_states() == {n.address: (0, UNRESOLVED) for n in nodes}
@@ -236,6 +237,7 @@ def test_dead_replica_ends_session_appends_go_on_with_two_and_it_catches_up_on_r
         assert firsts == list(range(0, 120, 3)) and store.high_water_mark == 119  # dense, none used twice
         session = store.status().session_id
         assert session >= 1 and c.metadata().session_id == session
+        assert (store.status().replicas_in_write_set, store.status().replicas_total) == (2, 3)
         states = c.replica_states()
         assert states[nodes[0].address] == states[nodes[1].address] == (session, UNRESOLVED)
         # the dead replica keeps its old session, with the closing high-water mark recovery resolved

@@ -75,6 +75,8 @@ class StoreStatus:
     detail: str
     replicas_connected: int
     replicas_total: int
+    replicas_in_write_set: int = 0
+    """Replicas holding every committed transaction and taking every append (0 between sessions)."""
 
 
 class StorePartition(Protocol):

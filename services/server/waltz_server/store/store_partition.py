@@ -327,4 +327,5 @@ class ReplicatedStorePartition:
             detail=self._describe(),
             replicas_connected=connected,
             replicas_total=len(replicas),
+            replicas_in_write_set=len(self.write_set()),
         )
