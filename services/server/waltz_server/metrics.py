@@ -136,8 +136,10 @@ class PartitionMetrics:
         self.append_queue_size = m.append_queue_size.labels(p)
         self.replicas = {state: m.replicas.labels(p, state) for state in REPLICA_STATES}
 
-    def watch_replicas(self, status: Callable[[], StoreStatus]) -> None:
-        """Read the replica counts from status() at each scrape: they change between commits too."""
+    def watch_store(self, status: Callable[[], StoreStatus]) -> None:
+        """Read the store session id and the replica counts from status() at each scrape: they change between
+        commits too, and the commit path does not pay for them."""
+        self.session_id.set_function(partial(_status_field, status, "session_id"))
         for state, child in self.replicas.items():
             child.set_function(partial(_status_field, status, REPLICA_STATES[state]))
 

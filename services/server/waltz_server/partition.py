@@ -65,7 +65,7 @@ class Partition:
         self.settings = settings
         self.metrics = metrics
         if metrics is not None:
-            metrics.watch_replicas(store.status)
+            metrics.watch_store(store.status)
         self._clock = clock
         self._ready = asyncio.Event()
         self._accepting = asyncio.Event()
@@ -448,5 +448,3 @@ class Partition:
         m.generation.set(self.generation)
         m.append_queue_size.set(self.pending_appends())
         m.feed_lag.set(self.feed_lag())
-        with contextlib.suppress(Exception):
-            m.session_id.set(self.store.status().session_id)

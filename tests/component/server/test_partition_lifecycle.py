@@ -45,6 +45,7 @@ def test_metrics_follow_appends_and_disappear_with_the_partition():
             for state in REPLICA_STATES
         }
         assert replicas == {"assigned": 1, "connected": 1, "write_set": 1}
+        assert sample(metrics, "waltz_server_partition_session_id", partition="3") == store.session_id
         await partition.close()
         assert sample(metrics, "waltz_server_partition_high_water_mark", partition="3") is None
         assert sample(metrics, "waltz_server_partition_replicas", partition="3", state="write_set") is None
