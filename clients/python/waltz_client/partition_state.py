@@ -122,9 +122,13 @@ class ClientPartitionState:
     def on_mount_response(self, req_id: ReqId, result: MountResult) -> bool:
         """Apply the answer to the current mount; False (nothing changes) if it is stale.
 
-        A NOT_READY for the mount that made this partition MOUNTED is the server ending its feed (it closed the
-        partition): UNMOUNTED, to mount again after a delay."""
-        if self._mount_state is MountState.MOUNTED and req_id == self._mounted_by and result is MountResult.NOT_READY:
+        A NOT_READY while MOUNTED, for the mount that made this partition MOUNTED or for a request made under it
+        (a flush), is the server saying the mount no longer holds there: it closed the partition and ended the
+        feed, or the partition there is not the one mounted (moved, reopened at another generation). UNMOUNTED,
+        to mount again after a delay. A NOT_READY for an earlier mount changes nothing."""
+        if self._mount_state is MountState.MOUNTED and result is MountResult.NOT_READY:
+            if self._mounted_by is None or not _made_since(self._mounted_by, req_id):
+                return False
             self.on_disconnect()
             return True
         if self._mount_state is not MountState.MOUNTING or req_id != self._mount_req_id:
@@ -152,3 +156,13 @@ class ClientPartitionState:
             return FeedDecision.APPLY
         self.on_disconnect()
         return FeedDecision.GAP
+
+
+def _made_since(mount: ReqId, req_id: ReqId) -> bool:
+    """req_id is the mount's or was made after it, under it (same generation; sequence numbers wrap)."""
+    return (
+        req_id.client_id == mount.client_id
+        and req_id.partition_id == mount.partition_id
+        and req_id.generation == mount.generation
+        and (req_id.seq_num - mount.seq_num) & 0xFFFFFFFF < 2**31
+    )

@@ -177,6 +177,8 @@ class ClientStream:
             partition = self._manager.get(self._check_partition(message.flush.req_id.partition_id))
             if partition is not None:
                 partition.flush(self, message.flush)
+            else:  # not here (any more): the appends it asks about are not this server's to tell
+                self.send_control(mount_response(message.flush.req_id, server_pb2.MountResponse.NOT_READY, -1))
 
     async def _appends(self, requests: Iterable[server_pb2.AppendRequest]) -> None:
         by_partition: dict[int, list[server_pb2.AppendRequest]] = {}

@@ -269,8 +269,23 @@ class Partition:
             offer(QueuedAppend(client_id, request.client_high_water_mark, locks, len(data), origin))
 
     def flush(self, stream: StreamPort, request: server_pb2.FlushRequest) -> None:
-        """Answer the high-water mark once every earlier append of the client has resolved."""
+        """Answer the high-water mark once every earlier append of the client has resolved.
+
+        Only a flush under the client's current mount here is answered so: its appends are the ones this
+        partition counts. Any other (another generation, another stream, a partition reopened here and
+        still recovering) may be about appends of an earlier owner whose outcome only the new owner's
+        recovery and feed will tell; a flush answer would let the client take them for failed. It gets an
+        unasked NOT_READY for its ReqId instead: mount again.
+        """
         req_id = request.req_id
+        if (
+            not self.ready
+            or req_id.generation != self.generation
+            or not self._mounts.is_current(req_id.client_id, stream.stream_id)
+        ):
+            hwm = self.feeds.high_water_mark
+            stream.send_control(mount_response(req_id, server_pb2.MountResponse.NOT_READY, hwm))
+            return
 
         def answer() -> None:
             flushed = server_pb2.FlushResponse(req_id=req_id, transaction_id=self.feeds.high_water_mark)

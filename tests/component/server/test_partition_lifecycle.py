@@ -7,12 +7,13 @@ import asyncio
 from prometheus_client import generate_latest
 
 from waltz.v1 import server_pb2
+from waltz_common.types import Record, ReqId, crc32
 from waltz_server.metrics import REPLICA_STATES, ServerMetrics
 from waltz_server.partition import Partition
 
 from .fakes import FakeStore, FakeStream
-from .harness import SMALL, mounted_client, run, settle
-from .helpers import append, mount
+from .harness import SMALL, mounted_client, run, settle, stored
+from .helpers import append, mount, req
 
 Reason = server_pb2.AppendRejected.Reason
 
@@ -83,5 +84,44 @@ def test_paused_partition_holds_appends_until_resumed():
         await submitting
         await stream.wait_for(lambda s: s.fed())
         await partition.close()
+
+    run(scenario)
+
+
+def test_a_partition_reopened_here_does_not_answer_a_flush_for_appends_of_its_previous_life():
+    """The ZooKeeper double commit: the server lost its session with an append of client 1 at the replicas,
+    closed the partition and took it back at a higher generation; the new partition is still recovering
+    (that append will be in what it recovers). The client has not seen the new generation yet and flushes
+    under its old mount, on the same stream. Answering that flush with the new partition's high-water mark
+    told the client the append had failed; the client sent it again, and the log held it twice."""
+
+    async def scenario():
+        old, old_store, stream = await mounted_client(FakeStore(0, stored(10)))
+        old_store.gate.clear()
+        await old.submit(stream, [append(seq=11, hwm=9)])
+        await settle()
+        await old.close()  # the session was lost: the batch is at the replicas, its outcome unknown here
+        recovered = FakeStore(0, stored(10))
+        recovered.records.append(Record(10, ReqId(1, 1, 0, 11), 0, b"x", crc32(b"x")))  # a quorum had it
+        recovered.ready_delay = 0.5  # recovery takes a while
+        new = Partition(0, 2, recovered, SMALL)
+        await new.open()
+        before = len(stream.messages)
+        new.flush(stream, server_pb2.FlushRequest(req_id=req(seq=11)))  # the client's nudge, under generation 1
+        await asyncio.sleep(0.7)  # recovered meanwhile
+        answers = stream.messages[before:]
+        assert not [a.flush for a in answers if a.WhichOneof("message") == "flush"], (
+            "a flush answered by a partition that never saw the client's appends"
+        )
+        # the client hears instead that it must mount again (an unasked NOT_READY for the flush's ReqId)
+        (answer,) = answers
+        assert answer.mount.state == server_pb2.MountResponse.NOT_READY
+        assert answer.mount.req_id == req(seq=11)
+        # mounted again under the new generation, the client is fed the append before the mount completes
+        remount = mount(seq=12, hwm=9, generation=2, net_seq=2)
+        new.mount(stream, remount)
+        await stream.wait_for(lambda s: [m for m in s.of("mount") if m.req_id == remount.req_id])
+        assert (10, 11) in stream.fed()
+        await new.close()
 
     run(scenario)

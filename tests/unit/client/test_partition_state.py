@@ -100,7 +100,7 @@ def test_not_ready_for_the_mount_answered_ready_ends_it() -> None:
     s = ClientPartitionState(1, 0)
     first = s.begin_mount()
     assert s.on_mount_response(first, MountResult.READY)
-    assert not s.on_mount_response(ReqId(1, 0, 0, 99), MountResult.NOT_READY)  # not this mount's
+    assert not s.on_mount_response(ReqId(1, 0, 0, 0), MountResult.NOT_READY)  # made before this mount
     assert not s.on_mount_response(first, MountResult.READY)  # a repeat changes nothing
     assert s.mount_state is MountState.MOUNTED
     assert s.on_mount_response(first, MountResult.NOT_READY)
@@ -112,3 +112,23 @@ def test_not_ready_for_the_mount_answered_ready_ends_it() -> None:
     second_again = s.begin_mount()
     assert not s.on_mount_response(second, MountResult.NOT_READY)  # ended by the disconnect already
     assert s.mount_state is MountState.MOUNTING and second_again != second
+
+
+def test_not_ready_for_a_flush_under_the_mount_unmounts() -> None:
+    """The server refuses a flush it cannot vouch for (the partition there is not the one mounted) with an
+    unasked NOT_READY for the flush's ReqId, made after the mount: mount again."""
+    state = ClientPartitionState(client_id=3, partition_id=2, generation=4)
+    mount = state.begin_mount()
+    assert state.on_mount_response(mount, MountResult.READY)
+    flushed = state.next_req_id()  # a pending append's ReqId, which a flush carries
+    assert state.on_mount_response(flushed, MountResult.NOT_READY)
+    assert state.mount_state is MountState.UNMOUNTED and not state.appends_allowed
+
+
+def test_not_ready_for_a_request_of_another_generation_keeps_the_mount() -> None:
+    state = ClientPartitionState(client_id=3, partition_id=2, generation=4)
+    stale = state.next_req_id()
+    state.update_generation(5)
+    assert state.on_mount_response(state.begin_mount(), MountResult.READY)
+    assert not state.on_mount_response(stale, MountResult.NOT_READY)
+    assert state.mount_state is MountState.MOUNTED
