@@ -34,7 +34,9 @@ CLIENT = {"client.longWaitThreshold": 500, "client.mountTimeout": 120, "client.r
 DEADLINE_S = 240.0
 
 
-def chaos_cluster(workdir: Path, zookeeper: str, cluster_root: str, servers: int = 2) -> LocalCluster:
+def chaos_cluster(
+    workdir: Path, zookeeper: str, cluster_root: str, servers: int = 2, **server_overrides: Any
+) -> LocalCluster:
     return LocalCluster(
         workdir,
         storage_nodes=3,
@@ -42,7 +44,7 @@ def chaos_cluster(workdir: Path, zookeeper: str, cluster_root: str, servers: int
         partitions=PARTITIONS,
         zookeeper=zookeeper,
         cluster_root=cluster_root,
-        server_overrides=SERVER_OVERRIDES,
+        server_overrides={**SERVER_OVERRIDES, **server_overrides},
     )
 
 

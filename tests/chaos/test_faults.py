@@ -18,7 +18,7 @@ import os
 import resource
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -63,18 +63,21 @@ def on_cluster(
         assert len(set(bodies.values())) == 1, {name: len(body) for name, body in bodies.items()}
 
 
-async def check_run(cluster: LocalCluster, writer: Writer, name: str) -> None:
-    """The common end of every scenario: the history against the log and the replicas."""
+async def check_run(cluster: LocalCluster, writer: Writer | Sequence[Writer], name: str) -> None:
+    """The common end of every scenario: the history of every writer against the log and the replicas."""
+    writers = [writer] if isinstance(writer, Writer) else list(writer)
     log = await read_everything({**cluster.client_config(), **CLIENT})
-    verdict = check(writer.appends, log, PARTITIONS)
+    appends = [a for w in writers for a in w.appends]
+    verdict = check(appends, log, PARTITIONS)
     report(name, verdict.summary())
     assert not verdict.problems, verdict.problems
     assert verdict.acknowledged == verdict.submitted, "appends failed: " + str(
-        [(a.seq, a.outcome) for a in writer.appends if a.outcome is not True][:10]
+        [(a.seq, a.outcome) for a in appends if a.outcome is not True][:10]
     )
-    assert not writer.fed.problems, writer.fed.problems
-    for pid, records in writer.fed.log.items():
-        assert records == log[pid][: len(records)], f"partition {pid}: the writer was fed other records"
+    for each in writers:
+        assert not each.fed.problems, each.fed.problems
+        for pid, records in each.fed.log.items():
+            assert records == log[pid][: len(records)], f"partition {pid}: the writer was fed other records"
     # a restarted replica catches up in the background: wait until all three hold exactly the log
     problems: list[str] = []
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -13,13 +16,18 @@ SCRIPTS = REPO_ROOT / "scripts"
 class ZooKeeperProcess:
     """A ZooKeeper server whose data and logs live in directory; usable as a context manager."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, port: int | None = None) -> None:
         self.directory = Path(directory)
+        self.port = port
         self.connect_string = ""
 
     def start(self) -> str:
+        """Start it (again: on the port and data of its last run, once it has run)."""
+        command = [str(SCRIPTS / "zookeeper-start"), str(self.directory)]
+        if self.port is not None:
+            command.append(str(self.port))
         result = subprocess.run(
-            [str(SCRIPTS / "zookeeper-start"), str(self.directory)],
+            command,
             check=False,
             capture_output=True,
             text=True,
@@ -28,7 +36,20 @@ class ZooKeeperProcess:
         if result.returncode != 0:
             raise RuntimeError(f"ZooKeeper did not start: {result.stderr.strip()}")
         self.connect_string = result.stdout.strip().splitlines()[-1]
+        self.port = int(self.connect_string.rsplit(":", 1)[1])
         return self.connect_string
+
+    def kill(self) -> None:
+        """kill -9, as a crash: its data stays for a start() on the same port."""
+        pid = self.pid
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (self.directory / "zookeeper.pid").unlink(missing_ok=True)
 
     @property
     def pid(self) -> int | None:
