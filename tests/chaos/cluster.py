@@ -35,7 +35,7 @@ DEADLINE_S = 240.0
 
 
 def chaos_cluster(
-    workdir: Path, zookeeper: str, cluster_root: str, servers: int = 2, **server_overrides: Any
+    workdir: Path, zookeeper: str, cluster_root: str, servers: int = 2, proxied: bool = False, **server_overrides: Any
 ) -> LocalCluster:
     return LocalCluster(
         workdir,
@@ -45,6 +45,7 @@ def chaos_cluster(
         zookeeper=zookeeper,
         cluster_root=cluster_root,
         server_overrides={**SERVER_OVERRIDES, **server_overrides},
+        proxied=proxied,
     )
 
 

@@ -26,6 +26,7 @@ from tests.chaos.cluster import (
 )
 from tests.chaos.test_faults import STEP, check_run, report
 from waltz_client import AsyncWaltzClient
+from waltz_common.testing.fault_proxy import FaultProxy
 from waltz_common.testing.local_cluster import LocalCluster, free_port
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 
@@ -69,13 +70,19 @@ async def writing_from(
 
 
 def on_own_zookeeper(
-    tmp_path: Path, scenario: Callable[[ZooKeeperProcess, LocalCluster], Awaitable[None]], **server_overrides: Any
+    tmp_path: Path,
+    scenario: Callable[[ZooKeeperProcess, LocalCluster], Awaitable[None]],
+    servers: int = 2,
+    proxied: bool = False,
+    **server_overrides: Any,
 ) -> None:
     zookeeper = ZooKeeperProcess(tmp_path / "zookeeper", port=free_port())
     zookeeper.start()
     try:
-        cluster_dir = tmp_path / "cluster"
-        with chaos_cluster(cluster_dir, zookeeper.connect_string, "/waltz/chaos", **server_overrides) as cluster:
+        cluster = chaos_cluster(
+            tmp_path / "cluster", zookeeper.connect_string, "/waltz/chaos", servers, proxied, **server_overrides
+        )
+        with cluster:
             run(lambda: scenario(zookeeper, cluster))
     finally:
         zookeeper.stop()
@@ -136,3 +143,64 @@ def test_zookeeper_down_for_longer_than_the_session_timeout(tmp_path: Path) -> N
         await through_a_zookeeper_outage(zookeeper, cluster, "zookeeper outage", down_s=10)
 
     on_own_zookeeper(tmp_path, scenario)
+
+
+def test_a_server_whose_session_expired_reopens_its_partitions_without_a_client_inferring_a_false_failure(
+    tmp_path: Path,
+) -> None:
+    """The ground of the double commit of issue 15, made to happen: one server; the writer's client cannot
+    reach ZooKeeper (it keeps its mounts and learns nothing there); two of the three storage nodes stop
+    answering the server (blackholed), so its last batches sit at the third; its own ZooKeeper link is
+    blackholed for twice its session timeout. Back, it finds its session expired, closes its partitions with
+    those batches in doubt and opens them again (alone: under the same generations, so ZooKeeper shows the
+    client no change); they recover once the storage nodes answer again. The client, still mounted, flushes
+    and asks for its stalled feed. Before, the recovering partition answered the flush with its high-water
+    mark (the client took its pending appends for failed: the double commit when recovery kept them, see
+    tests/component/server/test_partition_lifecycle.py), and ignored the feed requests: in this run the
+    client then waited for ever. Now both get a NOT_READY, and the client mounts again."""
+
+    async def scenario(zookeeper: ZooKeeperProcess, cluster: LocalCluster) -> None:
+        await healthy_owners(cluster)
+        (server,) = cluster.servers
+        assert server.zookeeper_proxy is not None
+        before = {p: o.generation for p, o in (await asyncio.to_thread(assignment, cluster)).items()}
+        with FaultProxy(zookeeper.connect_string, name="client-zookeeper") as client_zookeeper:
+            fed = Recorder()
+            config = {
+                **cluster.client_config(),
+                **CLIENT,
+                "zookeeper.connectString": client_zookeeper.address,
+                # every pending append is in a batch at the store (storage.maxBatchesInFlight 3): the close sends
+                # the client no rejection that would make it mount again before it flushes
+                "client.maxConcurrentTransactions": 3,
+            }
+            async with AsyncWaltzClient(fed, config) as client:
+                await client.wait_mounted()
+                writer = Writer(client, fed)
+                writer.start()
+                try:
+                    acked = await writer.acknowledged_at_least(STEP, "before the faults")
+                    client_zookeeper.blackhole()
+                    stalled = [node.proxy for node in cluster.storage[1:]]
+                    for proxy in stalled:
+                        assert proxy is not None
+                        proxy.blackhole()
+                    await asyncio.sleep(1.0)  # the server's last batches reach only the first node
+                    server.zookeeper_proxy.blackhole()
+                    await asyncio.sleep(8.0)  # twice the session timeout: ZooKeeper expires the session
+                    server.zookeeper_proxy.heal()
+                    await asyncio.sleep(6.0)  # it reopens its partitions; the client flushes meanwhile
+                    for proxy in stalled:
+                        assert proxy is not None
+                        proxy.heal()
+                    await healthy_owners(cluster)
+                    client_zookeeper.heal()
+                    acked = await writer.acknowledged_at_least(acked + STEP, "after every fault healed")
+                finally:
+                    await writer.stop()
+        after = {p: o.generation for p, o in (await asyncio.to_thread(assignment, cluster)).items()}
+        # alone, the server takes its partitions back under the same generations: ZooKeeper shows clients nothing
+        report("expired session", f"{acked} acknowledged; generations {before} -> {after}")
+        await check_run(cluster, writer, "expired session")
+
+    on_own_zookeeper(tmp_path, scenario, servers=1, proxied=True)

@@ -16,6 +16,7 @@ import yaml
 
 from waltz_common import cluster_admin
 from waltz_common import zk as zkmeta
+from waltz_common.testing.fault_proxy import FaultProxy
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 
 BIN = Path(sys.executable).parent
@@ -142,19 +143,27 @@ class StorageNode(ManagedProcess):
     admin_port: int = 0
     metrics_port: int = 0
     directory: Path = field(default_factory=Path)
+    proxy: FaultProxy | None = None
+    """In front of the data port when the cluster is proxied: servers reach the node through it."""
 
     @property
     def connect_string(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        """The node's identity in the cluster, where servers connect (its proxy, if it has one)."""
+        return self.proxy.address if self.proxy is not None else f"127.0.0.1:{self.port}"
 
 
 @dataclass
 class ServerNode(ManagedProcess):
     port: int = 0
     metrics_port: int = 0
+    proxy: FaultProxy | None = None
+    """In front of the client port when the cluster is proxied: clients are told to reach the server there."""
+    zookeeper_proxy: FaultProxy | None = None
+    """Between this server and ZooKeeper when the cluster is proxied."""
 
     @property
     def address(self) -> str:
+        """Where the server listens (tests and tools reach it here directly)."""
         return f"127.0.0.1:{self.port}"
 
 
@@ -164,7 +173,9 @@ class LocalCluster:
     ``LocalCluster(workdir, storage_nodes=3, servers=1, partitions=1).start()`` starts ZooKeeper,
     creates the cluster, starts the storage nodes (each its own replica group, every partition on
     every node), assigns the replicas on each node and starts the servers. ``server_overrides``
-    and ``storage_overrides`` add or replace configuration keys.
+    and ``storage_overrides`` add or replace configuration keys. ``proxied`` puts a FaultProxy
+    (waltz_common.testing.fault_proxy) between the servers and each storage node, between clients and
+    each server, and between each server and ZooKeeper, for network faults.
     """
 
     def __init__(
@@ -179,6 +190,7 @@ class LocalCluster:
         zookeeper: str | None = None,
         server_overrides: dict[str, Any] | None = None,
         storage_overrides: dict[str, Any] | None = None,
+        proxied: bool = False,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -189,6 +201,7 @@ class LocalCluster:
         self.name = name
         self.server_overrides = server_overrides or {}
         self.storage_overrides = storage_overrides or {}
+        self.proxied = proxied
         self._own_zookeeper = zookeeper is None
         self.zookeeper_process = ZooKeeperProcess(self.workdir / "zookeeper") if zookeeper is None else None
         self.zookeeper = zookeeper or ""
@@ -245,6 +258,8 @@ class LocalCluster:
                 process.stop(timeout=15)
             except Exception:  # cleanup must reach every process
                 process.kill()
+        for proxy in self.proxies():
+            proxy.stop()
         if self.zookeeper_process is not None:
             self.zookeeper_process.stop()
 
@@ -287,6 +302,7 @@ class LocalCluster:
         }
         config_path = self.workdir / name / "storage.yaml"
         config_path.write_text(yaml.safe_dump(config))
+        proxy = FaultProxy(f"127.0.0.1:{port}", free_port(), f"{name}-proxy").start() if self.proxied else None
         return StorageNode(
             name=name,
             command=[str(BIN / "waltz-storage")],
@@ -297,6 +313,7 @@ class LocalCluster:
             admin_port=admin_port,
             metrics_port=metrics_port,
             directory=directory,
+            proxy=proxy,
         )
 
     def _server_node(self, index: int) -> ServerNode:
@@ -310,6 +327,12 @@ class LocalCluster:
             "server.metrics.port": metrics_port,
             **self.server_overrides,
         }
+        proxy = zookeeper_proxy = None
+        if self.proxied:
+            proxy = FaultProxy(f"127.0.0.1:{port}", free_port(), f"{name}-proxy").start()
+            zookeeper_proxy = FaultProxy(self.zookeeper, free_port(), f"{name}-zookeeper-proxy").start()
+            config["server.advertisedAddress"] = proxy.address
+            config["zookeeper.connectString"] = zookeeper_proxy.address
         config_path = self.workdir / name / "server.yaml"
         config_path.write_text(yaml.safe_dump(config))
         return ServerNode(
@@ -320,7 +343,14 @@ class LocalCluster:
             ready_marker="waltz-server ready",
             port=port,
             metrics_port=metrics_port,
+            proxy=proxy,
+            zookeeper_proxy=zookeeper_proxy,
         )
+
+    def proxies(self) -> list[FaultProxy]:
+        found = [n.proxy for n in self.storage] + [s.proxy for s in self.servers]
+        found += [s.zookeeper_proxy for s in self.servers]
+        return [p for p in found if p is not None]
 
     def pids(self) -> dict[str, int]:
         """Live process ids by name (for memory measurements)."""

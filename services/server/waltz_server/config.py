@@ -11,6 +11,9 @@ from waltz_server.store.settings import STORE_KEYS
 SERVER_KEYS = (
     Key("server.host", str, "127.0.0.1", "address to listen on and to advertise to clients"),
     Key("server.port", int, doc="gRPC port for clients"),
+    Key("server.advertisedAddress", str, "",
+        "host:port that clients are told to reach this server at (its ZooKeeper descriptor), when it differs from "
+        "where it listens (a proxy, a NAT, a Kubernetes Service); empty: server.host and the bound port"),
     Key("server.metrics.port", int, 0, "Prometheus /metrics HTTP port (0: off)"),
     Key("server.optimisticLockTableSize", int, 30000, "slots of each partition's hashed lock table"),
     Key("server.appendQueueSize", int, 2000, "appends queued per partition before clients are held back"),

@@ -90,7 +90,10 @@ async def _serve(config: Config, zk: KazooClient, paths: ZkPaths, params: metada
     try:
         if config["server.metrics.port"]:
             metrics_http, _ = start_http_server(config["server.metrics.port"], addr=host, registry=metrics.registry)
-        membership = ClusterMembership(zk, paths, host, port, params.num_partitions, manager, on_connected)
+        advertised_host, advertised_port = advertised(config["server.advertisedAddress"], host, port)
+        membership = ClusterMembership(
+            zk, paths, advertised_host, advertised_port, params.num_partitions, manager, on_connected
+        )
         server_id = await membership.start()
         await on_connected(True)
         print(f"waltz-server ready {host}:{port} id={server_id}", file=sys.stderr, flush=True)
@@ -106,6 +109,16 @@ async def _serve(config: Config, zk: KazooClient, paths: ZkPaths, params: metada
         await connections.close()
         if metrics_http is not None:
             metrics_http.shutdown()
+
+
+def advertised(address: str, host: str, port: int) -> tuple[str, int]:
+    """(host, port) to register: server.advertisedAddress when set, else where the server listens."""
+    if not address:
+        return host, port
+    name, _, number = address.rpartition(":")
+    if not name or not number.isdigit():
+        raise ConfigError(f"server.advertisedAddress must be host:port, not {address!r}")
+    return name, int(number)
 
 
 async def _until_signalled() -> None:
@@ -135,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load(args.config, all_keys())
         PartitionSettings.from_config(config)
         StoreSettings.from_config(config)
+        advertised(config["server.advertisedAddress"], config["server.host"], 0)
         event_loop.loop_factory()
     except (ConfigError, ValueError) as exc:
         print(f"waltz-server: {exc}", file=sys.stderr)

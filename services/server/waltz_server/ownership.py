@@ -123,7 +123,7 @@ class PartitionManager:
         async with self._lock:
             if self._partitions.get(pid) is not partition:
                 return  # closed or replaced meanwhile
-            await partition.close(restarting=True)
+            await partition.close()
             del self._partitions[pid]
             self._count()
         log.warning("partition %d: restarting in %.1f s after a failure (%s)", pid, delay, partition.failure)

@@ -114,11 +114,13 @@ class Partition:
         finally:
             started.set()
 
-    async def close(self, restarting: bool = False) -> None:
+    async def close(self) -> None:
         """Stop: refuse queued appends (PARTITION_NOT_READY), end feeds, close the store session.
 
-        restarting: it opens again here, with the same generation, so ZooKeeper shows its clients no change;
-        each feed ends with a NOT_READY for its mount, so that a client that only reads mounts again too."""
+        Each feed ends with an unasked NOT_READY for the mount that started it, so that its client mounts
+        again (wherever the partition is now) even when it only reads, and even when ZooKeeper shows it no
+        change (the partition reopens here under the same generation: restarted after a failure, or taken
+        back after this server's ZooKeeper session expired)."""
         if self._closed:
             return
         self._closed = True
@@ -131,7 +133,7 @@ class Partition:
         self._pending.drop_waiters()
         self._room.set()
         self._accepting.set()
-        self.feeds.close(tell_clients=restarting)
+        self.feeds.close()
         self._prepared.clear()
         if self._runner is not None:
             self._runner.cancel()
@@ -278,13 +280,7 @@ class Partition:
         unasked NOT_READY for its ReqId instead: mount again.
         """
         req_id = request.req_id
-        if (
-            not self.ready
-            or req_id.generation != self.generation
-            or not self._mounts.is_current(req_id.client_id, stream.stream_id)
-        ):
-            hwm = self.feeds.high_water_mark
-            stream.send_control(mount_response(req_id, server_pb2.MountResponse.NOT_READY, hwm))
+        if not self._answers_under_mount(stream, req_id):
             return
 
         def answer() -> None:
@@ -293,6 +289,16 @@ class Partition:
 
         if self._pending.add_waiter(req_id.client_id, answer):
             answer()
+
+    def _answers_under_mount(self, stream: StreamPort, req_id: common_pb2.ReqId) -> bool:
+        """Whether a request is under the client's current mount of this ready partition at its generation;
+        if not, the client is told NOT_READY for its ReqId."""
+        if self.ready and req_id.generation == self.generation and self._mounts.is_current(
+            req_id.client_id, stream.stream_id
+        ):
+            return True
+        stream.send_control(mount_response(req_id, server_pb2.MountResponse.NOT_READY, self.feeds.high_water_mark))
+        return False
 
     def mount(self, stream: StreamPort, request: server_pb2.MountRequest) -> None:
         """Register the stream, flush the client's appends, feed the catch-up, then answer."""
@@ -322,8 +328,10 @@ class Partition:
             start()
 
     def feed(self, stream: StreamPort, request: server_pb2.FeedRequest) -> None:
-        """Restart this stream's feed from the client's high-water mark."""
-        if self._closed or not self._mounts.is_current(request.req_id.client_id, stream.stream_id):
+        """Restart this stream's feed from the client's high-water mark (under the client's current mount here;
+        any other gets an unasked NOT_READY for its ReqId: mount again)."""
+        req_id = request.req_id
+        if not self._answers_under_mount(stream, req_id):
             return
         current = self.feeds.get(stream.stream_id)
         ready_at = current.cursor.ready_at if current is not None else None

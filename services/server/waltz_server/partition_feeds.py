@@ -74,13 +74,13 @@ class PartitionFeeds:
         self._cache = FeedCache(self._cache_size, high_water_mark)
         self._last = (-1, server_pb2.ServerMessage())
 
-    def close(self, tell_clients: bool = False) -> None:
-        """End every feed (their tasks are cancelled with the partition's task group). tell_clients: queue on
-        each feed's stream, behind what the feed sent, a Mount Response NOT_READY for the mount that started
-        it, so that its client mounts again (when nothing else would tell a client that only reads)."""
+    def close(self) -> None:
+        """End every feed (their tasks are cancelled with the partition's task group), and queue on each feed's
+        stream, behind what the feed sent, a Mount Response NOT_READY for the mount that started it, so that
+        its client mounts again (nothing else would tell a client that only reads)."""
         self.closed = True
         self._wake()
-        for context in self._contexts.values() if tell_clients else ():
+        for context in self._contexts.values():
             if context.mount is not None:
                 ended = mount_response(context.mount, server_pb2.MountResponse.NOT_READY, self.high_water_mark)
                 context.stream.send_control(ended)

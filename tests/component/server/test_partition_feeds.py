@@ -190,7 +190,7 @@ def test_feed_request_restarts_the_feed_from_the_client_high_water_mark():
         partition.feed(stream, server_pb2.FeedRequest(req_id=req(seq=2), client_high_water_mark=1))
         await stream.wait_for(lambda s: len(s.fed()) == 2)
         assert [t for t, _ in stream.fed()] == [2, 3]
-        await partition.close(restarting=True)
+        await partition.close()
         # the restarted feed still ends with a NOT_READY for the mount that started the first one
         assert [(m.state, m.req_id) for m in stream.of("mount")] == [
             (State.READY, mount(hwm=3).req_id),

@@ -125,3 +125,21 @@ def test_a_partition_reopened_here_does_not_answer_a_flush_for_appends_of_its_pr
         await new.close()
 
     run(scenario)
+
+
+def test_a_closed_partition_tells_each_mounted_client_and_a_feed_request_off_the_mount_is_answered_not_ready():
+    """Closed for any reason (moved away, or this server's session expired), the partition ends each feed with a
+    NOT_READY for its mount: a client that only reads learns it too. A Feed Request that is not under the
+    client's current mount (another stream, another generation) gets a NOT_READY for its ReqId, not silence."""
+
+    async def scenario():
+        partition, _, stream = await mounted_client()
+        other = FakeStream()
+        partition.feed(other, server_pb2.FeedRequest(req_id=req(seq=5), client_high_water_mark=-1))
+        assert [m.state for m in other.of("mount")] == [server_pb2.MountResponse.NOT_READY]
+        assert other.of("mount")[0].req_id == req(seq=5)
+        await partition.close()
+        ends = [m for m in stream.of("mount") if m.state == server_pb2.MountResponse.NOT_READY]
+        assert [m.req_id for m in ends] == [mount().req_id]
+
+    run(scenario)
