@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kazoo.client import KazooClient
 
 from waltz_common import cluster_admin
 from waltz_common import zk as zkmeta
@@ -69,6 +70,7 @@ class ManagedProcess:
     log_path: Path
     ready_marker: str
     process: subprocess.Popen[bytes] | None = None
+    new_session: bool = False  # in a session of its own: a terminal's Ctrl-C reaches only whoever started it
     _log_offset: int = 0
 
     def start(self, timeout: float = 60.0) -> None:
@@ -78,7 +80,8 @@ class ManagedProcess:
         log = self.log_path.open("ab")
         try:
             self.process = subprocess.Popen(
-                [*self.command, str(self.config_path)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                [*self.command, str(self.config_path)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=self.new_session,
             )
         finally:
             log.close()
@@ -164,7 +167,9 @@ class LocalCluster:
     ``LocalCluster(workdir, storage_nodes=3, servers=1, partitions=1).start()`` starts ZooKeeper,
     creates the cluster, starts the storage nodes (each its own replica group, every partition on
     every node), assigns the replicas on each node and starts the servers. ``server_overrides``
-    and ``storage_overrides`` add or replace configuration keys.
+    and ``storage_overrides`` add or replace configuration keys. ``detach`` starts every process in a
+    session of its own, so that a terminal's Ctrl-C reaches only the program that owns the cluster,
+    which then stops them in order.
     """
 
     def __init__(
@@ -179,6 +184,7 @@ class LocalCluster:
         zookeeper: str | None = None,
         server_overrides: dict[str, Any] | None = None,
         storage_overrides: dict[str, Any] | None = None,
+        detach: bool = False,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -190,7 +196,10 @@ class LocalCluster:
         self.server_overrides = server_overrides or {}
         self.storage_overrides = storage_overrides or {}
         self._own_zookeeper = zookeeper is None
-        self.zookeeper_process = ZooKeeperProcess(self.workdir / "zookeeper") if zookeeper is None else None
+        self.detach = detach
+        self.zookeeper_process = (
+            ZooKeeperProcess(self.workdir / "zookeeper", new_session=detach) if zookeeper is None else None
+        )
         self.zookeeper = zookeeper or ""
         self.cluster_key = ""
         self.storage: list[StorageNode] = []
@@ -203,12 +212,7 @@ class LocalCluster:
                 self.zookeeper = self.zookeeper_process.start()
             zk = zkmeta.connect(self.zookeeper)
             try:
-                self.cluster_key = cluster_admin.create_cluster(zk, self.paths, self.name, self.num_partitions)
-                for index in range(self.num_storage):
-                    node = self._storage_node(index)
-                    self.storage.append(node)
-                    cluster_admin.add_storage_node(zk, self.paths, node.connect_string, node.admin_port, group=index)
-                    cluster_admin.assign_partitions(zk, self.paths, node.connect_string, range(self.num_partitions))
+                self._set_up(zk)
             finally:
                 zk.stop()
                 zk.close()
@@ -221,6 +225,19 @@ class LocalCluster:
             self.stop()
             raise
         return self
+
+    def _set_up(self, zk: KazooClient) -> None:
+        """Create the cluster in ZooKeeper and register its storage nodes (each its own group)."""
+        self.cluster_key = cluster_admin.create_cluster(zk, self.paths, self.name, self.num_partitions)
+        for index in range(self.num_storage):
+            node = self._storage_node(index)
+            self.storage.append(node)
+            cluster_admin.add_storage_node(zk, self.paths, node.connect_string, node.admin_port, group=index)
+            cluster_admin.assign_partitions(zk, self.paths, node.connect_string, range(self.num_partitions))
+
+    def _ports(self, name: str, count: int) -> list[int]:
+        """count free ports for the process called name (its service port first)."""
+        return [free_port() for _ in range(count)]
 
     def add_server(self, index: int | None = None) -> ServerNode:
         server = self._server_node(len(self.servers) if index is None else index)
@@ -273,7 +290,7 @@ class LocalCluster:
 
     def _storage_node(self, index: int) -> StorageNode:
         name = f"storage-{index}"
-        port, admin_port, metrics_port = free_port(), free_port(), free_port()
+        port, admin_port, metrics_port = self._ports(name, 3)
         directory = self.workdir / name / "data"
         directory.mkdir(parents=True, exist_ok=True)
         config = {
@@ -293,6 +310,7 @@ class LocalCluster:
             config_path=config_path,
             log_path=self.workdir / name / "storage.log",
             ready_marker="waltz-storage ready",
+            new_session=self.detach,
             port=port,
             admin_port=admin_port,
             metrics_port=metrics_port,
@@ -302,7 +320,7 @@ class LocalCluster:
     def _server_node(self, index: int) -> ServerNode:
         name = f"server-{index}"
         (self.workdir / name).mkdir(parents=True, exist_ok=True)
-        port, metrics_port = free_port(), free_port()
+        port, metrics_port = self._ports(name, 2)
         config = {
             **self._common(),
             "server.host": "127.0.0.1",
@@ -318,6 +336,7 @@ class LocalCluster:
             config_path=config_path,
             log_path=self.workdir / name / "server.log",
             ready_marker="waltz-server ready",
+            new_session=self.detach,
             port=port,
             metrics_port=metrics_port,
         )
