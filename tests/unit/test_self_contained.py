@@ -1,0 +1,34 @@
+"""Nothing in the repository reads the design documents or anything else beside the checkout.
+
+The project is built from documents kept beside it (in a directory named "shared"); a fresh
+clone has nothing beside it, so no tracked file may point there.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# Spelled in pieces, so that this file does not match itself.
+OUTSIDE = ("../" + "shared", "shared/" + "seeds", "/work/" + "shared")
+
+
+def tracked_files() -> list[Path]:
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: no list of tracked files")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60)
+    return [ROOT / name for name in listed.stdout.decode().split("\0") if name]
+
+
+def test_no_tracked_file_points_beside_the_checkout():
+    offenders = []
+    for path in tracked_files():
+        try:
+            text = path.read_text(errors="replace")
+        except (IsADirectoryError, FileNotFoundError):
+            continue
+        offenders += [f"{path.relative_to(ROOT)}: {needle}" for needle in OUTSIDE if needle in text]
+    assert offenders == []
