@@ -1,11 +1,13 @@
 """Nothing in the repository reads the design documents or anything else beside the checkout.
 
-The project is built from documents kept beside it (in a directory named "shared"); a fresh
-clone has nothing beside it, so no tracked file may point there.
+The project is built from documents kept beside it (in a directory named shared); a fresh
+clone has nothing beside it, so no tracked file may point there, as a path string or as a path
+built from pieces (`parent / "shared" / "seeds"`).
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # Spelled in pieces, so that this file does not match itself.
 OUTSIDE = ("../" + "shared", "shared/" + "seeds", "/work/" + "shared")
+PIECE = re.compile(r"""["']""" + "shared" + r"""["']""")
 
 
 def tracked_files() -> list[Path]:
@@ -31,4 +34,5 @@ def test_no_tracked_file_points_beside_the_checkout():
         except (IsADirectoryError, FileNotFoundError):
             continue
         offenders += [f"{path.relative_to(ROOT)}: {needle}" for needle in OUTSIDE if needle in text]
+        offenders += [f"{path.relative_to(ROOT)}: {match}" for match in PIECE.findall(text)]
     assert offenders == []
