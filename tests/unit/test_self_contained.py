@@ -2,7 +2,7 @@
 
 The project is built from documents kept beside it (in a directory named shared); a fresh
 clone has nothing beside it, so no tracked file may point there, as a path string or as a path
-built from pieces (`parent / "shared" / "seeds"`).
+built from pieces (the parent directory / the name shared / the name seeds).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Spelled in pieces, so that this file does not match itself.
-OUTSIDE = ("../" + "shared", "shared/" + "seeds", "/work/" + "shared")
-PIECE = re.compile(r"""["']""" + "sha" + "red" + r"""["']""")
+NAME = "sha" + "red"
+OUTSIDE = ("../" + NAME, NAME + "/seeds", "/work/" + NAME)
+PIECE = re.compile(r"""["']""" + NAME + r"""["']""")
 
 
 def tracked_files() -> list[Path]:
