@@ -1,11 +1,11 @@
 """`waltz dev`: a local cluster on loopback that stays up until Ctrl-C, to try an application against.
 
 It starts ZooKeeper, the storage nodes and the servers (a LocalCluster), prints the client
-configuration, and serves until SIGINT or SIGTERM; then it stops the servers, the storage nodes and
-ZooKeeper in that order, by pid, and exits 0. The processes run in sessions of their own, so a
-terminal's Ctrl-C reaches only `waltz dev`, which stops them in order. With --data DIR the data
-(ZooKeeper's and the storage nodes') stays in DIR and the next run on DIR goes on with it;
-without, it lives in a temporary directory removed at exit.
+configuration, and serves until SIGINT or SIGTERM (or SIGHUP: the terminal closed); then it stops
+the servers, the storage nodes and ZooKeeper in that order, by pid, and exits 0. The processes run
+in sessions of their own, so a terminal's Ctrl-C reaches only `waltz dev`, which stops them in
+order. With --data DIR the data (ZooKeeper's and the storage nodes') stays in DIR and the next run
+on DIR goes on with it; without, it lives in a temporary directory removed at exit.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def dev_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP too: the services run in sessions of their own, so a closed terminal must stop them through us.
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         with tempfile.TemporaryDirectory(prefix="waltz-dev-") as tmp:
             workdir = args.data.resolve() if args.data else Path(tmp)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -49,9 +49,12 @@ class Dev:
         self.output: list[str] = []
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
+        self.config: dict[str, Any] = {}
+
+    def wait_ready(self) -> None:
         self.wait_for_line(READY_LINE)
         config_lines = [line for line in self.output if line.startswith(("zookeeper.connectString:", "cluster.root:"))]
-        self.config: dict[str, Any] = yaml.safe_load("\n".join(config_lines))
+        self.config = yaml.safe_load("\n".join(config_lines))
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -83,7 +86,8 @@ class Dev:
                 continue
             if int(fields[1]) == self.process.pid:
                 children.append(int(stat.parent.name))
-        return [*children, int((data / "zookeeper" / "zookeeper.pid").read_text())]
+        pidfile = data / "zookeeper" / "zookeeper.pid"
+        return [*children, *([int(pidfile.read_text())] if pidfile.exists() else [])]
 
     def stop(self, sig: signal.Signals) -> int:
         self.process.send_signal(sig)
@@ -94,30 +98,40 @@ class Dev:
 
 
 @pytest.fixture
-def runs() -> Iterator[list[tuple[Dev, list[int]]]]:
-    """Every Dev started, with its service pids; whatever is left is stopped by pid at the end."""
-    started: list[tuple[Dev, list[int]]] = []
-    yield started
-    for dev, pids in started:
-        if dev.process.poll() is None:
-            dev.process.terminate()
-            try:
-                dev.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                dev.process.kill()
+def start() -> Iterator[Callable[..., Dev]]:
+    """start(data, *args) runs `waltz dev --data data *args` until it is ready; at the end, whatever is
+    still running is stopped: waltz dev by SIGTERM (it stops its services in order), then any service
+    left by pid (found as its children, and ZooKeeper by its pid file, before the SIGTERM)."""
+    started: list[tuple[Dev, Path]] = []
+
+    def run(data: Path, *args: str) -> Dev:
+        dev = Dev("--data", str(data), *args)
+        started.append((dev, data))
+        dev.wait_ready()
+        return dev
+
+    yield run
+    for dev, data in started:
+        if dev.process.poll() is not None:
+            continue
+        pids = dev.service_pids(data)
+        dev.process.terminate()
+        try:
+            dev.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            dev.process.kill()
         for pid in pids:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
-def test_waltz_dev_serves_an_application_stops_on_ctrl_c_and_keeps_its_data(tmp_path, runs):
+def test_waltz_dev_serves_an_application_stops_on_ctrl_c_and_keeps_its_data(tmp_path, start):
     data = tmp_path / "data"
     app = hello()
 
-    dev = Dev("--data", str(data), "--partitions", "1")
+    dev = start(data, "--partitions", "1")
     pids = dev.service_pids(data)
-    runs.append((dev, pids))
     assert len(pids) == 5  # 3 storage nodes, a server, ZooKeeper
     assert dev.config["cluster.root"] == "/waltz/dev"
     assert app.say_and_read(dev.config, ["one", "two"]) == [(0, b"one"), (1, b"two")]
@@ -135,12 +149,12 @@ def test_waltz_dev_serves_an_application_stops_on_ctrl_c_and_keeps_its_data(tmp_
     assert dev.output[-1].startswith("waltz dev: stopped")
     assert [pid for pid in pids if pid_alive(pid)] == []
 
-    again = Dev("--data", str(data))  # the kept cluster: same storage ports, same log
-    runs.append((again, again.service_pids(data)))
+    again = start(data)  # the kept cluster: same storage ports, same log
+    pids = again.service_pids(data)
     assert "starting the kept cluster" in again.output[0]
     assert app.say_and_read(again.config, ["three"]) == [(0, b"one"), (1, b"two"), (2, b"three")]
-    assert again.stop(signal.SIGTERM) == 0, "\n".join(again.output)
-    assert [pid for pid in runs[-1][1] if pid_alive(pid)] == []
+    assert again.stop(signal.SIGHUP) == 0, "\n".join(again.output)  # the terminal closed
+    assert [pid for pid in pids if pid_alive(pid)] == []
 
 
 def test_waltz_dev_refuses_a_directory_that_is_not_its_own(tmp_path):
