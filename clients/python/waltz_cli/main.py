@@ -8,10 +8,10 @@ import sys
 import traceback
 from typing import NoReturn
 
-from waltz_cli import client, cluster, disk, server, storage
+from waltz_cli import client, cluster, dev, disk, server, storage
 from waltz_cli.context import Context
 from waltz_cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, one_line
-from waltz_cli.output import Result
+from waltz_cli.output import Result, reader_gone
 
 EPILOG = """\
 Where the cluster is: -c CLI.yaml (keys zookeeper.connectString, zookeeper.sessionTimeout,
@@ -52,8 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(parser, defaults=True)
     common = Parser(add_help=False)
     _global_options(common, defaults=False)
-    groups = parser.add_subparsers(dest="group", metavar="{cluster,storage,server,client,disk}", parser_class=Parser)
-    for module in (cluster, storage, server, client, disk):
+    groups = parser.add_subparsers(
+        dest="group", metavar="{cluster,storage,server,client,disk,dev}", parser_class=Parser
+    )
+    for module in (cluster, storage, server, client, disk, dev):
         module.register(groups, common)
     return parser
 
@@ -80,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if debug else logging.CRITICAL + 1, stream=sys.stderr)
     try:
         result, as_json = run(raw)
+        if result is not None and (result.data is not None or result.text):
+            print(result.render(as_json), flush=True)
+    except BrokenPipeError:  # the reader went away (`waltz client tail | head`): what it wanted was printed
+        reader_gone()
+        return 0
     except KeyboardInterrupt:
         print("waltz: interrupted", file=sys.stderr)
         return 130
@@ -95,8 +102,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
     if result is None:
         return EXIT_USAGE
-    if result.data is not None or result.text:
-        print(result.render(as_json))
     return result.exit_code
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -111,3 +112,17 @@ def emit_line(data: dict[str, Any], text: str, as_json: bool, out: TextIO | None
     """Print one streamed item (tail): a JSON line or a text line."""
     stream = out or sys.stdout
     print(json.dumps(data, sort_keys=True, default=str) if as_json else text, file=stream, flush=True)
+
+
+def reader_gone() -> None:
+    """After a broken pipe on stdout: send what is left to /dev/null, so that the interpreter's last
+    flush at exit does not fail again with a traceback (`Exception ignored ... BrokenPipeError`)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a real file (a test's capture): nothing will flush to a pipe
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)

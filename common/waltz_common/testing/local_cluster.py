@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kazoo.client import KazooClient
 
 from waltz_common import cluster_admin
 from waltz_common import zk as zkmeta
@@ -70,6 +71,7 @@ class ManagedProcess:
     log_path: Path
     ready_marker: str
     process: subprocess.Popen[bytes] | None = None
+    new_session: bool = False  # in a session of its own: a terminal's Ctrl-C reaches only whoever started it
     _log_offset: int = 0
 
     def start(self, timeout: float = 60.0) -> None:
@@ -79,7 +81,8 @@ class ManagedProcess:
         log = self.log_path.open("ab")
         try:
             self.process = subprocess.Popen(
-                [*self.command, str(self.config_path)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                [*self.command, str(self.config_path)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=self.new_session,
             )
         finally:
             log.close()
@@ -175,7 +178,9 @@ class LocalCluster:
     every node), assigns the replicas on each node and starts the servers. ``server_overrides``
     and ``storage_overrides`` add or replace configuration keys. ``proxied`` puts a FaultProxy
     (waltz_common.testing.fault_proxy) between the servers and each storage node, between clients and
-    each server, and between each server and ZooKeeper, for network faults.
+    each server, and between each server and ZooKeeper, for network faults. ``detach`` starts every
+    process in a session of its own, so that a terminal's Ctrl-C reaches only the program that owns the
+    cluster, which then stops them in order.
     """
 
     def __init__(
@@ -191,6 +196,7 @@ class LocalCluster:
         server_overrides: dict[str, Any] | None = None,
         storage_overrides: dict[str, Any] | None = None,
         proxied: bool = False,
+        detach: bool = False,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -203,7 +209,10 @@ class LocalCluster:
         self.storage_overrides = storage_overrides or {}
         self.proxied = proxied
         self._own_zookeeper = zookeeper is None
-        self.zookeeper_process = ZooKeeperProcess(self.workdir / "zookeeper") if zookeeper is None else None
+        self.detach = detach
+        self.zookeeper_process = (
+            ZooKeeperProcess(self.workdir / "zookeeper", new_session=detach) if zookeeper is None else None
+        )
         self.zookeeper = zookeeper or ""
         self.cluster_key = ""
         self.storage: list[StorageNode] = []
@@ -216,12 +225,7 @@ class LocalCluster:
                 self.zookeeper = self.zookeeper_process.start()
             zk = zkmeta.connect(self.zookeeper)
             try:
-                self.cluster_key = cluster_admin.create_cluster(zk, self.paths, self.name, self.num_partitions)
-                for index in range(self.num_storage):
-                    node = self._storage_node(index)
-                    self.storage.append(node)
-                    cluster_admin.add_storage_node(zk, self.paths, node.connect_string, node.admin_port, group=index)
-                    cluster_admin.assign_partitions(zk, self.paths, node.connect_string, range(self.num_partitions))
+                self._set_up(zk)
             finally:
                 zk.stop()
                 zk.close()
@@ -234,6 +238,19 @@ class LocalCluster:
             self.stop()
             raise
         return self
+
+    def _set_up(self, zk: KazooClient) -> None:
+        """Create the cluster in ZooKeeper and register its storage nodes (each its own group)."""
+        self.cluster_key = cluster_admin.create_cluster(zk, self.paths, self.name, self.num_partitions)
+        for index in range(self.num_storage):
+            node = self._storage_node(index)
+            self.storage.append(node)
+            cluster_admin.add_storage_node(zk, self.paths, node.connect_string, node.admin_port, group=index)
+            cluster_admin.assign_partitions(zk, self.paths, node.connect_string, range(self.num_partitions))
+
+    def _ports(self, name: str, count: int) -> list[int]:
+        """count free ports for the process called name (its service port first)."""
+        return [free_port() for _ in range(count)]
 
     def add_server(self, index: int | None = None) -> ServerNode:
         server = self._server_node(len(self.servers) if index is None else index)
@@ -288,7 +305,7 @@ class LocalCluster:
 
     def _storage_node(self, index: int) -> StorageNode:
         name = f"storage-{index}"
-        port, admin_port, metrics_port = free_port(), free_port(), free_port()
+        port, admin_port, metrics_port = self._ports(name, 3)
         directory = self.workdir / name / "data"
         directory.mkdir(parents=True, exist_ok=True)
         config = {
@@ -309,6 +326,7 @@ class LocalCluster:
             config_path=config_path,
             log_path=self.workdir / name / "storage.log",
             ready_marker="waltz-storage ready",
+            new_session=self.detach,
             port=port,
             admin_port=admin_port,
             metrics_port=metrics_port,
@@ -319,7 +337,7 @@ class LocalCluster:
     def _server_node(self, index: int) -> ServerNode:
         name = f"server-{index}"
         (self.workdir / name).mkdir(parents=True, exist_ok=True)
-        port, metrics_port = free_port(), free_port()
+        port, metrics_port = self._ports(name, 2)
         config = {
             **self._common(),
             "server.host": "127.0.0.1",
@@ -341,6 +359,7 @@ class LocalCluster:
             config_path=config_path,
             log_path=self.workdir / name / "server.log",
             ready_marker="waltz-server ready",
+            new_session=self.detach,
             port=port,
             metrics_port=metrics_port,
             proxy=proxy,

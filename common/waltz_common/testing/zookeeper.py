@@ -14,11 +14,16 @@ SCRIPTS = REPO_ROOT / "scripts"
 
 
 class ZooKeeperProcess:
-    """A ZooKeeper server whose data and logs live in directory; usable as a context manager."""
+    """A ZooKeeper server whose data and logs live in directory; usable as a context manager.
 
-    def __init__(self, directory: str | Path, port: int | None = None) -> None:
+    port: the port to listen on (default: a free one). new_session: run it in a session of its own,
+    out of reach of a terminal's Ctrl-C to whoever started it.
+    """
+
+    def __init__(self, directory: str | Path, port: int | None = None, new_session: bool = False) -> None:
         self.directory = Path(directory)
         self.port = port
+        self.new_session = new_session
         self.connect_string = ""
 
     def start(self) -> str:
@@ -29,6 +34,7 @@ class ZooKeeperProcess:
         result = subprocess.run(
             command,
             check=False,
+            start_new_session=self.new_session,
             capture_output=True,
             text=True,
             timeout=600,

@@ -1,7 +1,9 @@
 """The gRPC + ZooKeeper driver against the mock's server semantics served over real gRPC.
 
 Real: ZooKeeper (ids counter, ownership watches), grpc.aio channels, streams and unary calls.
-Stand-in: the server logic (MockServer behind a small servicer), until the real server lands.
+Stand-in on purpose: the server logic (MockServer behind a small servicer), so that each fault can be
+injected exactly where the test wants it. The client against the real server is tested in
+tests/integration/client.
 """
 
 from __future__ import annotations
