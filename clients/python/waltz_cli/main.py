@@ -1,4 +1,4 @@
-"""`waltz`: the admin command-line tool (cluster, storage, server, client and disk commands)."""
+"""`waltz`: the admin command-line tool (cluster, storage, server, client, disk and perf commands)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import traceback
 from typing import NoReturn
 
-from waltz_cli import client, cluster, disk, server, storage
+from waltz_cli import client, cluster, disk, perf, server, storage
 from waltz_cli.context import Context
 from waltz_cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, one_line
 from waltz_cli.output import Result
@@ -52,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(parser, defaults=True)
     common = Parser(add_help=False)
     _global_options(common, defaults=False)
-    groups = parser.add_subparsers(dest="group", metavar="{cluster,storage,server,client,disk}", parser_class=Parser)
-    for module in (cluster, storage, server, client, disk):
+    groups = parser.add_subparsers(dest="group", metavar="{cluster,storage,server,client,disk,perf}",
+                                   parser_class=Parser)
+    for module in (cluster, storage, server, client, disk, perf):
         module.register(groups, common)
     return parser
 
