@@ -243,10 +243,13 @@ async def _consume(ctx: Context, args: argparse.Namespace, config: dict[str, Any
     recorder = Recorder()
     applied = 0
     began_wall = time.time()
+    began = reached_at = time.monotonic()  # from the mount on: a replay's catch-up comes with the mount
     enough = asyncio.Event()
 
-    def on_apply(transaction: Transaction) -> None:
-        nonlocal applied
+    def on_apply(transaction: Transaction) -> None:  # on the loop, or the callback thread with --fetch-data
+        nonlocal applied, reached_at
+        if args.count is not None and applied >= args.count:
+            return  # counted enough: the rest of a replay batch
         if args.fetch_data:
             transaction.data()
         now = time.time()
@@ -254,26 +257,25 @@ async def _consume(ctx: Context, args: argparse.Namespace, config: dict[str, Any
         if age <= now - began_wall + 1.0:  # sent since the start (1 s for clocks): a live transaction
             recorder.ok(age)
         applied += 1
-        if args.count is not None and applied >= args.count:
+        if applied == args.count:
+            reached_at = time.monotonic()
             loop.call_soon_threadsafe(enough.set)
 
     callbacks = _Callbacks(start, on_apply)
     async with AsyncWaltzClient(callbacks, config) as client:
-        client.mount_partitions(sorted(start))
-        await client.wait_mounted()
-        began = loop.time()
         progress = asyncio.ensure_future(_Progress(ctx, "consume", args.duration).run(
-            time.monotonic(), recorder, lambda: applied))
+            began, recorder, lambda: applied))
         try:
+            client.mount_partitions(sorted(start))
             async with asyncio.timeout(args.duration):
+                await client.wait_mounted()  # WaltzTimeoutError (client.mountTimeout) if it cannot be
                 await enough.wait()
         except TimeoutError:
-            pass
+            reached_at = time.monotonic()
         finally:
             progress.cancel()
             await asyncio.gather(progress, return_exceptions=True)
-        elapsed = loop.time() - began
     recorder.errors += callbacks.errors
     if args.count is not None and applied < args.count:
         raise CliError(f"consume: only {applied} of {args.count} transactions arrived in {args.duration:g} s")
-    return Summary.of("consume", recorder, elapsed, {}, transactions=applied)
+    return Summary.of("consume", recorder, reached_at - began, {}, transactions=applied)
