@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -157,3 +160,39 @@ def test_a_database_down_for_longer_than_reconnect_timeout_raises(postgres_dsn: 
     with pytest.raises(DatabaseUnavailableError, match=r"kept failing for 0\.5 s"):
         journal.apply_transaction(_transaction(0, 0))
     journal.close()
+
+
+HOLDER = """
+import sys, time
+from tests.component.client.test_postgres_callbacks import Journal, _transaction
+
+class Stuck(Journal):
+    def apply(self, transaction, connection):
+        super().apply(transaction, connection)
+        print("holding", flush=True)  # inside the database transaction, the partition's row locked
+        time.sleep(600)
+
+Stuck(sys.argv[1]).apply_transaction(_transaction(0, 0, b"lost"))
+"""
+
+
+@pytest.mark.callback_modes("thread")
+def test_an_instance_killed_inside_its_apply_releases_the_partition_to_the_others(postgres_dsn: str) -> None:
+    survivor = Journal(postgres_dsn)
+    survivor.get_client_high_water_mark(0)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, postgres_dsn], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[3])
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        holder.kill()  # kill -9 with the row lock held and the journal row written, not committed
+        holder.wait(30)
+        started = time.monotonic()
+        survivor.apply_transaction(_transaction(0, 0, b"kept"))
+        assert time.monotonic() - started < 10  # PostgreSQL rolled the dead session back, freeing the lock
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(30)
+    assert survivor.query_all("SELECT transaction_id, data FROM journal") == [(0, b"kept")]
+    assert survivor.skipped == 0 and survivor.get_client_high_water_mark(0) == 0
+    survivor.close()
