@@ -57,10 +57,11 @@ def test_produce_and_consume_print_their_tables_and_json(make_cluster: Any) -> N
     consumed = json.loads(finish(live)[0])
     check_summary(consumed, "consume")
     total = produced["transactions"] + int(cells[1].replace(",", ""))
-    assert consumed["transactions"] == total  # every commit in the feed, none twice
+    # those committed before it had started and read where to begin (a loaded machine) are not its to count
+    assert consumed["transactions"] <= total
     replay = json.loads(finish(perf(cluster, "consume", "--from-start", "--count", str(total), "--fetch-data",
                                     "-d", "60", "--json"))[0])
-    assert replay["transactions"] >= total and replay["errors"] == 0 and replay["settings"]["fetch_data"]
+    assert replay["transactions"] == total and replay["errors"] == 0 and replay["settings"]["fetch_data"]
 
 
 def test_a_count_that_never_arrives_is_an_error(make_cluster: Any) -> None:
