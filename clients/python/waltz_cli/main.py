@@ -1,4 +1,4 @@
-"""`waltz`: the admin command-line tool (cluster, storage, server, client and disk commands)."""
+"""`waltz`: the admin command-line tool (cluster, storage, server, client, disk, perf and dev commands)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import traceback
 from typing import NoReturn
 
-from waltz_cli import client, cluster, dev, disk, server, storage
+from waltz_cli import client, cluster, dev, disk, perf, server, storage
 from waltz_cli.context import Context
 from waltz_cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, one_line
 from waltz_cli.output import Result, reader_gone
@@ -53,9 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     _global_options(common, defaults=False)
     groups = parser.add_subparsers(
-        dest="group", metavar="{cluster,storage,server,client,disk,dev}", parser_class=Parser
+        dest="group", metavar="{cluster,storage,server,client,disk,perf,dev}", parser_class=Parser
     )
-    for module in (cluster, storage, server, client, disk, dev):
+    for module in (cluster, storage, server, client, disk, perf, dev):
         module.register(groups, common)
     return parser
 

@@ -8,6 +8,8 @@ import threading
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
+from prometheus_client import CollectorRegistry
+
 from waltz_client.api import TransactionContext, WaltzClientCallbacks
 from waltz_client.client import AsyncWaltzClient, ConfigSource
 from waltz_client.errors import WaltzError
@@ -20,19 +22,20 @@ _MARGIN_S = 5.0  # the async side bounds its own waits; this only guards against
 class WaltzClient:
     """Thread-safe blocking client: `with WaltzClient(callbacks, config) as client: ...`.
 
-    Starts at construction (connects, takes a client id, mounts). Its methods must not be
-    called from inside callbacks or context hooks (they run on the client's callback thread,
+    Starts at construction (connects, takes a client id, mounts); metrics_registry: as AsyncWaltzClient's.
+    Its methods must not be called from inside callbacks or context hooks (they run on the client's callback thread,
     or with client.callbackThread false on its event-loop thread, and would wait for
     themselves): that raises WaltzError.
     """
 
-    def __init__(self, callbacks: WaltzClientCallbacks, config: ConfigSource = None, *, driver: Any = None) -> None:
+    def __init__(self, callbacks: WaltzClientCallbacks, config: ConfigSource = None, *, driver: Any = None,
+                 metrics_registry: CollectorRegistry | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="waltz-client-loop", daemon=True)
         self._thread.start()
         self._closed = False
         try:
-            self._client = AsyncWaltzClient(callbacks, config, driver=driver)
+            self._client = AsyncWaltzClient(callbacks, config, driver=driver, metrics_registry=metrics_registry)
             cfg = self._client.config
             self._limit = cfg.mount_timeout_s + cfg.request_timeout_s + _MARGIN_S
             self._call(self._client.start(), cfg.zookeeper_connect_timeout_s + self._limit)

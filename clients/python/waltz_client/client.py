@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from waltz.v1 import server_pb2
 from waltz_client.api import TransactionContext, WaltzClientCallbacks
 from waltz_client.config import ClientConfig
@@ -20,6 +22,7 @@ from waltz_client.errors import (
     WaltzError,
     WaltzTimeoutError,
 )
+from waltz_client.metrics import COUNTERS, ClientCollector, LatencyHistogram, PartitionView
 from waltz_client.partition import ClientPartition
 from waltz_client.partition_env import PartitionEnv, Stats
 from waltz_client.submission import Submitter
@@ -40,9 +43,14 @@ class AsyncWaltzClient:
     driver: None for a real cluster (gRPC + ZooKeeper from config), or a MockServer (or any
     Driver) for tests. Application callbacks and context hooks run on one dedicated thread, or
     (client.callbackThread: false) on the event loop, where they must never block.
+
+    metrics_registry: a prometheus_client CollectorRegistry to expose this client's metrics in (waltz_client_*,
+    docs/applications.md), from construction until close(); None (the default): no metrics, and no cost.
+    One client per registry (the names carry no client id): give each client of a process its own.
     """
 
-    def __init__(self, callbacks: WaltzClientCallbacks, config: ConfigSource = None, *, driver: Any = None) -> None:
+    def __init__(self, callbacks: WaltzClientCallbacks, config: ConfigSource = None, *, driver: Any = None,
+                 metrics_registry: CollectorRegistry | None = None) -> None:
         self.config = ClientConfig.of(config, zookeeper_required=driver is None)
         self.callbacks = callbacks
         self._driver: Driver = _make_driver(driver, self.config)
@@ -62,6 +70,13 @@ class AsyncWaltzClient:
         self.cluster_name = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
+        self._latency: LatencyHistogram | None = None
+        self._metrics: tuple[CollectorRegistry, ClientCollector] | None = None
+        if metrics_registry is not None:
+            self._latency = LatencyHistogram()
+            collector = ClientCollector(self, self._latency)
+            metrics_registry.register(collector)  # ValueError if the registry already has a client's metrics
+            self._metrics = (metrics_registry, collector)
 
     async def __aenter__(self) -> AsyncWaltzClient:
         await self.start()
@@ -82,6 +97,7 @@ class AsyncWaltzClient:
             info = await self._driver.start(self._on_topology)
         except BaseException:
             self._closed = True
+            self._unregister_metrics()
             await self._driver.close()
             self._callback_thread.shutdown()
             raise
@@ -90,7 +106,7 @@ class AsyncWaltzClient:
         self._env = PartitionEnv(
             client_id=self.client_id, config=self.config, callbacks=self.callbacks, call=self._callback_thread.call,
             connections=self._connections, ownership=self._topology.get, topology_changed=lambda: self._topology_event,
-            fetch=self._fetch_blocking, stats=self.stats,
+            fetch=self._fetch_blocking, stats=self.stats, latency=self._latency,
         )
         self._usable = not self._closed
         if self.config.auto_mount:
@@ -202,6 +218,7 @@ class AsyncWaltzClient:
             return
         self._closed = True
         self._usable = False
+        self._unregister_metrics()
         if not self._started:
             self._callback_thread.shutdown()
             return
@@ -222,7 +239,33 @@ class AsyncWaltzClient:
         else:
             self._callback_thread.shutdown()
 
+    def metric_counters(self) -> dict[str, int]:
+        """The client's counters by metric name (metrics.COUNTERS), for a scrape."""
+        s = self.stats
+        connections = getattr(self, "_connections", None)
+        values = {
+            "waltz_client_commits": s.committed, "waltz_client_applied_transactions": s.applied,
+            "waltz_client_declined_transactions": s.declined, "waltz_client_lock_failures": s.lock_failures,
+            "waltz_client_retries": s.retries, "waltz_client_failed_appends": s.failed_appends,
+            "waltz_client_failed_transactions": s.errors,
+            "waltz_client_reconnects": connections.reconnects if connections is not None else 0,
+        }
+        assert values.keys() == COUNTERS.keys()
+        return values
+
+    def metric_partitions(self) -> list[PartitionView]:
+        """What a scrape shows of each partition this client uses."""
+        return [PartitionView(p.partition_id, p.mounted, p.client_high_water_mark, p.server_high_water_mark,
+                              p.monitor.pending_count(), max(0, p.mounts - 1))
+                for p in sorted(list(self._partitions.values()), key=lambda p: p.partition_id)]
+
     # ---- internals ------------------------------------------------------------------------
+
+    def _unregister_metrics(self) -> None:
+        if self._metrics is not None:
+            registry, collector = self._metrics
+            registry.unregister(collector)
+            self._metrics = None
 
     def _check_open(self) -> None:
         if self._closed:

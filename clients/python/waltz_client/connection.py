@@ -118,6 +118,7 @@ class ConnectionManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self._failures: dict[str, int] = {}
         self._seq_num = 0
+        self.reconnects = 0  # streams opened to an endpoint whose previous stream had ended (metrics)
 
     async def get(self, endpoint: str) -> ServerConnection:
         """The live connection to endpoint, opened now if needed (raises StreamClosedError)."""
@@ -125,6 +126,8 @@ class ConnectionManager:
             conn = self._live.get(endpoint)
             if conn is not None and not conn.closed:
                 return conn
+            if conn is not None:
+                self.reconnects += 1
             failures = self._failures.get(endpoint, 0)
             if failures:
                 await asyncio.sleep(min(1.0, 0.05 * 2 ** (failures - 1)))

@@ -68,6 +68,8 @@ class ClientPartition:
         self._last_flush = float("-inf")
         self._stalled_at: int | None = None
         self._changed = asyncio.Event()
+        self.server_high_water_mark = -1  # the highest id the client heard its server committed (metrics)
+        self.mounts = 0  # READY mount answers (metrics: remounts are those after the first)
 
     # ---- application side -------------------------------------------------------------
 
@@ -121,12 +123,13 @@ class ClientPartition:
         count = len(appends)
         self._reserved -= count
         tokens = []
+        now = _monotonic()  # the loop's clock
         for (builder, token), seq_num in zip(appends, state.next_seq_nums(count), strict=True):
             token.seq_num = seq_num
             token.client_id, token.generation, token.partition_id = client_id, generation, partition_id
-            token.data, token.error, token.ended = builder.data, None, False
+            token.data, token.error, token.ended, token.sent_at = builder.data, None, False, now
             tokens.append(token)
-        self.monitor.register_all(tokens, _monotonic())  # the loop's clock
+        self.monitor.register_all(tokens, now)
         fill_append_requests(conn.new_appends(count), appends)
         return True
 
@@ -255,6 +258,7 @@ class ClientPartition:
             await self._fire(self.monitor.on_lock_failure(req_id, message.lock_failure.transaction_id))
         elif kind == "flush":
             req_id = req_id_from_proto(message.flush.req_id)
+            self._heard_high_water_mark(message.flush.transaction_id)
             self._check_feed_alive(message.flush.transaction_id)
             await self._fire(self.monitor.on_flush_response(
                 req_id, message.flush.transaction_id, self.client_high_water_mark))
@@ -270,6 +274,10 @@ class ClientPartition:
             if rejected.reason in _REMOUNT_REJECTIONS:
                 return _Verdict.REMOUNT
         return None
+
+    def _heard_high_water_mark(self, high_water_mark: int) -> None:
+        if high_water_mark > self.server_high_water_mark:
+            self.server_high_water_mark = high_water_mark
 
     def _check_feed_alive(self, server_high_water_mark: int) -> None:
         """Two flush answers ahead of a client that did not move: ask for the feed again."""
@@ -294,6 +302,8 @@ class ClientPartition:
             return _Verdict.NOT_READY
         if result is MountResult.CLIENT_AHEAD:
             raise ClientAheadError(self.partition_id, self.client_high_water_mark, response.high_water_mark)
+        self.mounts += 1
+        self._heard_high_water_mark(response.high_water_mark)
         # reconnect procedure step 5: the server holds nothing of ours any more
         await self._fire(self.monitor.on_mount_complete())
         self._notify()  # step 6: appends are unblocked; the server's feed goes on from here
@@ -308,6 +318,10 @@ class ClientPartition:
         foreign = 0
         pid, client_id, fetch = self.partition_id, self.env.client_id, self.env.fetch
         commit_oldest, on_feed = self.monitor.commit_oldest, self.monitor.on_feed
+        latency = self.env.latency
+        now = _monotonic() if latency is not None else 0.0
+        if entries and entries[-1].transaction_id > self.server_high_water_mark:
+            self.server_high_water_mark = entries[-1].transaction_id
         for entry in entries:
             req_id = entry.req_id  # the protobuf ReqId: none made for the lookup, nor for the Transaction
             if req_id.partition_id != pid:
@@ -326,6 +340,8 @@ class ClientPartition:
                             mine = token
                         else:  # older appends this commit proves lost: resolved after the apply, so retries see it
                             superseded.append((token, outcome))
+                if mine is not None and latency is not None:
+                    latency.observe(now - mine.sent_at)
             if txn_id == next_id:
                 next_id += 1
                 steps.append((txn_id, mine, FedTransaction(

@@ -11,6 +11,7 @@ from waltz_client.api import TransactionContext, WaltzClientCallbacks
 from waltz_client.config import ClientConfig
 from waltz_client.connection import ConnectionManager
 from waltz_client.driver import Ownership
+from waltz_client.metrics import LatencyHistogram
 from waltz_client.monitor import Outcome, OutcomeKind
 from waltz_common.types import ReqId
 
@@ -22,18 +23,19 @@ class PendingAppend:
     It also holds the ReqId of the append sent last, as its four fields (no ReqId object is made per
     append): the monitor takes the token itself as the entry's ReqId."""
 
-    __slots__ = ("client_id", "context", "data", "ended", "error", "generation", "partition_id", "seq_num")
+    __slots__ = ("client_id", "context", "data", "ended", "error", "generation", "partition_id", "sent_at", "seq_num")
     client_id: int
     data: bytes
     generation: int
     partition_id: int
+    sent_at: float  # the loop's clock when it was sent last (for the append latency metric)
     seq_num: int
 
     def __init__(self, context: TransactionContext) -> None:
         self.context = context
         self.error: BaseException | None = None  # set when the failure must not be retried
         self.ended = False
-        # data, client_id, generation, partition_id, seq_num: set when an append is sent
+        # data, client_id, generation, partition_id, sent_at, seq_num: set when an append is sent
 
     @property
     def req_id(self) -> ReqId:
@@ -74,3 +76,4 @@ class PartitionEnv:
     topology_changed: Callable[[], asyncio.Event]
     fetch: Callable[[int, int], bytes]  # (partition id, transaction id) -> data, for Transaction.data()
     stats: Stats = field(default_factory=Stats)
+    latency: LatencyHistogram | None = None  # append latencies, when the application asked for metrics

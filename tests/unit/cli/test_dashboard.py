@@ -36,7 +36,8 @@ def test_dashboard_is_grafana_json_with_the_required_panels():
     dashboard = json.loads(DASHBOARD.read_text())
     assert dashboard["uid"] and dashboard["schemaVersion"] >= 30
     titles = " | ".join(p["title"].lower() for p in _panels())
-    for topic in ("append rate", "append latency", "lock failure", "high-water mark", "replica lag", "fsync latency"):
+    for topic in ("append rate", "append latency", "lock failure", "high-water mark", "replica lag", "fsync latency",
+                  "client lag", "client append latency"):
         assert topic in titles
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))

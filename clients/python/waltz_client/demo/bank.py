@@ -1,6 +1,7 @@
-"""Demo bank: balances in SQLite fed by Waltz; withdrawals guarded by locks never overdraw.
+"""Demo bank: balances in SQLite (or PostgreSQL) fed by Waltz; withdrawals guarded by locks never overdraw.
 
-Run against a cluster: `python -m waltz_client.demo.bank --zookeeper HOST:PORT --root /waltz/c`.
+Run against a cluster: `python -m waltz_client.demo.bank --zookeeper HOST:PORT --root /waltz/c`
+(add `--database postgresql://USER@HOST:PORT/DB` to share a PostgreSQL database instead of SQLite).
 """
 
 from __future__ import annotations
@@ -28,31 +29,54 @@ SERIALIZER = JsonSerializer()
 BANK_HEADER = 0x42414E4B  # "BANK": the log may hold other applications' transactions too
 
 
-class BankDatabase(SqliteClientCallbacks):
-    """Accounts and a journal of applied operations (its primary key catches a double apply)."""
+class BankSchema:
+    """The bank's tables and its apply, in SQL that SQLite and PostgreSQL both take; PARAM is the
+    driver's placeholder. Mixed into a helper class (SqliteClientCallbacks, PostgresClientCallbacks)."""
+
+    PARAM = "?"
+    query_all: Callable[..., list[Any]]  # the helper's
 
     def create_schema(self, connection: Any) -> None:
         connection.execute("CREATE TABLE IF NOT EXISTS accounts "
-                           "(account_id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)")
-        connection.execute("CREATE TABLE IF NOT EXISTS journal (partition_id INTEGER, transaction_id INTEGER, "
-                           "op_id TEXT UNIQUE, account_id INTEGER, delta INTEGER, balance_after INTEGER, "
+                           "(account_id INTEGER PRIMARY KEY, balance BIGINT NOT NULL)")
+        connection.execute("CREATE TABLE IF NOT EXISTS journal (partition_id INTEGER, transaction_id BIGINT, "
+                           "op_id TEXT UNIQUE, account_id INTEGER, delta BIGINT, balance_after BIGINT, "
                            "PRIMARY KEY (partition_id, transaction_id))")
 
-    def apply(self, transaction: Transaction, connection: GuardedConnection) -> None:
+    def apply(self, transaction: Transaction, connection: Any) -> None:
         if transaction.header != BANK_HEADER:
             return  # not ours: only the high-water mark moves
         op = transaction.data(SERIALIZER)
         delta = op["amount"] if op["action"] == "deposit" else -op["amount"]
-        connection.execute("INSERT OR IGNORE INTO accounts (account_id, balance) VALUES (?, 0)", (op["account"],))
-        connection.execute("UPDATE accounts SET balance = balance + ? WHERE account_id = ?", (delta, op["account"]))
-        balance = connection.execute("SELECT balance FROM accounts WHERE account_id = ?",
+        q = self.PARAM
+        connection.execute(f"INSERT INTO accounts (account_id, balance) VALUES ({q}, 0) "
+                           "ON CONFLICT (account_id) DO NOTHING", (op["account"],))
+        connection.execute(f"UPDATE accounts SET balance = balance + {q} WHERE account_id = {q}",
+                           (delta, op["account"]))
+        balance = connection.execute(f"SELECT balance FROM accounts WHERE account_id = {q}",
                                      (op["account"],)).fetchone()[0]
-        connection.execute("INSERT INTO journal VALUES (?, ?, ?, ?, ?, ?)", (
+        connection.execute(f"INSERT INTO journal VALUES ({q}, {q}, {q}, {q}, {q}, {q})", (
             transaction.partition_id, transaction.transaction_id, op["op"], op["account"], delta, balance))
 
     def balance(self, account: int) -> int:
-        row = self.connect().execute("SELECT balance FROM accounts WHERE account_id = ?", (account,)).fetchone()
-        return 0 if row is None else int(row[0])
+        rows = self.query_all(f"SELECT balance FROM accounts WHERE account_id = {self.PARAM}", account)
+        return int(rows[0][0]) if rows else 0
+
+
+class BankDatabase(BankSchema, SqliteClientCallbacks):
+    """Accounts and a journal of applied operations (its primary key catches a double apply), in SQLite."""
+
+    def apply(self, transaction: Transaction, connection: GuardedConnection) -> None:
+        BankSchema.apply(self, transaction, connection)
+
+
+def open_database(database: str | Path) -> BankDatabase | Any:
+    """One instance's database: a postgresql:// URI (PostgresBankDatabase) or a SQLite file."""
+    if str(database).startswith(("postgresql://", "postgres://")):
+        from waltz_client.demo.bank_postgres import PostgresBankDatabase  # psycopg: the postgres extra
+
+        return PostgresBankDatabase(str(database))
+    return BankDatabase(database)
 
 
 @dataclass
@@ -110,7 +134,7 @@ class Deposit(_Operation):
 class Withdrawal(_Operation):
     """Checks the balance it reads; the write lock makes concurrent withdrawals serialize."""
 
-    def __init__(self, account: int, amount: int, tally: Tally, database: BankDatabase) -> None:
+    def __init__(self, account: int, amount: int, tally: Tally, database: BankSchema) -> None:
         super().__init__(account, amount, tally)
         self.database = database
 
@@ -163,18 +187,19 @@ def run_demo(
     num_accounts: int = 4, initial_balance: int = 100, database: str | Path | None = None, seed: int = 1,
     client_config: Mapping[str, Any] | None = None, out: Callable[[str], None] | None = print,
 ) -> DemoReport:
-    """Run the bank with num_clients instances sharing one SQLite database and report.
+    """Run the bank with num_clients instances sharing one database and report.
 
     target: a MockServer, or a client configuration (mapping or YAML path) for a real cluster.
+    database: a SQLite file (default: one in a temporary directory) or a postgresql:// URI.
     """
     say = out or (lambda _line: None)
     with tempfile.TemporaryDirectory(prefix="waltz-bank-") as tmp:
-        db_path = Path(database) if database is not None else Path(tmp) / "bank.db"
+        db_path = database if database is not None else Path(tmp) / "bank.db"
         mock = target if isinstance(target, MockServer) else None
         config: dict[str, Any] = {} if isinstance(target, MockServer) else _as_mapping(target)
         config.update(client_config or {})
         tally = Tally()
-        databases = [BankDatabase(db_path) for _ in range(num_clients)]
+        databases: list[Any] = [open_database(db_path) for _ in range(num_clients)]
         clients: list[WaltzClient] = []
         try:
             for db in databases:
@@ -182,7 +207,7 @@ def run_demo(
             for c in clients:
                 c.wait_mounted()
             say(f"bank demo: {num_clients} clients, cluster '{clients[0].cluster_name}' with "
-                f"{clients[0].num_partitions} partitions, database {db_path}")
+                f"{clients[0].num_partitions} partitions, database {getattr(databases[0], 'where', db_path)}")
             deposits = [Deposit(a, initial_balance, tally) for a in range(num_accounts)]
             for f in [clients[0].submit(d) for d in deposits]:
                 f.result()
@@ -207,7 +232,7 @@ def _as_mapping(target: Mapping[str, Any] | str | Path) -> dict[str, Any]:
     return dict(target)
 
 
-def _run_workload(clients: list[WaltzClient], databases: list[BankDatabase], tally: Tally,
+def _run_workload(clients: list[WaltzClient], databases: list[BankSchema], tally: Tally,
                   num_transactions: int, num_accounts: int, seed: int) -> None:
     rng = random.Random(seed)
     plans: list[list[_Operation]] = [[] for _ in clients]
@@ -238,7 +263,7 @@ def _wait_caught_up(clients: list[WaltzClient], timeout: float = 60.0) -> dict[i
     return hwms
 
 
-def _report(clients: list[WaltzClient], databases: list[BankDatabase], tally: Tally, hwms: dict[int, int],
+def _report(clients: list[WaltzClient], databases: list[Any], tally: Tally, hwms: dict[int, int],
             submitted: int, say: Callable[[str], None]) -> DemoReport:
     problems: list[str] = []
     db = databases[0]
@@ -285,11 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--transactions", type=int, default=200)
     parser.add_argument("--accounts", type=int, default=4)
+    parser.add_argument("--database", help="a postgresql://USER@HOST:PORT/DB URI the instances share "
+                        "(needs the postgres extra: psycopg), or a SQLite file (default: a temporary one)")
     args = parser.parse_args(argv)
     target: MockServer | dict[str, Any] = (
         {"zookeeper.connectString": args.zookeeper, "cluster.root": args.root} if args.zookeeper else MockServer(2))
     report = run_demo(target, num_clients=args.clients, num_transactions=args.transactions,
-                      num_accounts=args.accounts)
+                      num_accounts=args.accounts, database=args.database)
     return 0 if report.ok else 1
 
 

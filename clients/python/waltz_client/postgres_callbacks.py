@@ -1,0 +1,217 @@
+"""PostgresClientCallbacks: apply the feed exactly once into a PostgreSQL database shared by instances.
+
+Needs psycopg 3 (`pip install 'waltz-python[postgres]'`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
+
+from waltz_client.api import Transaction, WaltzClientCallbacks
+from waltz_client.errors import WaltzError
+from waltz_client.sqlite_callbacks import ForbiddenCallError
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class DatabaseUnavailableError(WaltzError):
+    """The PostgreSQL server could not be reached (or the connection kept failing) in time."""
+
+
+_TRANSIENT = (DatabaseUnavailableError, pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
+
+
+class PgGuardedConnection:
+    """The connection apply() gets: statements (and savepoints) go through, commit and rollback do not."""
+
+    def __init__(self, connection: psycopg.Connection[Any]) -> None:
+        self._connection = connection
+
+    def execute(self, sql: Any, parameters: Any = None) -> psycopg.Cursor[Any]:
+        return self._connection.execute(sql, parameters)
+
+    def cursor(self) -> psycopg.Cursor[Any]:
+        return self._connection.cursor()
+
+    def transaction(self) -> Any:
+        """A savepoint inside the helper's transaction (psycopg's nested transaction block)."""
+        return self._connection.transaction()
+
+    def commit(self) -> None:
+        raise ForbiddenCallError("apply() must not commit: the helper commits with the high-water mark")
+
+    def rollback(self) -> None:
+        raise ForbiddenCallError("apply() must not roll back: raise an exception instead")
+
+
+def describe(conninfo: str) -> str:
+    """Where a connection string points, for messages: user@host:port/dbname, never the password."""
+    try:
+        parts = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return "(an unparsable connection string)"
+    host, port = parts.get("host") or parts.get("hostaddr") or "localhost", parts.get("port") or "5432"
+    user = f"{parts['user']}@" if parts.get("user") else ""
+    return f"{user}{host}:{port}/{parts.get('dbname') or '(default database)'}"
+
+
+class PostgresClientCallbacks(WaltzClientCallbacks):
+    """Applies each transaction and moves the partition's high-water mark in ONE database
+    transaction, so that any number of application instances sharing the database apply every
+    transaction exactly once. Each apply locks the partition's row of the high-water-mark table:
+
+        SELECT high_water_mark FROM <table> WHERE partition_id = %s FOR UPDATE
+
+    An instance that finds the mark at the transaction's id or beyond skips it (another instance
+    applied it; `skipped` counts these); one that finds it one below applies it and moves the mark,
+    then commits; the others wait on the row lock meanwhile. Subclasses implement
+    apply(transaction, connection) with the connection they are given (no commit/rollback) and
+    create_schema(connection) for their tables.
+
+    A lost connection (server restart, failover, pg_terminate_backend), a deadlock or a serialization
+    failure rolls the whole database transaction back; the helper reconnects and tries again, with
+    backoff, for up to reconnect_timeout seconds, then raises DatabaseUnavailableError (the client
+    then retries the apply itself, with its own backoff, and reports it to uncaught_exception). Trying
+    again is safe: the high-water mark tells whether a commit whose answer was lost went through.
+    Connections are per thread (autocommit, the helper opens the transactions); `connect()` gives the
+    calling thread's (for reads in execute()).
+    """
+
+    def __init__(self, conninfo: str, table: str = "waltz_client_high_water_mark", *,
+                 connect_timeout: float = 10.0, reconnect_timeout: float = 30.0) -> None:
+        if not _NAME.match(table):
+            raise ValueError(f"not a plain SQL table name: {table!r}")
+        self.conninfo = conninfo
+        self.table = table
+        self.connect_timeout = connect_timeout
+        self.reconnect_timeout = reconnect_timeout
+        self.where = describe(conninfo)
+        self._local = threading.local()
+        self._connections: list[psycopg.Connection[Any]] = []
+        self._guard = threading.Lock()
+        self.skipped = 0  # transactions another instance had applied already
+        self.reconnects = 0
+        conn = self.connect()
+        with conn.transaction():
+            # two instances starting together must not race on CREATE TABLE IF NOT EXISTS
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"waltz schema {table}",))
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {table} "
+                         "(partition_id INTEGER PRIMARY KEY, high_water_mark BIGINT NOT NULL)")
+            self.create_schema(PgGuardedConnection(conn))
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """This thread's connection, (re)opened if it has none or it broke (DatabaseUnavailableError)."""
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "connection", None)
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        if conn is not None:
+            self._forget(conn)
+            self.reconnects += 1
+        try:
+            conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=max(1, round(self.connect_timeout)))
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailableError(f"cannot connect to PostgreSQL at {self.where}: "
+                                           f"{str(exc).strip() or type(exc).__name__}") from exc
+        self._local.connection = conn
+        with self._guard:
+            self._connections.append(conn)
+        return conn
+
+    def create_schema(self, connection: PgGuardedConnection) -> None:
+        """Create the application's tables (called at construction, in the schema transaction)."""
+
+    @abstractmethod
+    def apply(self, transaction: Transaction, connection: PgGuardedConnection) -> None:
+        """Make the transaction's changes; the helper commits them with the high-water mark."""
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        def read(conn: psycopg.Connection[Any]) -> int:
+            conn.execute(f"INSERT INTO {self.table} (partition_id, high_water_mark) VALUES (%s, -1) "
+                         "ON CONFLICT (partition_id) DO NOTHING", (partition_id,))
+            return self._stored_high_water_mark(conn, partition_id)
+
+        return self._retrying(f"reading partition {partition_id}'s high-water mark", read)
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self._retrying(f"applying transaction {transaction.transaction_id} of partition {transaction.partition_id}",
+                       lambda conn: self._apply_once(conn, transaction))
+
+    def _apply_once(self, conn: psycopg.Connection[Any], transaction: Transaction) -> None:
+        txn_id, pid = transaction.transaction_id, transaction.partition_id
+        lock = f"SELECT high_water_mark FROM {self.table} WHERE partition_id = %s FOR UPDATE"
+        with conn.transaction():
+            row = conn.execute(lock, (pid,)).fetchone()
+            if row is None:  # no row to lock yet (no get_client_high_water_mark ran): make one, then lock it
+                conn.execute(f"INSERT INTO {self.table} (partition_id, high_water_mark) VALUES (%s, -1) "
+                             "ON CONFLICT (partition_id) DO NOTHING", (pid,))
+                row = conn.execute(lock, (pid,)).fetchone()
+            assert row is not None
+            current = int(row[0])
+            if current >= txn_id:
+                self.skipped += 1
+                return
+            if current < txn_id - 1:
+                raise WaltzError(f"partition {pid}: the database's high-water mark is {current}, "
+                                 f"cannot apply transaction {txn_id}")
+            self.apply(transaction, PgGuardedConnection(conn))
+            conn.execute(f"UPDATE {self.table} SET high_water_mark = %s WHERE partition_id = %s", (txn_id, pid))
+
+    def _retrying(self, what: str, work: Callable[[psycopg.Connection[Any]], R]) -> R:
+        """work(connection) in a fresh database transaction, again after a lost connection, a deadlock or a
+        serialization failure, until reconnect_timeout has passed."""
+        deadline = time.monotonic() + self.reconnect_timeout
+        delay = 0.05
+        while True:
+            conn: psycopg.Connection[Any] | None = None
+            try:
+                conn = self.connect()
+                return work(conn)
+            except (psycopg.OperationalError, DatabaseUnavailableError) as exc:
+                transient = (isinstance(exc, _TRANSIENT) or conn is None or conn.closed or conn.broken)
+                if not transient:
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise DatabaseUnavailableError(
+                        f"{what}: PostgreSQL at {self.where} kept failing for {self.reconnect_timeout:g} s: "
+                        f"{str(exc).strip() or type(exc).__name__}") from exc
+                log.warning("%s: %s; trying again in %.2f s", what, str(exc).strip() or type(exc).__name__, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def query_all(self, sql: Any, *parameters: Any) -> list[Any]:
+        """Rows of a read-only query on this thread's connection (for applications and tests)."""
+        return self._retrying("a query", lambda conn: list(conn.execute(sql, parameters or None).fetchall()))
+
+    def _stored_high_water_mark(self, conn: psycopg.Connection[Any], partition_id: int) -> int:
+        row = conn.execute(f"SELECT high_water_mark FROM {self.table} WHERE partition_id = %s",
+                           (partition_id,)).fetchone()
+        return -1 if row is None else int(row[0])
+
+    def _forget(self, conn: psycopg.Connection[Any]) -> None:
+        with self._guard:
+            if conn in self._connections:
+                self._connections.remove(conn)
+        try:
+            conn.close()
+        except psycopg.Error:
+            pass
+
+    def close(self) -> None:
+        """Close every connection this object opened."""
+        with self._guard:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            conn.close()
+        self._local = threading.local()
