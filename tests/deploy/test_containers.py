@@ -223,8 +223,9 @@ def test_chart_pods_run_the_bank_demo_and_survive_a_storage_restart(images):
                 time.sleep(0.5)
             assert {p: len(records) - 1 for p, records in replicas[0].items()} == report.high_water_marks
 
-            run(["docker", "stop", "-t", "30", server.name], 60)
-            assert exit_code(server.name) == 0, logs(server.name)[-2000:]
+            for name in (server.name, storage[0].name):  # SIGTERM to PID 1: a graceful exit, not a kill
+                run(["docker", "stop", "-t", "30", name], 60)
+                assert exit_code(name) == 0, logs(name)[-2000:]
         finally:
             remove(deployment.containers, deployment.volumes)
     print(f"container test: {time.monotonic() - started:.1f} s")
