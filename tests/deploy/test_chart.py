@@ -54,7 +54,8 @@ def test_images_leave_spark_and_test_packages_out():
         assert f'"{package}' not in deps.group(1), f"{package} would land in the service images"
     for dockerfile in ("Dockerfile.storage", "Dockerfile.server"):
         text = (ROOT / dockerfile).read_text()
-        assert "-c constraints.txt ." in text and "[spark" not in text and "[dev" not in text
+        assert "-c constraints.txt -r requirements.txt" in text and "--no-deps ." in text
+        assert "[spark" not in text and "[dev" not in text
 
 
 @pytest.mark.parametrize("values_file", VALUE_SETS, ids=lambda p: p.name)
