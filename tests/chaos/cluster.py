@@ -176,17 +176,22 @@ def replica_records(cluster: LocalCluster) -> dict[str, dict[int, list[Record]]]
     found: dict[str, dict[int, list[Record]]] = {}
     for node in cluster.storage:
         with StorageAdminClient("127.0.0.1", node.admin_port, cluster.cluster_key, PARTITIONS) as admin:
-            partitions: dict[int, list[Record]] = {}
-            for state in admin.list_partitions():
-                records: list[Record] = []
-                while len(records) <= state.max_transaction_id:
-                    chunk = admin.record_list(state.partition_id, len(records), 500)
-                    if not chunk:
-                        break
-                    records.extend(chunk)
-                partitions[state.partition_id] = records
-            found[node.name] = partitions
+            found[node.name] = node_records(admin)
     return found
+
+
+def node_records(admin: StorageAdminClient) -> dict[int, list[Record]]:
+    """Every record of every partition one storage node holds, read through its admin client."""
+    partitions: dict[int, list[Record]] = {}
+    for state in admin.list_partitions():
+        records: list[Record] = []
+        while len(records) <= state.max_transaction_id:
+            chunk = admin.record_list(state.partition_id, len(records), 500)
+            if not chunk:
+                break
+            records.extend(chunk)
+        partitions[state.partition_id] = records
+    return partitions
 
 
 def segment_bodies(cluster: LocalCluster, partition_id: int) -> dict[str, bytes]:

