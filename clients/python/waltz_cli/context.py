@@ -10,6 +10,7 @@ from kazoo.client import KazooClient
 
 from waltz.v1 import metadata_pb2
 from waltz_cli.errors import UsageError
+from waltz_cli.guards import PartitionView, ReplicaState
 from waltz_common import cluster_admin
 from waltz_common import config as cfg
 from waltz_common import zk as zkmeta
@@ -84,6 +85,22 @@ class Context:
             return cluster_admin.parse_partitions(text, count)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+
+    def partition_view(self, partition_id: int) -> PartitionView:
+        """What ZooKeeper holds about a partition's store session and replicas (for the guards)."""
+        read = zkmeta.read(self.zk, self.paths.partition_metadata(partition_id), metadata_pb2.PartitionMetadata)
+        session_id, states = -1, {}
+        if read is not None:
+            session_id = read[0].session_id
+            states = {
+                e.replica_id.storage_node_connect_string: ReplicaState(
+                    e.replica_state.session_id, e.replica_state.closing_high_water_mark
+                )
+                for e in read[0].replica_states
+            }
+        assigned = cluster_admin.replica_assignments(self.zk, self.paths)
+        holders = frozenset(node for node, held in assigned.items() if partition_id in held)
+        return PartitionView(partition_id, session_id, states, holders)
 
     def admin_port(self, node: str) -> int:
         """The registered admin port of a storage node (its host:port connect string)."""
