@@ -14,6 +14,7 @@ from waltz_cli.guards import PartitionView, ReplicaState
 from waltz_common import cluster_admin
 from waltz_common import config as cfg
 from waltz_common import zk as zkmeta
+from waltz_common.tls import TLS_KEYS, TlsFiles
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Context:
     rpc_timeout_s: float = 10.0
     as_json: bool = False
     show_progress: bool | None = None
+    tls: TlsFiles | None = None
     _zk: KazooClient | None = field(default=None, repr=False)
 
     @classmethod
@@ -34,14 +36,16 @@ class Context:
         """Build from -c CLI.yaml and/or --zookeeper/--root (flags win over the file)."""
         connect, root = args.zookeeper, args.root
         connect_timeout, session_timeout = args.timeout, 30.0
+        cert, key, ca = args.tls_cert, args.tls_key, args.tls_ca
         if args.config:
             overrides: dict[str, Any] = {}
             if connect:
                 overrides["zookeeper.connectString"] = connect
             if root:
                 overrides["cluster.root"] = root
-            conf = cfg.load(args.config, cfg.ZOOKEEPER_KEYS, overrides)
+            conf = cfg.load(args.config, cfg.ZOOKEEPER_KEYS + TLS_KEYS, overrides)
             connect, root = conf["zookeeper.connectString"], conf["cluster.root"]
+            cert, key, ca = cert or conf["tls.certFile"], key or conf["tls.keyFile"], ca or conf["tls.caFile"]
             connect_timeout = conf["zookeeper.connectTimeout"] / 1000.0
             session_timeout = conf["zookeeper.sessionTimeout"] / 1000.0
         return cls(
@@ -52,6 +56,7 @@ class Context:
             rpc_timeout_s=args.timeout,
             as_json=args.json,
             show_progress=args.progress,
+            tls=TlsFiles.of(cert, key, ca, "TLS (--tls-cert/--tls-key/--tls-ca or tls.* in the CLI file)"),
         )
 
     @property
@@ -101,6 +106,10 @@ class Context:
         assigned = cluster_admin.replica_assignments(self.zk, self.paths)
         holders = frozenset(node for node, held in assigned.items() if partition_id in held)
         return PartitionView(partition_id, session_id, states, holders)
+
+    def tls_config(self) -> dict[str, str]:
+        """The tls.* keys of a client configuration that uses the CLI's certificate (empty without TLS)."""
+        return {} if self.tls is None else self.tls.as_config()
 
     def admin_port(self, node: str) -> int:
         """The registered admin port of a storage node (its host:port connect string)."""

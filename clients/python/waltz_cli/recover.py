@@ -100,7 +100,9 @@ def recover_one(ctx: Context, source: str, destination: str, pid: int, batch: in
         dst.set_writable(pid, False)
         try:
             session_id = max(d.session_id, s.session_id, _current_session(ctx, pid))
-            with StorageSession(destination, params.cluster_key, params.num_partitions, ctx.rpc_timeout_s) as session:
+            with StorageSession(
+                destination, params.cluster_key, params.num_partitions, ctx.rpc_timeout_s, tls_files=ctx.tls
+            ) as session:
                 kept = session.truncate(pid, session_id, min(d.local_low_water_mark, d.max_transaction_id))
                 safe_end = _committed_end(ctx, pid, source, s.session_id, s.low_water_mark)
                 plan = plan_copy(kept + 1, s.max_transaction_id, safe_end)

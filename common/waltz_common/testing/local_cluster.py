@@ -17,6 +17,7 @@ import yaml
 from waltz_common import cluster_admin
 from waltz_common import zk as zkmeta
 from waltz_common.testing.zookeeper import ZooKeeperProcess
+from waltz_common.tls import TlsFiles
 
 BIN = Path(sys.executable).parent
 
@@ -164,7 +165,9 @@ class LocalCluster:
     ``LocalCluster(workdir, storage_nodes=3, servers=1, partitions=1).start()`` starts ZooKeeper,
     creates the cluster, starts the storage nodes (each its own replica group, every partition on
     every node), assigns the replicas on each node and starts the servers. ``server_overrides``
-    and ``storage_overrides`` add or replace configuration keys.
+    and ``storage_overrides`` add or replace configuration keys. ``tls=True`` makes development
+    certificates in ``workdir/tls`` (waltz_common.devcerts) and runs every channel with mutual TLS;
+    ``tls_files(role)`` gives the files of a role, ``client_config()`` an application's.
     """
 
     def __init__(
@@ -179,6 +182,7 @@ class LocalCluster:
         zookeeper: str | None = None,
         server_overrides: dict[str, Any] | None = None,
         storage_overrides: dict[str, Any] | None = None,
+        tls: bool = False,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -195,6 +199,24 @@ class LocalCluster:
         self.cluster_key = ""
         self.storage: list[StorageNode] = []
         self.servers: list[ServerNode] = []
+        self.tls_dir: Path | None = None
+        if tls:
+            from waltz_common import devcerts
+
+            self.tls_dir = self.workdir / "tls"
+            devcerts.write(self.tls_dir)
+
+    def tls_files(self, role: str) -> TlsFiles | None:
+        """The PEM files of a role's development certificate; None without TLS."""
+        if self.tls_dir is None:
+            return None
+        d = self.tls_dir
+        return TlsFiles(str(d / f"{role}.pem"), str(d / f"{role}-key.pem"), str(d / "ca.pem"))
+
+    def tls_config(self, role: str) -> dict[str, Any]:
+        """The tls.* configuration keys of a role (empty without TLS)."""
+        files = self.tls_files(role)
+        return {} if files is None else files.as_config()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> LocalCluster:
@@ -232,7 +254,9 @@ class LocalCluster:
         """Create the partitions' files on a storage node through its admin port."""
         from waltz_storage.admin_client import StorageAdminClient
 
-        with StorageAdminClient("127.0.0.1", node.admin_port, self.cluster_key, self.num_partitions) as client:
+        with StorageAdminClient(
+            "127.0.0.1", node.admin_port, self.cluster_key, self.num_partitions, tls_files=self.tls_files("operator")
+        ) as client:
             existing = {p.partition_id for p in client.list_partitions()}
             for pid in partitions if partitions is not None else range(self.num_partitions):
                 if pid not in existing:
@@ -260,6 +284,7 @@ class LocalCluster:
         return {
             "zookeeper.connectString": self.zookeeper,
             "cluster.root": self.paths.root,
+            **self.tls_config("application"),
             **overrides,
         }
 
@@ -283,6 +308,7 @@ class LocalCluster:
             "storage.admin.port": admin_port,
             "storage.metrics.port": metrics_port,
             "storage.directory": str(directory),
+            **self.tls_config("storage"),
             **self.storage_overrides,
         }
         config_path = self.workdir / name / "storage.yaml"
@@ -308,6 +334,7 @@ class LocalCluster:
             "server.host": "127.0.0.1",
             "server.port": port,
             "server.metrics.port": metrics_port,
+            **self.tls_config("server"),
             **self.server_overrides,
         }
         config_path = self.workdir / name / "server.yaml"

@@ -14,7 +14,7 @@ from kazoo.client import KazooClient
 from prometheus_client import start_http_server
 
 from waltz.v1 import metadata_pb2
-from waltz_common import event_loop
+from waltz_common import event_loop, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import Config, ConfigError, describe, load
 from waltz_common.gctune import tune_for_service
@@ -80,7 +80,9 @@ async def _serve(config: Config, zk: KazooClient, paths: ZkPaths, params: metada
     )
     host = config["server.host"]
     max_message = max(16 * 1024 * 1024, 2 * settings.max_transaction_bytes + 65536)
-    server, port, health = await start_grpc_server(service, host, config["server.port"], max_message)
+    server, port, health = await start_grpc_server(
+        service, host, config["server.port"], max_message, tls.process_files()
+    )
 
     async def on_connected(connected: bool) -> None:
         for name in ("", SERVICE_NAME):
@@ -135,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load(args.config, all_keys())
         PartitionSettings.from_config(config)
         StoreSettings.from_config(config)
+        tls.use_for_process(tls.TlsFiles.from_config(config))  # this server's certificate, to storage nodes too
         event_loop.loop_factory()
     except (ConfigError, ValueError) as exc:
         print(f"waltz-server: {exc}", file=sys.stderr)

@@ -11,7 +11,7 @@ import uuid
 
 from prometheus_client import start_http_server
 
-from waltz_common import cluster_admin, event_loop
+from waltz_common import cluster_admin, event_loop, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import Config, ConfigError, describe, load
 from waltz_common.zk import MetadataError, ZkPaths
@@ -64,11 +64,11 @@ def read_store_params(config: Config) -> tuple[uuid.UUID, int]:
         client.close()
 
 
-async def serve(config: Config, node: StorageNode) -> int:
+async def serve(config: Config, node: StorageNode, files: tls.TlsFiles | None = None) -> int:
     """Serve until a signal, then shut down gracefully; returns the exit status."""
     host = config["storage.host"]
     try:
-        servers = await server.start(node, host, config["storage.port"], config["storage.admin.port"])
+        servers = await server.start(node, host, config["storage.port"], config["storage.admin.port"], files)
     except OSError as e:
         await asyncio.to_thread(node.close)
         print(f"waltz-storage: {e}", file=sys.stderr)
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load(args.config, STORAGE_KEYS)
         check(config)
+        files = tls.TlsFiles.from_config(config)
         event_loop.loop_factory()
         cluster_key, num_partitions = read_store_params(config)
         node = StorageNode.open(
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         num_partitions,
         node.manager.assigned_partitions() or "none",
     )
-    return event_loop.run(serve(config, node))
+    return event_loop.run(serve(config, node, files))
 
 
 if __name__ == "__main__":
