@@ -17,6 +17,7 @@ import grpc
 from tests.chaos.history import Append
 from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_client import AsyncWaltzClient, Transaction, WaltzClientCallbacks
+from waltz_common import tls
 from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.types import Record, crc32
@@ -35,8 +36,14 @@ DEADLINE_S = 240.0
 
 
 def chaos_cluster(
-    workdir: Path, zookeeper: str, cluster_root: str, servers: int = 2, **server_overrides: Any
+    workdir: Path,
+    zookeeper: str,
+    cluster_root: str,
+    servers: int = 2,
+    tls: bool = False,
+    **server_overrides: Any,
 ) -> LocalCluster:
+    """The chaos tests' cluster; tls=True runs every channel with mutual TLS (development certificates)."""
     return LocalCluster(
         workdir,
         storage_nodes=3,
@@ -45,6 +52,7 @@ def chaos_cluster(
         zookeeper=zookeeper,
         cluster_root=cluster_root,
         server_overrides={**SERVER_OVERRIDES, **server_overrides},
+        tls=tls,
     )
 
 
@@ -174,7 +182,10 @@ def replica_records(cluster: LocalCluster) -> dict[str, dict[int, list[Record]]]
     """Every storage node's records of every partition, through its admin port."""
     found: dict[str, dict[int, list[Record]]] = {}
     for node in cluster.storage:
-        with StorageAdminClient("127.0.0.1", node.admin_port, cluster.cluster_key, PARTITIONS) as admin:
+        operator = cluster.tls_files("operator")
+        with StorageAdminClient(
+            "127.0.0.1", node.admin_port, cluster.cluster_key, PARTITIONS, tls_files=operator
+        ) as admin:
             partitions: dict[int, list[Record]] = {}
             for state in admin.list_partitions():
                 records: list[Record] = []
@@ -214,8 +225,8 @@ def assignment(cluster: LocalCluster) -> dict[int, Ownership]:
     return {p.partition_id: Ownership(p.server_id, p.generation) for p in message.partitions}
 
 
-async def server_partitions(address: str) -> server_pb2.ServerPartitionsResponse:
-    async with grpc.aio.insecure_channel(address) as channel:
+async def server_partitions(cluster: LocalCluster, address: str) -> server_pb2.ServerPartitionsResponse:
+    async with tls.aio_channel(address, cluster.tls_files("operator")) as channel:
         stub = server_pb2_grpc.WaltzServerStub(channel)
         return await stub.GetServerPartitions(server_pb2.ServerPartitionsRequest(), timeout=10)
 
@@ -225,7 +236,7 @@ async def sessions(cluster: LocalCluster) -> dict[int, tuple[int, int, int]]:
     found = {}
     for server in cluster.servers:
         if server.running:
-            for p in (await server_partitions(server.address)).partitions:
+            for p in (await server_partitions(cluster, server.address)).partitions:
                 found[p.partition_id] = (p.generation, p.session_id, p.high_water_mark)
     return dict(sorted(found.items()))
 
@@ -238,7 +249,7 @@ async def all_partitions(cluster: LocalCluster, healthy: bool, timeout: float = 
         states = {}
         for server in cluster.servers:
             if server.running:
-                for p in (await server_partitions(server.address)).partitions:
+                for p in (await server_partitions(cluster, server.address)).partitions:
                     states[p.partition_id] = p.healthy
         if len(states) == PARTITIONS and all(state == healthy for state in states.values()):
             return
@@ -251,7 +262,7 @@ async def servers_by_id(cluster: LocalCluster) -> dict[int, Any]:
     found = {}
     for server in cluster.servers:
         if server.running:
-            found[(await server_partitions(server.address)).server_id] = server
+            found[(await server_partitions(cluster, server.address)).server_id] = server
     return found
 
 
@@ -268,7 +279,7 @@ async def healthy_owners(
             answers = {}
             for server in cluster.servers:
                 if server.running:
-                    answer = await server_partitions(server.address)
+                    answer = await server_partitions(cluster, server.address)
                     answers[answer.server_id] = answer
             held = {p.partition_id: (sid, p.generation, p.healthy) for sid, a in answers.items() for p in a.partitions}
             wanted = {pid: (o.server_id, o.generation, True) for pid, o in owners.items()}
