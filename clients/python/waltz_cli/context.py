@@ -11,10 +11,11 @@ from kazoo.client import KazooClient
 from waltz.v1 import metadata_pb2
 from waltz_cli.errors import UsageError
 from waltz_cli.guards import PartitionView, ReplicaState
-from waltz_common import cluster_admin
+from waltz_common import cluster_admin, zk_security
 from waltz_common import config as cfg
 from waltz_common import zk as zkmeta
 from waltz_common.tls import TLS_KEYS, TlsFiles
+from waltz_common.zk_security import ZkSecurity
 
 
 @dataclass
@@ -29,6 +30,8 @@ class Context:
     as_json: bool = False
     show_progress: bool | None = None
     tls: TlsFiles | None = None
+    zk_security: ZkSecurity | None = None
+    zk_security_keys: dict[str, str] = field(default_factory=dict)
     _zk: KazooClient | None = field(default=None, repr=False)
 
     @classmethod
@@ -37,6 +40,7 @@ class Context:
         connect, root = args.zookeeper, args.root
         connect_timeout, session_timeout = args.timeout, 30.0
         cert, key, ca = args.tls_cert, args.tls_key, args.tls_ca
+        security, security_keys = None, {}
         if args.config:
             overrides: dict[str, Any] = {}
             if connect:
@@ -46,6 +50,8 @@ class Context:
             conf = cfg.load(args.config, cfg.ZOOKEEPER_KEYS + TLS_KEYS, overrides)
             connect, root = conf["zookeeper.connectString"], conf["cluster.root"]
             cert, key, ca = cert or conf["tls.certFile"], key or conf["tls.keyFile"], ca or conf["tls.caFile"]
+            security = ZkSecurity.from_config(conf)
+            security_keys = {k: conf[k] for k in zk_security.KEY_NAMES if conf[k] is not None}
             connect_timeout = conf["zookeeper.connectTimeout"] / 1000.0
             session_timeout = conf["zookeeper.sessionTimeout"] / 1000.0
         return cls(
@@ -57,6 +63,8 @@ class Context:
             as_json=args.json,
             show_progress=args.progress,
             tls=TlsFiles.of(cert, key, ca, "TLS (--tls-cert/--tls-key/--tls-ca or tls.* in the CLI file)"),
+            zk_security=security,
+            zk_security_keys=security_keys,
         )
 
     @property
@@ -66,7 +74,9 @@ class Context:
             if not self.connect_string:
                 raise UsageError("no ZooKeeper given: use -c CLI.yaml or --zookeeper HOST:PORT --root /path")
             self.paths  # a bad root is reported before waiting for ZooKeeper  # noqa: B018
-            self._zk = zkmeta.connect(self.connect_string, self.connect_timeout_s, self.session_timeout_s)
+            self._zk = zkmeta.connect(
+                self.connect_string, self.connect_timeout_s, self.session_timeout_s, self.zk_security
+            )
         return self._zk
 
     @property
@@ -110,6 +120,10 @@ class Context:
     def tls_config(self) -> dict[str, str]:
         """The tls.* keys of a client configuration that uses the CLI's certificate (empty without TLS)."""
         return {} if self.tls is None else self.tls.as_config()
+
+    def zookeeper_security_config(self) -> dict[str, str]:
+        """The zookeeper.tls.*, zookeeper.auth and zookeeper.acl keys of the CLI file, for a client it starts."""
+        return dict(self.zk_security_keys)
 
     def admin_port(self, node: str) -> int:
         """The registered admin port of a storage node (its host:port connect string)."""

@@ -170,6 +170,7 @@ def cluster_clients(ctx: Context, partition: int) -> ClientFactory:
         "client.autoMount": False,
         "client.requestTimeout": ctx.rpc_timeout_s,
         **ctx.tls_config(),
+        **ctx.zookeeper_security_config(),
     }
 
     def make(callbacks: Any) -> Any:

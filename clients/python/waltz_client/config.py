@@ -10,6 +10,7 @@ from typing import Any
 
 from waltz_common.config import ZOOKEEPER_KEYS, Config, Key, boolean, load
 from waltz_common.tls import TLS_KEYS, TlsFiles
+from waltz_common.zk_security import ZkSecurity
 
 CLIENT_KEYS = (
     Key("client.maxConcurrentTransactions", int, 5,
@@ -54,6 +55,7 @@ class ClientConfig:
     keepalive_time_ms: int
     callback_thread: bool
     tls: TlsFiles | None = None
+    zookeeper_security: ZkSecurity | None = None
 
     @staticmethod
     def of(config: Config | Mapping[str, Any] | str | Path | None, zookeeper_required: bool = True) -> ClientConfig:
@@ -84,4 +86,5 @@ class ClientConfig:
             keepalive_time_ms=config["client.keepaliveTime"],
             callback_thread=config["client.callbackThread"],
             tls=TlsFiles.from_config(config),
+            zookeeper_security=ZkSecurity.from_config(config),
         )

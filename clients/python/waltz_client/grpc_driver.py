@@ -130,7 +130,7 @@ class GrpcDriver(Driver):
         paths = zkmeta.ZkPaths(cfg.cluster_root)
         self._zk = await asyncio.to_thread(
             zkmeta.connect, cfg.zookeeper_connect_string, cfg.zookeeper_connect_timeout_s,
-            cfg.zookeeper_session_timeout_s)
+            cfg.zookeeper_session_timeout_s, cfg.zookeeper_security)
         zk = self._zk
         params = await asyncio.to_thread(zkmeta.store_params, zk, paths)
         cluster = await asyncio.to_thread(zkmeta.read, zk, paths.cluster, metadata_pb2.ClusterParams)

@@ -19,6 +19,7 @@ from waltz_common import zk as zkmeta
 from waltz_common.config import Config, ConfigError, describe, load
 from waltz_common.gctune import tune_for_service
 from waltz_common.zk import MetadataError, ZkPaths
+from waltz_common.zk_security import ZkSecurity
 from waltz_server.cluster import ClusterMembership
 from waltz_server.config import PartitionSettings, all_keys
 from waltz_server.metrics import ServerMetrics
@@ -43,6 +44,7 @@ async def serve(config: Config) -> int:
         config["zookeeper.connectString"],
         config["zookeeper.connectTimeout"] / 1000.0,
         config["zookeeper.sessionTimeout"] / 1000.0,
+        ZkSecurity.from_config(config),
     )
     try:
         cluster = zkmeta.require(zk, paths.cluster, metadata_pb2.ClusterParams)[0]
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load(args.config, all_keys())
         PartitionSettings.from_config(config)
         StoreSettings.from_config(config)
+        ZkSecurity.from_config(config)  # its files and formats are checked before anything starts
         tls.use_for_process(tls.TlsFiles.from_config(config))  # this server's certificate, to storage nodes too
         event_loop.loop_factory()
     except (ConfigError, ValueError) as exc:

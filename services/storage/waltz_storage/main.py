@@ -15,6 +15,7 @@ from waltz_common import cluster_admin, event_loop, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import Config, ConfigError, describe, load
 from waltz_common.zk import MetadataError, ZkPaths
+from waltz_common.zk_security import ZkSecurity
 from waltz_storage import server
 from waltz_storage.config import STORAGE_KEYS, check
 from waltz_storage.dispatch import Limits
@@ -41,6 +42,7 @@ def read_store_params(config: Config) -> tuple[uuid.UUID, int]:
         config["zookeeper.connectString"],
         timeout_s=config["zookeeper.connectTimeout"] / 1000,
         session_timeout_s=config["zookeeper.sessionTimeout"] / 1000,
+        security=ZkSecurity.from_config(config),
     )
     try:
         paths = ZkPaths(config["cluster.root"])
