@@ -13,6 +13,7 @@ from waltz_common import tls
 from waltz_common import zk as zkmeta
 from waltz_common.cluster_admin import parse_partitions
 from waltz_common.tls import TlsFiles
+from waltz_common.zk_security import ZkSecurity
 
 T = TypeVar("T")
 
@@ -35,11 +36,18 @@ class PartitionUnavailable(RuntimeError):
 class ClusterDirectory:
     """A ZooKeeper session on one cluster: its partition count and the server that owns each partition."""
 
-    def __init__(self, zookeeper: str, root: str, timeout_s: float = 10.0, tls_files: TlsFiles | None = None) -> None:
+    def __init__(
+        self,
+        zookeeper: str,
+        root: str,
+        timeout_s: float = 10.0,
+        tls_files: TlsFiles | None = None,
+        zk_security: ZkSecurity | None = None,
+    ) -> None:
         self.paths = zkmeta.ZkPaths(root)
         self.tls_files = tls_files
         self.timeout_s = timeout_s
-        self._zk = zkmeta.connect(zookeeper, timeout_s=timeout_s)
+        self._zk = zkmeta.connect(zookeeper, timeout_s=timeout_s, security=zk_security)
         self._channels: dict[str, grpc.Channel] = {}
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ from waltz.v1 import common_pb2, server_pb2, server_pb2_grpc
 from waltz_common import tls
 from waltz_common.tls import TlsFiles
 from waltz_common.types import crc32_unsigned
+from waltz_common.zk_security import ZkSecurity
 from waltz_spark.cluster import CHANNEL_OPTIONS, ClusterDirectory, PartitionUnavailable, describe, is_retryable
 
 ARROW_SCHEMA = pa.schema(
@@ -50,6 +51,7 @@ class ReadTask:
     batch_size: int = 0
     timeout_s: float = 30.0
     tls: TlsFiles | None = None
+    zookeeper_security: ZkSecurity | None = None
 
 
 def read_task(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = None) -> Iterator[pa.RecordBatch]:
@@ -134,7 +136,9 @@ def check(partition: int, expected_first: int, records: Sequence[common_pb2.Reco
 def locate_owner(task: ReadTask, previous: str) -> str:
     """The partition's owner now, from ZooKeeper; the previous address when it cannot be looked up."""
     try:
-        with ClusterDirectory(task.zookeeper, task.root, timeout_s=min(task.timeout_s, 10.0)) as directory:
+        with ClusterDirectory(
+            task.zookeeper, task.root, min(task.timeout_s, 10.0), zk_security=task.zookeeper_security
+        ) as directory:
             return directory.owner(task.partition)
     except Exception:  # the retry loop reports the read error; a failed lookup only means "same place"
         return previous

@@ -108,3 +108,7 @@ def test_tls_options_are_all_or_nothing(tmp_path):
     given = {"TLS.CERTFILE": "c.pem", "tls.keyfile": "k.pem", "tls.caFile": "ca.pem"}
     parsed = parse_options({**base, **{k: str(tmp_path / v) for k, v in given.items()}})
     assert parsed.tls is not None and parsed.tls.cert_file == str(tmp_path / "c.pem")
+    secured = parse_options({**base, "zookeeper.auth": "digest:reader:pw"}).zookeeper_security
+    assert secured is not None and secured.auth == ("digest", "reader:pw")
+    with pytest.raises(OptionError, match=r"zookeeper\.auth must look like scheme:credential"):
+        parse_options({**base, "zookeeper.auth": "nocolon"})
