@@ -43,9 +43,11 @@ from bench.append_writers import PARTITION, CountingCallbacks, Job, JobResult, r
 from bench.baselines import RECORD_BYTES, Baselines, MemorySampler, percentile, run_baselines
 from waltz.v1 import common_pb2, metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_client import AsyncWaltzClient
+from waltz_common import tls
 from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.testing.zookeeper import ZooKeeperProcess
+from waltz_common.tls import TlsFiles
 from waltz_common.types import crc32
 
 PREFILL_BATCH = 1000
@@ -91,8 +93,8 @@ def _take_client_id(cluster: LocalCluster) -> tuple[int, int]:
         zk.close()
 
 
-async def high_water_mark(address: str) -> int:
-    async with grpc.aio.insecure_channel(address) as channel:
+async def high_water_mark(address: str, files: TlsFiles | None = None) -> int:
+    async with tls.aio_channel(address, files) as channel:
         response = await server_pb2_grpc.WaltzServerStub(channel).GetHighWaterMark(
             server_pb2.HighWaterMarkRequest(partition_id=PARTITION), timeout=30
         )
@@ -195,6 +197,7 @@ class Window:
                  timeline: list[tuple[float, int, int]] | None = None) -> None:
         self._processes = {name: psutil.Process(pid) for name, pid in cluster.pids().items()}
         self._address = cluster.servers[0].address
+        self._tls = cluster.tls_files("application")
         self._metrics_url = f"http://127.0.0.1:{cluster.servers[0].metrics_port}/metrics"
         self._sampler = sampler
         self._warmup = scale.warmup_s
@@ -234,7 +237,7 @@ class Window:
         for i in range(1, 11):
             time.sleep(max(0.0, started + self._warmup + self._seconds * i / 10 - time.perf_counter()))
             if self._timeline is not None:
-                hwm = asyncio.run(high_water_mark(self._address))
+                hwm = asyncio.run(high_water_mark(self._address, self._tls))
                 self._timeline.append((time.perf_counter() - started, hwm, self._sampler.rss("server-0")))
         after = self._cpu()
         batches_after = self._batches()
@@ -261,7 +264,7 @@ WRITER_CLIENT: dict[str, object] = {"client.callbackThread": False}
 def closed_loop(cluster: LocalCluster, writers: int, procs: int, seconds: float, scale: Scale,
                 sampler: MemorySampler, timeline: list[tuple[float, int, int]] | None = None,
                 client: dict[str, object] | None = None) -> WriterRow:
-    hwm = asyncio.run(high_water_mark(cluster.servers[0].address))
+    hwm = asyncio.run(high_water_mark(cluster.servers[0].address, cluster.tls_files("application")))
     share = [writers // procs + (1 if i < writers % procs else 0) for i in range(procs)]
     config = cluster.client_config(**(WRITER_CLIENT if client is None else client))
     jobs = [Job(config, hwm, writers=n, warmup_s=scale.warmup_s, run_s=seconds) for n in share if n]
@@ -276,7 +279,7 @@ def closed_loop(cluster: LocalCluster, writers: int, procs: int, seconds: float,
 
 def open_loop(cluster: LocalCluster, scale: Scale, sampler: MemorySampler,
               client: dict[str, object] | None = None) -> WriterRow:
-    hwm = asyncio.run(high_water_mark(cluster.servers[0].address))
+    hwm = asyncio.run(high_water_mark(cluster.servers[0].address, cluster.tls_files("application")))
     config = cluster.client_config(**(WRITER_CLIENT if client is None else client))
     job = Job(config, hwm, rate=OPEN_LOOP_RATE, warmup_s=scale.warmup_s, run_s=scale.open_run_s)
     window = Window(cluster, sampler, scale, scale.open_run_s)

@@ -11,6 +11,7 @@ from kazoo.exceptions import NoNodeError, NotEmptyError
 from waltz.v1 import metadata_pb2
 from waltz_common import zk as zkmeta
 from waltz_common.zk import MetadataError, ZkPaths
+from waltz_common.zk_security import creatable_by_anyone
 
 
 def parse_partitions(text: str, num_partitions: int | None = None) -> list[int]:
@@ -57,7 +58,7 @@ def create_cluster(zk: KazooClient, paths: ZkPaths, name: str, num_partitions: i
     tx.create(paths.connection_metadata, metadata_pb2.ConnectionMetadata().SerializeToString())
     tx.create(paths.servers, b"")
     tx.create(paths.server_assignment, metadata_pb2.ServerAssignment().SerializeToString())
-    tx.create(f"{paths.root}/ids", b"")
+    tx.create(f"{paths.root}/ids", b"", acl=creatable_by_anyone(zk.default_acl))  # applications take ids
     results = tx.commit()
     failures = [r for r in results if isinstance(r, Exception)]
     if failures:

@@ -113,4 +113,20 @@ ZOOKEEPER_KEYS = (
     Key("zookeeper.sessionTimeout", int, 30000, "ZooKeeper session timeout in milliseconds"),
     Key("zookeeper.connectTimeout", int, 10000, "how long to wait for ZooKeeper at start, milliseconds"),
     Key("cluster.root", str, doc="the cluster's root znode, e.g. /waltz/my_cluster"),
+    Key(
+        "zookeeper.tls.certFile",
+        str,
+        None,
+        "PEM client certificate for ZooKeeper's secure client port; with keyFile and caFile turns TLS to ZooKeeper on",
+    ),
+    Key("zookeeper.tls.keyFile", str, None, "PEM private key of zookeeper.tls.certFile"),
+    Key("zookeeper.tls.caFile", str, None, "PEM CA that ZooKeeper's server certificate must chain to"),
+    Key("zookeeper.auth", str, None, "scheme:credential added to the ZooKeeper session, e.g. digest:server:secret"),
+    Key(
+        "zookeeper.acl",
+        str,
+        None,
+        "semicolon-separated scheme:id (e.g. digest:operator:<base64 SHA-1>; x509:CN=...) given every "
+        "permission on the znodes this process creates; anyone else may only read them (docs/security.md)",
+    ),
 )

@@ -12,6 +12,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import ZnodeStat
 
 from waltz.v1 import metadata_pb2
+from waltz_common.zk_security import ZkSecurity
 
 M = TypeVar("M", bound=Message)
 
@@ -80,9 +81,13 @@ class ZkPaths:
         return f"{self.root}/ids/server"
 
 
-def connect(connect_string: str, timeout_s: float = 10.0, session_timeout_s: float = 30.0) -> KazooClient:
-    """A started kazoo client, or MetadataError naming the address when ZooKeeper is unreachable."""
-    client = KazooClient(hosts=connect_string, timeout=session_timeout_s)
+def connect(
+    connect_string: str, timeout_s: float = 10.0, session_timeout_s: float = 30.0, security: ZkSecurity | None = None
+) -> KazooClient:
+    """A started kazoo client (with ZooKeeper TLS, auth and ACLs when security says so), or MetadataError naming
+    the address when ZooKeeper is unreachable."""
+    extra = security.kazoo_args() if security is not None else {}
+    client = KazooClient(hosts=connect_string, timeout=session_timeout_s, **extra)
     try:
         client.start(timeout=timeout_s)
     except Exception as exc:  # kazoo raises its own timeout type; one clear message for all

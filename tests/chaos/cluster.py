@@ -17,6 +17,7 @@ import grpc
 from tests.chaos.history import Append
 from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_client import AsyncWaltzClient, Transaction, WaltzClientCallbacks
+from waltz_common import tls
 from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.types import Record, crc32
@@ -35,8 +36,15 @@ DEADLINE_S = 240.0
 
 
 def chaos_cluster(
-    workdir: Path, zookeeper: str, cluster_root: str, servers: int = 2, proxied: bool = False, **server_overrides: Any
+    workdir: Path,
+    zookeeper: str,
+    cluster_root: str,
+    servers: int = 2,
+    proxied: bool = False,
+    tls: bool = False,
+    **server_overrides: Any,
 ) -> LocalCluster:
+    """The chaos tests' cluster; tls=True runs every channel with mutual TLS (development certificates)."""
     return LocalCluster(
         workdir,
         storage_nodes=3,
@@ -46,6 +54,7 @@ def chaos_cluster(
         cluster_root=cluster_root,
         server_overrides={**SERVER_OVERRIDES, **server_overrides},
         proxied=proxied,
+        tls=tls,
     )
 
 
@@ -175,7 +184,10 @@ def replica_records(cluster: LocalCluster) -> dict[str, dict[int, list[Record]]]
     """Every storage node's records of every partition, through its admin port."""
     found: dict[str, dict[int, list[Record]]] = {}
     for node in cluster.storage:
-        with StorageAdminClient("127.0.0.1", node.admin_port, cluster.cluster_key, PARTITIONS) as admin:
+        operator = cluster.tls_files("operator")
+        with StorageAdminClient(
+            "127.0.0.1", node.admin_port, cluster.cluster_key, PARTITIONS, tls_files=operator
+        ) as admin:
             found[node.name] = node_records(admin)
     return found
 
@@ -220,8 +232,8 @@ def assignment(cluster: LocalCluster) -> dict[int, Ownership]:
     return {p.partition_id: Ownership(p.server_id, p.generation) for p in message.partitions}
 
 
-async def server_partitions(address: str) -> server_pb2.ServerPartitionsResponse:
-    async with grpc.aio.insecure_channel(address) as channel:
+async def server_partitions(cluster: LocalCluster, address: str) -> server_pb2.ServerPartitionsResponse:
+    async with tls.aio_channel(address, cluster.tls_files("operator")) as channel:
         stub = server_pb2_grpc.WaltzServerStub(channel)
         return await stub.GetServerPartitions(server_pb2.ServerPartitionsRequest(), timeout=10)
 
@@ -231,7 +243,7 @@ async def sessions(cluster: LocalCluster) -> dict[int, tuple[int, int, int]]:
     found = {}
     for server in cluster.servers:
         if server.running:
-            for p in (await server_partitions(server.address)).partitions:
+            for p in (await server_partitions(cluster, server.address)).partitions:
                 found[p.partition_id] = (p.generation, p.session_id, p.high_water_mark)
     return dict(sorted(found.items()))
 
@@ -244,7 +256,7 @@ async def all_partitions(cluster: LocalCluster, healthy: bool, timeout: float = 
         states = {}
         for server in cluster.servers:
             if server.running:
-                for p in (await server_partitions(server.address)).partitions:
+                for p in (await server_partitions(cluster, server.address)).partitions:
                     states[p.partition_id] = p.healthy
         if len(states) == PARTITIONS and all(state == healthy for state in states.values()):
             return
@@ -257,7 +269,7 @@ async def servers_by_id(cluster: LocalCluster) -> dict[int, Any]:
     found = {}
     for server in cluster.servers:
         if server.running:
-            found[(await server_partitions(server.address)).server_id] = server
+            found[(await server_partitions(cluster, server.address)).server_id] = server
     return found
 
 
@@ -274,7 +286,7 @@ async def healthy_owners(
             answers = {}
             for server in cluster.servers:
                 if server.running:
-                    answer = await server_partitions(server.address)
+                    answer = await server_partitions(cluster, server.address)
                     answers[answer.server_id] = answer
             held = {p.partition_id: (sid, p.generation, p.healthy) for sid, a in answers.items() for p in a.partitions}
             wanted = {pid: (o.server_id, o.generation, True) for pid, o in owners.items()}

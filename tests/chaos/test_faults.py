@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 
+import pytest
+
 from tests.chaos.cluster import (
     CLIENT,
     PARTITIONS,
@@ -53,10 +55,15 @@ def report(name: str, text: str) -> None:
 
 
 def on_cluster(
-    zookeeper: ZooKeeperProcess, cluster_root: str, workdir: Path, scenario: Callable[[LocalCluster], Awaitable[None]]
+    zookeeper: ZooKeeperProcess,
+    cluster_root: str,
+    workdir: Path,
+    scenario: Callable[[LocalCluster], Awaitable[None]],
+    tls: bool = False,
 ) -> None:
-    """Run the scenario on a fresh cluster; once it stopped, compare the replicas' data files."""
-    with chaos_cluster(workdir, zookeeper.connect_string, cluster_root) as cluster:
+    """Run the scenario on a fresh cluster (mutual TLS on every channel if tls); once it stopped, compare the
+    replicas' data files."""
+    with chaos_cluster(workdir, zookeeper.connect_string, cluster_root, tls=tls) as cluster:
         run(lambda: scenario(cluster))
     for pid in range(PARTITIONS):
         bodies = segment_bodies(cluster, pid)
@@ -146,8 +153,9 @@ def test_appends_commit_with_dense_ids_on_every_partition(
     on_cluster(zookeeper, cluster_root, tmp_path, scenario)
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
 def test_kill_9_of_a_storage_node_during_appends(
-    zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path
+    zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path, tls: bool
 ) -> None:
     async def scenario(cluster: LocalCluster) -> None:
         await healthy_owners(cluster)
@@ -160,11 +168,12 @@ def test_kill_9_of_a_storage_node_during_appends(
                 )
         await check_run(cluster, writer, "storage kill")
 
-    on_cluster(zookeeper, cluster_root, tmp_path, scenario)
+    on_cluster(zookeeper, cluster_root, tmp_path, scenario, tls)
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
 def test_kill_9_of_the_owning_server_during_appends(
-    zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path
+    zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path, tls: bool
 ) -> None:
     async def scenario(cluster: LocalCluster) -> None:
         await healthy_owners(cluster)
@@ -205,7 +214,7 @@ def test_kill_9_of_the_owning_server_during_appends(
                 assert status == {p: o.generation for p, o in after.items()}
         await check_run(cluster, writer, "server kill")
 
-    on_cluster(zookeeper, cluster_root, tmp_path, scenario)
+    on_cluster(zookeeper, cluster_root, tmp_path, scenario, tls)
 
 
 def test_kill_9_of_a_storage_node_and_of_a_server_then_both_restart_during_appends(
@@ -353,7 +362,6 @@ def test_a_frozen_owning_server_loses_its_partitions_and_does_no_harm_when_it_wa
         await check_run(cluster, writer, "server freeze")
 
     on_cluster(zookeeper, cluster_root, tmp_path, scenario)
-
 
 
 def test_a_storage_node_whose_writes_fail_leaves_the_write_set_and_catches_up_once_they_work(

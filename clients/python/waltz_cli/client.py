@@ -74,7 +74,7 @@ def read_range(ctx: Context, pid: int, first: int, last: int, as_json: bool) -> 
     def stream(start: int, end: int) -> int:
         n = 0
         request = server_pb2.ReadTransactionsRequest(partition_id=pid, from_transaction_id=start, to_transaction_id=end)
-        with rpc.server_stub(target) as stub:
+        with rpc.server_stub(ctx, target) as stub:
             for reply in stub.ReadTransactions(request, timeout=max(ctx.rpc_timeout_s, 60.0)):
                 for record in reply.records:
                     emit_line({"partition": pid, **record_data(record)}, record_line(record), as_json)

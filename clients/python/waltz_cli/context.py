@@ -10,9 +10,12 @@ from kazoo.client import KazooClient
 
 from waltz.v1 import metadata_pb2
 from waltz_cli.errors import UsageError
-from waltz_common import cluster_admin
+from waltz_cli.guards import PartitionView, ReplicaState
+from waltz_common import cluster_admin, zk_security
 from waltz_common import config as cfg
 from waltz_common import zk as zkmeta
+from waltz_common.tls import TLS_KEYS, TlsFiles
+from waltz_common.zk_security import ZkSecurity
 
 
 @dataclass
@@ -26,6 +29,9 @@ class Context:
     rpc_timeout_s: float = 10.0
     as_json: bool = False
     show_progress: bool | None = None
+    tls: TlsFiles | None = None
+    zk_security: ZkSecurity | None = None
+    zk_security_keys: dict[str, str] = field(default_factory=dict)
     _zk: KazooClient | None = field(default=None, repr=False)
 
     @classmethod
@@ -33,14 +39,19 @@ class Context:
         """Build from -c CLI.yaml and/or --zookeeper/--root (flags win over the file)."""
         connect, root = args.zookeeper, args.root
         connect_timeout, session_timeout = args.timeout, 30.0
+        cert, key, ca = args.tls_cert, args.tls_key, args.tls_ca
+        security, security_keys = None, {}
         if args.config:
             overrides: dict[str, Any] = {}
             if connect:
                 overrides["zookeeper.connectString"] = connect
             if root:
                 overrides["cluster.root"] = root
-            conf = cfg.load(args.config, cfg.ZOOKEEPER_KEYS, overrides)
+            conf = cfg.load(args.config, cfg.ZOOKEEPER_KEYS + TLS_KEYS, overrides)
             connect, root = conf["zookeeper.connectString"], conf["cluster.root"]
+            cert, key, ca = cert or conf["tls.certFile"], key or conf["tls.keyFile"], ca or conf["tls.caFile"]
+            security = ZkSecurity.from_config(conf)
+            security_keys = {k: conf[k] for k in zk_security.KEY_NAMES if conf[k] is not None}
             connect_timeout = conf["zookeeper.connectTimeout"] / 1000.0
             session_timeout = conf["zookeeper.sessionTimeout"] / 1000.0
         return cls(
@@ -51,6 +62,9 @@ class Context:
             rpc_timeout_s=args.timeout,
             as_json=args.json,
             show_progress=args.progress,
+            tls=TlsFiles.of(cert, key, ca, "TLS (--tls-cert/--tls-key/--tls-ca or tls.* in the CLI file)"),
+            zk_security=security,
+            zk_security_keys=security_keys,
         )
 
     @property
@@ -60,7 +74,9 @@ class Context:
             if not self.connect_string:
                 raise UsageError("no ZooKeeper given: use -c CLI.yaml or --zookeeper HOST:PORT --root /path")
             self.paths  # a bad root is reported before waiting for ZooKeeper  # noqa: B018
-            self._zk = zkmeta.connect(self.connect_string, self.connect_timeout_s, self.session_timeout_s)
+            self._zk = zkmeta.connect(
+                self.connect_string, self.connect_timeout_s, self.session_timeout_s, self.zk_security
+            )
         return self._zk
 
     @property
@@ -84,6 +100,30 @@ class Context:
             return cluster_admin.parse_partitions(text, count)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+
+    def partition_view(self, partition_id: int) -> PartitionView:
+        """What ZooKeeper holds about a partition's store session and replicas (for the guards)."""
+        read = zkmeta.read(self.zk, self.paths.partition_metadata(partition_id), metadata_pb2.PartitionMetadata)
+        session_id, states = -1, {}
+        if read is not None:
+            session_id = read[0].session_id
+            states = {
+                e.replica_id.storage_node_connect_string: ReplicaState(
+                    e.replica_state.session_id, e.replica_state.closing_high_water_mark
+                )
+                for e in read[0].replica_states
+            }
+        assigned = cluster_admin.replica_assignments(self.zk, self.paths)
+        holders = frozenset(node for node, held in assigned.items() if partition_id in held)
+        return PartitionView(partition_id, session_id, states, holders)
+
+    def tls_config(self) -> dict[str, str]:
+        """The tls.* keys of a client configuration that uses the CLI's certificate (empty without TLS)."""
+        return {} if self.tls is None else self.tls.as_config()
+
+    def zookeeper_security_config(self) -> dict[str, str]:
+        """The zookeeper.tls.*, zookeeper.auth and zookeeper.acl keys of the CLI file, for a client it starts."""
+        return dict(self.zk_security_keys)
 
     def admin_port(self, node: str) -> int:
         """The registered admin port of a storage node (its host:port connect string)."""

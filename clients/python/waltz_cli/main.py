@@ -15,7 +15,8 @@ from waltz_cli.output import Result, reader_gone
 
 EPILOG = """\
 Where the cluster is: -c CLI.yaml (keys zookeeper.connectString, zookeeper.sessionTimeout,
-zookeeper.connectTimeout, cluster.root) or --zookeeper HOST:PORT --root /path. Partition ranges
+zookeeper.connectTimeout, cluster.root; with mutual TLS tls.certFile, tls.keyFile, tls.caFile:
+an operator certificate, see docs/security.md) or --zookeeper HOST:PORT --root /path. Partition ranges
 look like 0-6,8. Add --json for machine-readable output. Exit codes: 0 ok, 1 failed, 2 bad usage.
 """
 
@@ -44,6 +45,9 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
         "--progress", action=argparse.BooleanOptionalAction, default=d(None), help="progress bars (default: on a tty)"
     )
     group.add_argument("--debug", action="store_true", default=d(False), help="show tracebacks and logs")
+    group.add_argument("--tls-cert", default=d(None), metavar="PEM", help="operator certificate (tls.certFile)")
+    group.add_argument("--tls-key", default=d(None), metavar="PEM", help="its private key (tls.keyFile)")
+    group.add_argument("--tls-ca", default=d(None), metavar="PEM", help="the cluster's CA (tls.caFile)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,8 @@
 """`waltz storage recover-partition`: copy a partition from a healthy replica to a new or dirty one, then join it.
 
+A destination that ZooKeeper lists as a voting member of the partition's store session is refused: its log
+may hold acknowledged transactions the source lacks, and step 2 would cut them from the next vote.
+
 Steps per partition (partition-rejoin-notes.txt: agree on the starting id, stream, then join):
 1. mark the destination unwritable (offline requests are accepted only then);
 2. the destination truncates its possibly dirty tail to its local low-water mark and proposes the next id;
@@ -17,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from waltz.v1 import metadata_pb2
-from waltz_cli import rpc
+from waltz_cli import guards, rpc
 from waltz_cli.context import Context
 from waltz_cli.errors import CliError, UsageError
 from waltz_cli.output import Counter, Result, table
@@ -97,7 +100,9 @@ def recover_one(ctx: Context, source: str, destination: str, pid: int, batch: in
         dst.set_writable(pid, False)
         try:
             session_id = max(d.session_id, s.session_id, _current_session(ctx, pid))
-            with StorageSession(destination, params.cluster_key, params.num_partitions, ctx.rpc_timeout_s) as session:
+            with StorageSession(
+                destination, params.cluster_key, params.num_partitions, ctx.rpc_timeout_s, tls_files=ctx.tls
+            ) as session:
                 kept = session.truncate(pid, session_id, min(d.local_low_water_mark, d.max_transaction_id))
                 safe_end = _committed_end(ctx, pid, source, s.session_id, s.low_water_mark)
                 plan = plan_copy(kept + 1, s.max_transaction_id, safe_end)
@@ -133,6 +138,10 @@ def recover_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     if args.batch_size < 1:
         raise UsageError("--batch-size must be at least 1")
     pids = ctx.partitions(args.partitions)
+    for pid in pids:
+        refusal = guards.recover_destination(ctx.partition_view(pid), args.destination)
+        if refusal is not None:
+            raise CliError(refusal.message(forceable=False))
     done = [recover_one(ctx, args.source, args.destination, pid, args.batch_size) for pid in pids]
     rows = [[d["partition"], d["start"], d["end"], d["copied"], d["low_water_mark"]] for d in done]
     text = table(["partition", "from", "to", "copied", "low-water mark"], rows)

@@ -13,6 +13,7 @@ from kazoo.exceptions import NoNodeError
 from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_cli.context import Context
 from waltz_cli.errors import CliError, rpc_message
+from waltz_common import tls
 from waltz_common import zk as zkmeta
 
 if TYPE_CHECKING:
@@ -59,9 +60,9 @@ def owner_address(ctx: Context, partition_id: int) -> str:
 
 
 @contextmanager
-def server_stub(target: str) -> Iterator[server_pb2_grpc.WaltzServerStub]:
-    """A WaltzServer stub on a fresh channel, closed afterwards."""
-    channel = grpc.insecure_channel(target)
+def server_stub(ctx: Context, target: str) -> Iterator[server_pb2_grpc.WaltzServerStub]:
+    """A WaltzServer stub on a fresh channel (TLS with the CLI's certificate when configured), closed afterwards."""
+    channel = tls.channel(target, ctx.tls)
     try:
         yield server_pb2_grpc.WaltzServerStub(channel)
     finally:
@@ -70,7 +71,7 @@ def server_stub(target: str) -> Iterator[server_pb2_grpc.WaltzServerStub]:
 
 def server_call(ctx: Context, target: str, what: str, method: str, request: Any) -> Any:
     """One unary WaltzServer call on a fresh channel; a failure is one CliError line naming what."""
-    with server_stub(target) as stub:
+    with server_stub(ctx, target) as stub:
         return call(what, getattr(stub, method), request, timeout=ctx.rpc_timeout_s)
 
 
@@ -138,7 +139,14 @@ def storage_admin(ctx: Context, node: str) -> Iterator[Any]:
     where = f"storage node {node}"
     _check_listening(host, port, where, ctx.rpc_timeout_s)
     client = _admin_call(
-        where, StorageAdminClient, host, port, params.cluster_key, params.num_partitions, ctx.rpc_timeout_s
+        where,
+        StorageAdminClient,
+        host,
+        port,
+        params.cluster_key,
+        params.num_partitions,
+        ctx.rpc_timeout_s,
+        tls_files=ctx.tls,
     )
     try:
         yield NamedAdmin(client, where)

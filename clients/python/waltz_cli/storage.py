@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from waltz_cli import recover, rpc
+from waltz_cli import guards, recover, rpc
 from waltz_cli.context import Context
 from waltz_cli.errors import CliError, UsageError
 from waltz_cli.output import Result, ranges, table
@@ -41,7 +41,8 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("-g", "--group", type=int, default=0, help="its replica group (default 0)")
     cmd("remove-node", remove_node_cmd, "unregister a storage node that holds no replicas", True, None)
     cmd("assign", assign_cmd, "assign replicas of partitions to a node in ZooKeeper", True, True)
-    cmd("unassign", unassign_cmd, "remove replicas of partitions from a node in ZooKeeper", True, True)
+    p = cmd("unassign", unassign_cmd, "remove replicas of partitions from a node in ZooKeeper", True, True)
+    p.add_argument("--force", action="store_true", help="even below a majority of the previous replica set")
     p = cmd("auto-assign", auto_assign_cmd, "give every partition a replica in a group, round robin", None, None)
     p.add_argument("-g", "--group", type=int, required=True, help="the replica group")
     cmd("list", list_cmd, "the storage nodes in ZooKeeper, or one node's partitions", False, None)
@@ -52,8 +53,10 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     cmd("add-partition", add_partition_cmd, "create partitions' files on a node", True, True)
     p = cmd("remove-partition", remove_partition_cmd, "delete partitions' files on a node", True, True)
     p.add_argument("-d", "--delete-storage-files", action="store_true", help="confirm that the files go")
+    p.add_argument("--force", action="store_true", help="even a replica ZooKeeper lists or the only copy")
     p = cmd("sync", sync_cmd, "make the nodes' partitions match ZooKeeper's assignments", False, None)
     p.add_argument("--remove-extra", action="store_true", help="also delete partitions ZooKeeper does not assign")
+    p.add_argument("--force", action="store_true", help="with --remove-extra: even the only copy of transactions")
     cmd("max-transaction-id", max_txn_cmd, "the highest transaction id of partitions on a node", True, False)
     recover.register(sub, common)
 
@@ -82,12 +85,32 @@ def assign_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     return Result({"node": args.storage, "partitions": held}, f"{args.storage} now holds partitions {ranges(held)}")
 
 
+def _overruled(refusal: guards.Refusal | None, force: bool, forced: list[str]) -> None:
+    """Raise the refusal unless forced; a forced one is remembered for the output."""
+    if refusal is None:
+        return
+    if not force or refusal.risk is None:
+        raise CliError(refusal.message())
+    forced.append(f"forced: {refusal.reason}; risk: {refusal.risk}")
+
+
+def _with_forced(result: Result, forced: list[str]) -> Result:
+    if forced and isinstance(result.data, dict):
+        result.data["forced"] = forced
+        result.text = "\n".join([*forced, result.text])
+    return result
+
+
 def unassign_cmd(ctx: Context, args: argparse.Namespace) -> Result:
-    """Unassign replicas in ZooKeeper."""
+    """Unassign replicas in ZooKeeper, keeping a majority of each partition's previous replica set."""
     pids = ctx.partitions(args.partitions)
+    forced: list[str] = []
+    for pid in pids:
+        _overruled(guards.unassign(ctx.partition_view(pid), args.storage), args.force, forced)
     cluster_admin.unassign_partitions(ctx.zk, ctx.paths, args.storage, pids)
     held = cluster_admin.replica_assignments(ctx.zk, ctx.paths).get(args.storage, [])
-    return Result({"node": args.storage, "partitions": held}, f"{args.storage} now holds partitions {ranges(held)}")
+    text = f"{args.storage} now holds partitions {ranges(held)}"
+    return _with_forced(Result({"node": args.storage, "partitions": held}, text), forced)
 
 
 def auto_assign_cmd(ctx: Context, args: argparse.Namespace) -> Result:
@@ -158,37 +181,68 @@ def add_partition_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     return Result({"node": args.storage, "added": pids}, f"{args.storage}: created partitions {ranges(pids)}")
 
 
+def _max_transaction_id(ctx: Context, node: str, pid: int) -> int | None:
+    """A node's max transaction id of a partition; None when it cannot be read or the node lacks it."""
+    try:
+        with rpc.storage_admin(ctx, node) as admin:
+            found = [p for p in admin.list_partitions() if p.partition_id == pid and not p.error]
+    except CliError:
+        return None
+    return found[0].max_transaction_id if found else None
+
+
+def _check_deletion(ctx: Context, node: str, pid: int, local_max: int, force: bool, forced: list[str]) -> None:
+    """Refuse (unless forced) to delete a replica ZooKeeper lists or that holds the only copy of transactions."""
+    view = ctx.partition_view(pid)
+    _overruled(guards.delete_listed(view, node), force, forced)
+    if local_max >= 0:
+        others = {other: _max_transaction_id(ctx, other, pid) for other in sorted(view.assigned - {node})}
+        _overruled(guards.delete_unique(view, node, local_max, others), force, forced)
+
+
 def remove_partition_cmd(ctx: Context, args: argparse.Namespace) -> Result:
-    """Delete partitions on a node (explicitly confirmed)."""
+    """Delete partitions on a node (explicitly confirmed; guarded unless forced)."""
     pids = ctx.partitions(args.partitions)
     if not args.delete_storage_files:
         raise UsageError("remove-partition deletes the partitions' files on the node: add -d/--delete-storage-files")
+    forced: list[str] = []
     with rpc.storage_admin(ctx, args.storage) as admin:
+        held = {p.partition_id: p.max_transaction_id for p in admin.list_partitions()}
+        for pid in pids:
+            if pid in held:
+                _check_deletion(ctx, args.storage, pid, held[pid], args.force, forced)
         for pid in pids:
             admin.unassign(pid)
-    return Result({"node": args.storage, "removed": pids}, f"{args.storage}: deleted partitions {ranges(pids)}")
+    text = f"{args.storage}: deleted partitions {ranges(pids)}"
+    return _with_forced(Result({"node": args.storage, "removed": pids}, text), forced)
 
 
 def sync_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     """Create on each node the partitions ZooKeeper assigns it (and delete extras if asked)."""
     assigned = cluster_admin.replica_assignments(ctx.zk, ctx.paths)
     nodes = [args.storage] if args.storage else sorted(cluster_admin.storage_nodes(ctx.zk, ctx.paths))
-    report: dict[str, dict[str, list[int]]] = {}
+    report: dict[str, Any] = {}
+    forced: list[str] = []
     for node in nodes:
-        added, extra = sync_node(ctx, node, set(assigned.get(node, [])), args.remove_extra)
+        added, extra = sync_node(ctx, node, set(assigned.get(node, [])), args.remove_extra, args.force, forced)
         report[node] = {"added": added, "removed" if args.remove_extra else "extra": extra}
     rows = [[n, r["added"], r.get("removed", []), r.get("extra", [])] for n, r in report.items()]
-    return Result(report, table(["storage node", "created", "deleted", "extra (kept)"], rows))
+    return _with_forced(Result(report, table(["storage node", "created", "deleted", "extra (kept)"], rows)), forced)
 
 
-def sync_node(ctx: Context, node: str, want: set[int], remove_extra: bool) -> tuple[list[int], list[int]]:
-    """Create on a node the partitions in want it lacks (and delete the others if asked): (created, extra)."""
+def sync_node(
+    ctx: Context, node: str, want: set[int], remove_extra: bool, force: bool = False, forced: list[str] | None = None
+) -> tuple[list[int], list[int]]:
+    """Create on a node the partitions in want it lacks (and delete the others if asked, each only once the
+    deletion guard allows it, or with force, noted in forced): (created, extra)."""
     with rpc.storage_admin(ctx, node) as admin:
-        have = {p.partition_id for p in admin.list_partitions()}
-        added, extra = sorted(want - have), sorted(have - want)
+        have = {p.partition_id: p.max_transaction_id for p in admin.list_partitions()}
+        added, extra = sorted(want - set(have)), sorted(set(have) - want)
         for pid in added:
             admin.assign(pid)
         if remove_extra:
+            for pid in extra:
+                _check_deletion(ctx, node, pid, have[pid], force, forced if forced is not None else [])
             for pid in extra:
                 admin.unassign(pid)
     return added, extra

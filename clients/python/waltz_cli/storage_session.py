@@ -11,6 +11,7 @@ import grpc
 
 from waltz.v1 import common_pb2, storage_pb2, storage_pb2_grpc
 from waltz_cli.errors import CliError, rpc_message
+from waltz_common import tls
 from waltz_common.wire import record_to_proto
 
 _END = object()
@@ -30,7 +31,14 @@ class StorageSession:
     """
 
     def __init__(
-        self, target: str, cluster_key: str, num_partitions: int, timeout_s: float, *, offline: bool = True
+        self,
+        target: str,
+        cluster_key: str,
+        num_partitions: int,
+        timeout_s: float,
+        *,
+        offline: bool = True,
+        tls_files: tls.TlsFiles | None = None,
     ) -> None:
         self.target = target
         self.offline = offline
@@ -38,7 +46,7 @@ class StorageSession:
         self._seq = 0
         self._requests: queue.Queue[object] = queue.Queue()
         self._responses: queue.Queue[object] = queue.Queue()
-        self._channel = grpc.insecure_channel(target)
+        self._channel = tls.channel(target, tls_files)
         stub = storage_pb2_grpc.WaltzStorageStub(self._channel)
         self._call = stub.Session(self._outgoing())
         self._reader = threading.Thread(target=self._read, name=f"storage-session-{target}", daemon=True)

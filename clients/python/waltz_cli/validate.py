@@ -169,6 +169,8 @@ def cluster_clients(ctx: Context, partition: int) -> ClientFactory:
         "cluster.root": ctx.paths.root,
         "client.autoMount": False,
         "client.requestTimeout": ctx.rpc_timeout_s,
+        **ctx.tls_config(),
+        **ctx.zookeeper_security_config(),
     }
 
     def make(callbacks: Any) -> Any:

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from waltz_common.config import ZOOKEEPER_KEYS, Config, Key, boolean, load
+from waltz_common.tls import TLS_KEYS, TlsFiles
+from waltz_common.zk_security import ZkSecurity
 
 CLIENT_KEYS = (
     Key("client.maxConcurrentTransactions", int, 5,
@@ -32,7 +34,7 @@ CLIENT_KEYS = (
         "Transaction.data() of another client's transaction, which it cannot fetch there) stalls the whole client"),
 )
 
-ALL_KEYS = (*ZOOKEEPER_KEYS, *CLIENT_KEYS)
+ALL_KEYS = (*ZOOKEEPER_KEYS, *CLIENT_KEYS, *TLS_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,8 @@ class ClientConfig:
     max_batch_size: int
     keepalive_time_ms: int
     callback_thread: bool
+    tls: TlsFiles | None = None
+    zookeeper_security: ZkSecurity | None = None
 
     @staticmethod
     def of(config: Config | Mapping[str, Any] | str | Path | None, zookeeper_required: bool = True) -> ClientConfig:
@@ -81,4 +85,6 @@ class ClientConfig:
             max_batch_size=config["client.maxBatchSize"],
             keepalive_time_ms=config["client.keepaliveTime"],
             callback_thread=config["client.callbackThread"],
+            tls=TlsFiles.from_config(config),
+            zookeeper_security=ZkSecurity.from_config(config),
         )

@@ -16,6 +16,7 @@ from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_client.config import ClientConfig
 from waltz_client.driver import ClusterInfo, Driver, Ownership, ServerStream, Topology
 from waltz_client.errors import StreamClosedError, WaltzError
+from waltz_common import tls
 from waltz_common import zk as zkmeta
 from waltz_common.types import INT32_MAX
 
@@ -120,6 +121,8 @@ class GrpcDriver(Driver):
         self._zk: KazooClient | None = None
         self._watcher: ZkTopologyWatcher | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._retired: list[grpc.aio.Channel] = []
+        self._tls_stamp: object = None
 
     async def start(self, on_topology: Callable[[Topology], None]) -> ClusterInfo:
         loop = asyncio.get_running_loop()
@@ -127,7 +130,7 @@ class GrpcDriver(Driver):
         paths = zkmeta.ZkPaths(cfg.cluster_root)
         self._zk = await asyncio.to_thread(
             zkmeta.connect, cfg.zookeeper_connect_string, cfg.zookeeper_connect_timeout_s,
-            cfg.zookeeper_session_timeout_s)
+            cfg.zookeeper_session_timeout_s, cfg.zookeeper_security)
         zk = self._zk
         params = await asyncio.to_thread(zkmeta.store_params, zk, paths)
         cluster = await asyncio.to_thread(zkmeta.read, zk, paths.cluster, metadata_pb2.ClusterParams)
@@ -155,9 +158,18 @@ class GrpcDriver(Driver):
         return client_id
 
     def _channel(self, endpoint: str) -> grpc.aio.Channel:
+        """The endpoint's channel; a new one (TLS files read again) when the tls.* files changed on disk, so
+        rotated certificates are used by the next stream or call. Retired channels close with the client."""
+        files = self.config.tls
+        stamp = files.stamp() if files is not None else None
         channel = self._channels.get(endpoint)
+        if channel is not None and stamp != self._tls_stamp:
+            self._retired.extend(self._channels.values())
+            self._channels.clear()
+            channel = None
         if channel is None:
-            channel = grpc.aio.insecure_channel(endpoint, options=[
+            self._tls_stamp = stamp
+            channel = tls.aio_channel(endpoint, files, [
                 ("grpc.keepalive_time_ms", self.config.keepalive_time_ms),
                 ("grpc.keepalive_timeout_ms", 20000),
                 ("grpc.http2.max_pings_without_data", 0),
@@ -186,9 +198,10 @@ class GrpcDriver(Driver):
     async def close(self) -> None:
         if self._watcher is not None:
             self._watcher.stop()
-        for channel in self._channels.values():
+        for channel in [*self._channels.values(), *self._retired]:
             await channel.close()
         self._channels.clear()
+        self._retired.clear()
         if self._zk is not None:
             zk, self._zk = self._zk, None
             await asyncio.to_thread(_stop_zk, zk)

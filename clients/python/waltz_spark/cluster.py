@@ -9,8 +9,11 @@ from typing import Any, TypeVar
 import grpc
 
 from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
+from waltz_common import tls
 from waltz_common import zk as zkmeta
 from waltz_common.cluster_admin import parse_partitions
+from waltz_common.tls import TlsFiles
+from waltz_common.zk_security import ZkSecurity
 
 T = TypeVar("T")
 
@@ -33,10 +36,18 @@ class PartitionUnavailable(RuntimeError):
 class ClusterDirectory:
     """A ZooKeeper session on one cluster: its partition count and the server that owns each partition."""
 
-    def __init__(self, zookeeper: str, root: str, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        zookeeper: str,
+        root: str,
+        timeout_s: float = 10.0,
+        tls_files: TlsFiles | None = None,
+        zk_security: ZkSecurity | None = None,
+    ) -> None:
         self.paths = zkmeta.ZkPaths(root)
+        self.tls_files = tls_files
         self.timeout_s = timeout_s
-        self._zk = zkmeta.connect(zookeeper, timeout_s=timeout_s)
+        self._zk = zkmeta.connect(zookeeper, timeout_s=timeout_s, security=zk_security)
         self._channels: dict[str, grpc.Channel] = {}
 
     def close(self) -> None:
@@ -92,7 +103,7 @@ class ClusterDirectory:
 
     def channel(self, address: str) -> grpc.Channel:
         if address not in self._channels:
-            self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channels[address] = tls.channel(address, self.tls_files, CHANNEL_OPTIONS)
         return self._channels[address]
 
     def high_water_marks(self, partitions: Iterable[int]) -> dict[int, int]:

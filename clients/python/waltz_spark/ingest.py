@@ -95,7 +95,9 @@ def preflight(args: argparse.Namespace) -> Plan:
     """Check options, ZooKeeper, the cluster, the partitions and the decoder; any problem is a ValueError-like."""
     options = source_options(args)
     parsed = parse_options(options)
-    with ClusterDirectory(parsed.zookeeper, parsed.root, timeout_s=min(parsed.timeout_s, 10.0)) as directory:
+    with ClusterDirectory(
+        parsed.zookeeper, parsed.root, min(parsed.timeout_s, 10.0), zk_security=parsed.zookeeper_security
+    ) as directory:
         partitions = directory.select(parsed.partitions)
     checkpoint = args.checkpoint or args.output.rstrip("/") + "/_checkpoint"
     decoder_options = _pairs(args.decoder_option, "--decoder-option")

@@ -7,6 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from waltz_common.config import ConfigError
+from waltz_common.tls import TlsFiles
+from waltz_common.zk_security import ZkSecurity
+
 DEFAULT_RECORDS_PER_TASK = 250_000
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -30,6 +34,8 @@ class SourceOptions:
     batch_size: int = 0
     records_per_task: int = DEFAULT_RECORDS_PER_TASK
     timeout_s: float = DEFAULT_TIMEOUT_S
+    tls: TlsFiles | None = None
+    zookeeper_security: ZkSecurity | None = None
 
 
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
@@ -42,6 +48,17 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     if not root.startswith("/"):
         raise OptionError("option 'root' is required: the cluster root znode, e.g. /waltz/my_cluster")
     cap = lowered.get("maxrecordsperpartition")
+    try:  # the files must be readable at these paths on the driver and on every executor
+        tls = TlsFiles.of(lowered.get("tls.certfile"), lowered.get("tls.keyfile"), lowered.get("tls.cafile"), "options")
+        zk_security = ZkSecurity.of(
+            lowered.get("zookeeper.tls.certfile"),
+            lowered.get("zookeeper.tls.keyfile"),
+            lowered.get("zookeeper.tls.cafile"),
+            lowered.get("zookeeper.auth"),
+            source="options",
+        )
+    except ConfigError as exc:
+        raise OptionError(str(exc)) from None
     return SourceOptions(
         zookeeper=zookeeper,
         root=root,
@@ -52,6 +69,8 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         batch_size=_positive("batchSize", lowered["batchsize"]) if "batchsize" in lowered else 0,
         records_per_task=_positive("recordsPerTask", lowered.get("recordspertask", str(DEFAULT_RECORDS_PER_TASK))),
         timeout_s=float(_positive("timeoutSeconds", lowered.get("timeoutseconds", str(int(DEFAULT_TIMEOUT_S))))),
+        tls=tls,
+        zookeeper_security=zk_security,
     )
 
 

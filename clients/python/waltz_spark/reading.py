@@ -10,7 +10,10 @@ import grpc
 import pyarrow as pa
 
 from waltz.v1 import common_pb2, server_pb2, server_pb2_grpc
+from waltz_common import tls
+from waltz_common.tls import TlsFiles
 from waltz_common.types import crc32_unsigned
+from waltz_common.zk_security import ZkSecurity
 from waltz_spark.cluster import CHANNEL_OPTIONS, ClusterDirectory, PartitionUnavailable, describe, is_retryable
 
 ARROW_SCHEMA = pa.schema(
@@ -47,6 +50,8 @@ class ReadTask:
     address: str
     batch_size: int = 0
     timeout_s: float = 30.0
+    tls: TlsFiles | None = None
+    zookeeper_security: ZkSecurity | None = None
 
 
 def read_task(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = None) -> Iterator[pa.RecordBatch]:
@@ -59,7 +64,9 @@ def read_task(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = No
     delay = 0.05
     while next_id <= task.last:
         try:
-            for records in fetch(address, task.partition, next_id, task.last, task.batch_size, task.timeout_s):
+            for records in fetch(
+                address, task.partition, next_id, task.last, task.batch_size, task.timeout_s, task.tls
+            ):
                 check(task.partition, next_id, records)
                 next_id += len(records)
                 builder.add(records)
@@ -82,7 +89,13 @@ def read_task(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = No
 
 
 def fetch(
-    address: str, partition: int, first: int, last: int, batch_size: int, timeout_s: float
+    address: str,
+    partition: int,
+    first: int,
+    last: int,
+    batch_size: int,
+    timeout_s: float,
+    tls_files: TlsFiles | None = None,
 ) -> Iterator[Sequence[common_pb2.Record]]:
     """The records of ReadTransactions(first..last), one server message at a time."""
     request = server_pb2.ReadTransactionsRequest(
@@ -90,7 +103,7 @@ def fetch(
     )
     # The whole range gets a deadline that grows with its size (at least 1000 records/s is assumed).
     deadline = timeout_s + (last - first + 1) / 1000.0
-    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+    with tls.channel(address, tls_files, CHANNEL_OPTIONS) as channel:
         stub = server_pb2_grpc.WaltzServerStub(channel)
         for response in stub.ReadTransactions(request, timeout=deadline):
             yield response.records
@@ -123,7 +136,9 @@ def check(partition: int, expected_first: int, records: Sequence[common_pb2.Reco
 def locate_owner(task: ReadTask, previous: str) -> str:
     """The partition's owner now, from ZooKeeper; the previous address when it cannot be looked up."""
     try:
-        with ClusterDirectory(task.zookeeper, task.root, timeout_s=min(task.timeout_s, 10.0)) as directory:
+        with ClusterDirectory(
+            task.zookeeper, task.root, min(task.timeout_s, 10.0), zk_security=task.zookeeper_security
+        ) as directory:
             return directory.owner(task.partition)
     except Exception:  # the retry loop reports the read error; a failed lookup only means "same place"
         return previous

@@ -73,6 +73,8 @@ def _input_partitions(
                 address=owners.get(r.partition, ""),
                 batch_size=options.batch_size,
                 timeout_s=options.timeout_s,
+                tls=options.tls,
+                zookeeper_security=options.zookeeper_security,
             )
         )
         for r in plan_ranges(start, end, options.records_per_task)
@@ -100,7 +102,9 @@ class WaltzBatchReader(DataSourceReader):
         options = self.options
         if options.starting == "latest":
             raise OptionError("startingOffsets 'latest' reads nothing in a batch query; use earliest or JSON")
-        with ClusterDirectory(options.zookeeper, options.root, options.timeout_s) as directory:
+        with ClusterDirectory(
+            options.zookeeper, options.root, options.timeout_s, options.tls, options.zookeeper_security
+        ) as directory:
             pids = directory.select(options.partitions)
             hwms = directory.high_water_marks(pids)
             owners = directory.owners()
@@ -133,7 +137,13 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._directory is None:
             from waltz_spark.cluster import ClusterDirectory
 
-            self._directory = ClusterDirectory(self.options.zookeeper, self.options.root, self.options.timeout_s)
+            self._directory = ClusterDirectory(
+                self.options.zookeeper,
+                self.options.root,
+                self.options.timeout_s,
+                self.options.tls,
+                self.options.zookeeper_security,
+            )
         return self._directory
 
     def _partitions(self) -> list[int]:

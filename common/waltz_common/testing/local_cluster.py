@@ -19,6 +19,7 @@ from waltz_common import cluster_admin
 from waltz_common import zk as zkmeta
 from waltz_common.testing.fault_proxy import FaultProxy
 from waltz_common.testing.zookeeper import ZooKeeperProcess
+from waltz_common.tls import TlsFiles
 
 BIN = Path(sys.executable).parent
 
@@ -180,7 +181,9 @@ class LocalCluster:
     (waltz_common.testing.fault_proxy) between the servers and each storage node, between clients and
     each server, and between each server and ZooKeeper, for network faults. ``detach`` starts every
     process in a session of its own, so that a terminal's Ctrl-C reaches only the program that owns the
-    cluster, which then stops them in order.
+    cluster, which then stops them in order. ``tls=True`` makes development certificates in
+    ``workdir/tls`` (waltz_common.devcerts) and runs every channel with mutual TLS; ``tls_files(role)``
+    gives the files of a role, ``client_config()`` an application's.
     """
 
     def __init__(
@@ -197,6 +200,7 @@ class LocalCluster:
         storage_overrides: dict[str, Any] | None = None,
         proxied: bool = False,
         detach: bool = False,
+        tls: bool = False,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -217,6 +221,24 @@ class LocalCluster:
         self.cluster_key = ""
         self.storage: list[StorageNode] = []
         self.servers: list[ServerNode] = []
+        self.tls_dir: Path | None = None
+        if tls:
+            from waltz_common import devcerts
+
+            self.tls_dir = self.workdir / "tls"
+            devcerts.write(self.tls_dir)
+
+    def tls_files(self, role: str) -> TlsFiles | None:
+        """The PEM files of a role's development certificate; None without TLS."""
+        if self.tls_dir is None:
+            return None
+        d = self.tls_dir
+        return TlsFiles(str(d / f"{role}.pem"), str(d / f"{role}-key.pem"), str(d / "ca.pem"))
+
+    def tls_config(self, role: str) -> dict[str, Any]:
+        """The tls.* configuration keys of a role (empty without TLS)."""
+        files = self.tls_files(role)
+        return {} if files is None else files.as_config()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> LocalCluster:
@@ -262,7 +284,9 @@ class LocalCluster:
         """Create the partitions' files on a storage node through its admin port."""
         from waltz_storage.admin_client import StorageAdminClient
 
-        with StorageAdminClient("127.0.0.1", node.admin_port, self.cluster_key, self.num_partitions) as client:
+        with StorageAdminClient(
+            "127.0.0.1", node.admin_port, self.cluster_key, self.num_partitions, tls_files=self.tls_files("operator")
+        ) as client:
             existing = {p.partition_id for p in client.list_partitions()}
             for pid in partitions if partitions is not None else range(self.num_partitions):
                 if pid not in existing:
@@ -292,6 +316,7 @@ class LocalCluster:
         return {
             "zookeeper.connectString": self.zookeeper,
             "cluster.root": self.paths.root,
+            **self.tls_config("application"),
             **overrides,
         }
 
@@ -315,6 +340,7 @@ class LocalCluster:
             "storage.admin.port": admin_port,
             "storage.metrics.port": metrics_port,
             "storage.directory": str(directory),
+            **self.tls_config("storage"),
             **self.storage_overrides,
         }
         config_path = self.workdir / name / "storage.yaml"
@@ -343,6 +369,7 @@ class LocalCluster:
             "server.host": "127.0.0.1",
             "server.port": port,
             "server.metrics.port": metrics_port,
+            **self.tls_config("server"),
             **self.server_overrides,
         }
         proxy = zookeeper_proxy = None

@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transactions", type=int, default=400, help="bank operations to submit")
     parser.add_argument("--accounts", type=int, default=6, help="bank accounts")
     parser.add_argument("--workdir", type=Path, help="keep logs, configs and data here (default: a temp dir)")
+    parser.add_argument("--tls", action="store_true", help="mutual TLS on every channel (development certificates)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.ERROR)  # it warns about connections we close on purpose
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quickstart: starting ZooKeeper, {args.storage_nodes} storage nodes and {args.servers} server(s) "
               f"with {args.partitions} partitions in {workdir} ...", flush=True)
         cluster = LocalCluster(workdir, storage_nodes=args.storage_nodes, servers=args.servers,
-                               partitions=args.partitions, name="quickstart")
+                               partitions=args.partitions, name="quickstart", tls=args.tls)
         with cluster:
             print(f"quickstart: cluster up in {time.monotonic() - started:.1f} s", flush=True)
             print(f"  zookeeper   {cluster.zookeeper}   root {cluster.paths.root}   key {cluster.cluster_key}")
@@ -42,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"metrics http://127.0.0.1:{node.metrics_port}/metrics")
             for server in cluster.servers:
                 print(f"  server      {server.address}   metrics http://127.0.0.1:{server.metrics_port}/metrics")
+            if cluster.tls_dir is not None:
+                print(f"  tls         mutual TLS; certificates in {cluster.tls_dir} (docs/security.md); the CLI "
+                      f"needs --tls-cert {cluster.tls_dir}/operator.pem --tls-key {cluster.tls_dir}/operator-key.pem "
+                      f"--tls-ca {cluster.tls_dir}/ca.pem")
             print("quickstart: running the bank demo (deposits; withdrawals guarded by locks) ...", flush=True)
             report = run_demo(cluster.client_config(), num_clients=args.clients,
                               num_transactions=args.transactions, num_accounts=args.accounts)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key
+from waltz_common.tls import TLS_KEYS
 from waltz_server.store.settings import STORE_KEYS
 
 SERVER_KEYS = (
@@ -35,7 +36,7 @@ SERVER_KEYS = (
 
 def all_keys() -> tuple[Key, ...]:
     """Every key `waltz-server` accepts: ZooKeeper, server, then the store's own."""
-    mine = ZOOKEEPER_KEYS + SERVER_KEYS
+    mine = ZOOKEEPER_KEYS + SERVER_KEYS + TLS_KEYS
     names = {k.name for k in mine}
     return mine + tuple(k for k in STORE_KEYS if k.name not in names)
 

@@ -14,11 +14,12 @@ from kazoo.client import KazooClient
 from prometheus_client import start_http_server
 
 from waltz.v1 import metadata_pb2
-from waltz_common import event_loop
+from waltz_common import event_loop, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import Config, ConfigError, describe, load
 from waltz_common.gctune import tune_for_service
 from waltz_common.zk import MetadataError, ZkPaths
+from waltz_common.zk_security import ZkSecurity
 from waltz_server.cluster import ClusterMembership
 from waltz_server.config import PartitionSettings, all_keys
 from waltz_server.metrics import ServerMetrics
@@ -43,6 +44,7 @@ async def serve(config: Config) -> int:
         config["zookeeper.connectString"],
         config["zookeeper.connectTimeout"] / 1000.0,
         config["zookeeper.sessionTimeout"] / 1000.0,
+        ZkSecurity.from_config(config),
     )
     try:
         cluster = zkmeta.require(zk, paths.cluster, metadata_pb2.ClusterParams)[0]
@@ -80,7 +82,9 @@ async def _serve(config: Config, zk: KazooClient, paths: ZkPaths, params: metada
     )
     host = config["server.host"]
     max_message = max(16 * 1024 * 1024, 2 * settings.max_transaction_bytes + 65536)
-    server, port, health = await start_grpc_server(service, host, config["server.port"], max_message)
+    server, port, health = await start_grpc_server(
+        service, host, config["server.port"], max_message, tls.process_files()
+    )
 
     async def on_connected(connected: bool) -> None:
         for name in ("", SERVICE_NAME):
@@ -149,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         PartitionSettings.from_config(config)
         StoreSettings.from_config(config)
         advertised(config["server.advertisedAddress"], config["server.host"], 0)
+        ZkSecurity.from_config(config)  # its files and formats are checked before anything starts
+        tls.use_for_process(tls.TlsFiles.from_config(config))  # this server's certificate, to storage nodes too
         event_loop.loop_factory()
     except (ConfigError, ValueError) as exc:
         print(f"waltz-server: {exc}", file=sys.stderr)

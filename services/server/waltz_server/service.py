@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from waltz.v1 import server_pb2, server_pb2_grpc
+from waltz_common import tls
 from waltz_server.client_stream import ClientStream, StreamAborted
 from waltz_server.config import PartitionSettings
 from waltz_server.ownership import PartitionManager
@@ -161,10 +162,20 @@ def partition_status(partition: Partition) -> server_pb2.ServerPartitionStatus:
 SERVICE_NAME = server_pb2.DESCRIPTOR.services_by_name["WaltzServer"].full_name
 
 
+# Who may call the client port with TLS on (docs/security.md): applications, and operators (the CLI's
+# client and server commands).
+CLIENT_PORT_ROLES = ("application", "operator")
+
+
 async def start_grpc_server(
-    service: WaltzServerService, host: str, port: int, max_message_bytes: int = 16 * 1024 * 1024
+    service: WaltzServerService,
+    host: str,
+    port: int,
+    max_message_bytes: int = 16 * 1024 * 1024,
+    files: tls.TlsFiles | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
-    """A started grpc.aio server with the Waltz service, health (NOT_SERVING until set) and reflection."""
+    """A started grpc.aio server with the Waltz service, health (NOT_SERVING until set) and reflection; mutual
+    TLS admitting CLIENT_PORT_ROLES when files are given."""
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -173,14 +184,15 @@ async def start_grpc_server(
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
     ]
-    server = grpc.aio.server(options=options)
+    checks = [tls.RoleCheck("Waltz server client port", CLIENT_PORT_ROLES)] if files is not None else []
+    server = grpc.aio.server(options=options, interceptors=checks)
     server_pb2_grpc.add_WaltzServerServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = tls.add_port(server, f"{host}:{port}", files)
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from waltz.v1 import storage_admin_pb2, storage_admin_pb2_grpc
+from waltz_common import tls
 from waltz_common.types import Record
 from waltz_storage.protocol import Code, record_from_proto
 
@@ -47,12 +48,18 @@ class StorageAdminClient:
     """One open admin stream to a storage node; requests are sent one at a time. Not thread-safe."""
 
     def __init__(
-        self, host: str, admin_port: int, cluster_key: str, num_partitions: int, timeout: float = 10.0
+        self,
+        host: str,
+        admin_port: int,
+        cluster_key: str,
+        num_partitions: int,
+        timeout: float = 10.0,
+        tls_files: tls.TlsFiles | None = None,
     ) -> None:
         self.address = f"{host}:{admin_port}"
         self.timeout = timeout
         self._seq = 0
-        self._channel = grpc.insecure_channel(self.address, options=[("grpc.max_receive_message_length", -1)])
+        self._channel = tls.channel(self.address, tls_files, [("grpc.max_receive_message_length", -1)])
         self._outbox: queue.Queue[Any] = queue.Queue()
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._reader: threading.Thread | None = None
@@ -60,8 +67,10 @@ class StorageAdminClient:
             grpc.channel_ready_future(self._channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
             self._channel.close()
+            plain = "plaintext" if tls_files is None else "TLS"
             raise StorageAdminError(
-                f"storage admin port {self.address} is not reachable within {timeout:g} s"
+                f"storage admin port {self.address} is not reachable within {timeout:g} s over {plain} "
+                "(is the node running, and do both sides agree on TLS and trust each other's CA?)"
             ) from None
         stub = storage_admin_pb2_grpc.WaltzStorageAdminStub(self._channel)
         self._call = stub.Admin(iter(self._outbox.get, _EOF))
@@ -99,7 +108,11 @@ class StorageAdminClient:
             ) from None
         if response is _EOF or isinstance(response, grpc.RpcError):
             self._inbox.put(response)  # later requests fail the same way
-            detail = response.details() if isinstance(response, grpc.RpcError) else "stream ended"
+            detail = (
+                f"{response.code().name}: {response.details()}"
+                if isinstance(response, grpc.RpcError)
+                else "stream ended"
+            )
             raise StorageAdminError(f"storage node {self.address}: admin stream closed: {detail}")
         if response.WhichOneof("response") == "failure":
             exc = response.failure.exception

@@ -11,10 +11,11 @@ import uuid
 
 from prometheus_client import start_http_server
 
-from waltz_common import cluster_admin, event_loop
+from waltz_common import cluster_admin, event_loop, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import Config, ConfigError, describe, load
 from waltz_common.zk import MetadataError, ZkPaths
+from waltz_common.zk_security import ZkSecurity
 from waltz_storage import server
 from waltz_storage.config import STORAGE_KEYS, check
 from waltz_storage.dispatch import Limits
@@ -41,6 +42,7 @@ def read_store_params(config: Config) -> tuple[uuid.UUID, int]:
         config["zookeeper.connectString"],
         timeout_s=config["zookeeper.connectTimeout"] / 1000,
         session_timeout_s=config["zookeeper.sessionTimeout"] / 1000,
+        security=ZkSecurity.from_config(config),
     )
     try:
         paths = ZkPaths(config["cluster.root"])
@@ -64,11 +66,11 @@ def read_store_params(config: Config) -> tuple[uuid.UUID, int]:
         client.close()
 
 
-async def serve(config: Config, node: StorageNode) -> int:
+async def serve(config: Config, node: StorageNode, files: tls.TlsFiles | None = None) -> int:
     """Serve until a signal, then shut down gracefully; returns the exit status."""
     host = config["storage.host"]
     try:
-        servers = await server.start(node, host, config["storage.port"], config["storage.admin.port"])
+        servers = await server.start(node, host, config["storage.port"], config["storage.admin.port"], files)
     except OSError as e:
         await asyncio.to_thread(node.close)
         print(f"waltz-storage: {e}", file=sys.stderr)
@@ -104,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load(args.config, STORAGE_KEYS)
         check(config)
+        files = tls.TlsFiles.from_config(config)
         event_loop.loop_factory()
         cluster_key, num_partitions = read_store_params(config)
         node = StorageNode.open(
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         num_partitions,
         node.manager.assigned_partitions() or "none",
     )
-    return event_loop.run(serve(config, node))
+    return event_loop.run(serve(config, node, files))
 
 
 if __name__ == "__main__":

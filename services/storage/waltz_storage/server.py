@@ -10,6 +10,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from waltz.v1 import storage_admin_pb2, storage_admin_pb2_grpc, storage_pb2, storage_pb2_grpc
+from waltz_common import tls
 from waltz_storage.admin_service import StorageAdminService
 from waltz_storage.node import StorageNode
 from waltz_storage.service import StorageService
@@ -17,6 +18,11 @@ from waltz_storage.service import StorageService
 STORAGE_SERVICE = storage_pb2.DESCRIPTOR.services_by_name["WaltzStorage"].full_name
 ADMIN_SERVICE = storage_admin_pb2.DESCRIPTOR.services_by_name["WaltzStorageAdmin"].full_name
 _MIB = 1024 * 1024
+# Who may call each port with TLS on (docs/security.md): servers run store sessions on the storage port, and
+# operators copy partitions there (recover-partition, while the partition is unwritable); the admin port is
+# for operators only.
+STORAGE_ROLES = ("server", "operator")
+ADMIN_ROLES = ("operator",)
 
 
 class PortInUse(OSError):
@@ -51,15 +57,23 @@ def _message_options(node: StorageNode) -> list[tuple[str, int]]:
 
 
 async def _serve(
-    node: StorageNode, host: str, port: int, service_name: str, add: object, servicer: object
+    node: StorageNode,
+    host: str,
+    port: int,
+    service_name: str,
+    add: object,
+    servicer: object,
+    files: tls.TlsFiles | None,
+    roles: tuple[str, ...],
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
-    server = grpc.aio.server(options=_message_options(node))
+    checks = [tls.RoleCheck(f"{service_name} port", roles)] if files is not None else []
+    server = grpc.aio.server(options=_message_options(node), interceptors=checks)
     add(servicer, server)  # type: ignore[operator]
     checker = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = tls.add_port(server, f"{host}:{port}", files)
     except RuntimeError as e:
         raise PortInUse(f"cannot listen on {host}:{port}: {e}") from None
     if bound == 0:
@@ -70,10 +84,20 @@ async def _serve(
     return server, checker, bound
 
 
-async def start(node: StorageNode, host: str, port: int, admin_port: int) -> NodeServers:
-    """Serve WaltzStorage on port and WaltzStorageAdmin on admin_port (0 picks a free port)."""
+async def start(
+    node: StorageNode, host: str, port: int, admin_port: int, files: tls.TlsFiles | None = None
+) -> NodeServers:
+    """Serve WaltzStorage on port and WaltzStorageAdmin on admin_port (0 picks a free port); mutual TLS on both
+    when files are given."""
     storage, storage_health, bound = await _serve(
-        node, host, port, STORAGE_SERVICE, storage_pb2_grpc.add_WaltzStorageServicer_to_server, StorageService(node)
+        node,
+        host,
+        port,
+        STORAGE_SERVICE,
+        storage_pb2_grpc.add_WaltzStorageServicer_to_server,
+        StorageService(node),
+        files,
+        STORAGE_ROLES,
     )
     try:
         admin, admin_health, admin_bound = await _serve(
@@ -83,6 +107,8 @@ async def start(node: StorageNode, host: str, port: int, admin_port: int) -> Nod
             ADMIN_SERVICE,
             storage_admin_pb2_grpc.add_WaltzStorageAdminServicer_to_server,
             StorageAdminService(node),
+            files,
+            ADMIN_ROLES,
         )
     except BaseException:
         await storage.stop(None)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.cli.helpers import waltz
+from waltz.v1 import metadata_pb2
 from waltz_cli.storage_session import StorageSession
 from waltz_common import cluster_admin
+from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.types import Record, ReqId, crc32
 from waltz_storage.admin_client import StorageAdminClient
@@ -50,7 +52,7 @@ def _stored(cluster: LocalCluster, node: int, pid: int) -> list[tuple[int, bytes
         return [(r.transaction_id, r.data) for r in admin.record_list(pid, 0, 10_000)]
 
 
-def test_node_commands(nodes, cli):
+def test_node_commands(nodes, cli, zk):
     a = nodes.storage[0].connect_string
     _write(nodes, 0, 1, 1, _records(1, 0, 9), lwm=None)
     listed = cli("storage", "list", "-s", a, "--json")
@@ -64,11 +66,22 @@ def test_node_commands(nodes, cli):
     assert cli("storage", "availability", "-s", a, "-p", "0-1", "-o", "true").code == 0
     unconfirmed = cli("storage", "remove-partition", "-s", a, "-p", "0")
     assert unconfirmed.code == 2 and "--delete-storage-files" in unconfirmed.err
-    assert cli("storage", "remove-partition", "-s", a, "-p", "0", "-d").code == 0
+    listed = cli("storage", "remove-partition", "-s", a, "-p", "0", "-d")
+    assert listed.code == 1 and f"ZooKeeper still assigns partition 0 to {a}: unassign it first" in listed.err
+    forced = cli("storage", "remove-partition", "-s", a, "-p", "0", "-d", "--force")
+    assert forced.code == 0 and "risk: a replica a store session counts on loses its files" in forced.out
     assert f"storage node {a} does not hold partition 0" in cli("cluster", "verify").out
     synced = cli("storage", "sync", "--json")
     assert synced.code == 0 and synced.json()[a]["added"] == [0]
     assert [p["partition"] for p in cli("storage", "list", "-s", a, "--json").json()["partitions"]] == [0, 1]
+    # Partition 1 on a holds 0..9, nobody else anything: sync --remove-extra keeps it unless forced.
+    cluster_admin.unassign_partitions(zk, nodes.paths, a, [1])
+    only = cli("storage", "sync", "--remove-extra")
+    assert only.code == 1, only.out
+    assert f"{a} holds partition 1 up to transaction 9 but the other assigned replicas hold nothing" in only.err
+    assert cli("storage", "max-transaction-id", "-s", a, "-p", "1", "--json").json() == {"1": 9}
+    gone = cli("storage", "sync", "--remove-extra", "--force", "--json")
+    assert gone.code == 0 and gone.json()[a]["removed"] == [1] and "transactions 0..9" in gone.json()["forced"][0]
     unknown = cli("storage", "list", "-s", "127.0.0.1:1")
     assert unknown.code == 2 and "not in the cluster" in unknown.err
 
@@ -99,8 +112,8 @@ def test_recover_a_new_and_a_dirty_replica(nodes, cli, zk):
         s.set_low_water_mark(0, 2, 69)
     _write(nodes, 0, 0, 2, _records(0, 70, 79), lwm=None)
     # A new replica: nothing on node 1 for partition 0, not in ZooKeeper's assignment.
-    assert cli("storage", "remove-partition", "-s", new, "-p", "0", "-d").code == 0
     cluster_admin.unassign_partitions(zk, nodes.paths, new, [0])
+    assert cli("storage", "remove-partition", "-s", new, "-p", "0", "-d").code == 0
     run = cli("storage", "recover-partition", "-s", src, "-d", new, "-p", "0", "-b", "16", "--json")
     assert run.code == 0, run.err
     (done,) = run.json()["partitions"]
@@ -129,6 +142,32 @@ def test_recover_refuses_a_source_behind_the_destination(nodes, cli):
     assert (state["writable"], state["max_transaction_id"]) == (False, 20)
     same = cli("storage", "recover-partition", "-s", src, "-d", src, "-p", "0")
     assert same.code == 2 and "same node" in same.err
+
+
+def _members(zk, cluster: LocalCluster, pid: int, session: int, states: dict[str, tuple[int, int]]) -> None:
+    """Write the partition metadata a server would: the current session and the replicas' states."""
+    metadata = metadata_pb2.PartitionMetadata(generation=1, session_id=session)
+    for node, (sid, closing) in states.items():
+        rid = metadata_pb2.ReplicaId(partition_id=pid, storage_node_connect_string=node)
+        state = metadata_pb2.ReplicaState(replica_id=rid, session_id=sid, closing_high_water_mark=closing)
+        metadata.replica_states.add(replica_id=rid, replica_state=state)
+    zkmeta.write(zk, cluster.paths.partition_metadata(pid), metadata)
+
+
+def test_recover_refuses_a_destination_in_the_current_session(nodes, cli, zk):
+    """The issue's scenario: idle partition, write set {A, C} acknowledged up to 1000, B lagging at 500.
+    Before the guard, `-s B -d C` truncated C to its local low-water mark 400 and copied B's 401..500, so the
+    next session resolved at 500 from B's and C's votes and truncated A from 501."""
+    a, b, c = (n.connect_string for n in nodes.storage)
+    for node, last in ((0, 1000), (1, 500), (2, 1000)):
+        _write(nodes, node, 0, 1, _records(0, 0, 400), lwm=400)
+        _write(nodes, node, 0, 2, _records(0, 401, last), lwm=None)
+    _members(zk, nodes, 0, 2, {a: (2, zkmeta.UNRESOLVED), b: (2, zkmeta.UNRESOLVED), c: (2, zkmeta.UNRESOLVED)})
+    before = _stored(nodes, 2, 0)
+    run = cli("storage", "recover-partition", "-s", b, "-d", c, "-p", "0")
+    assert run.code == 1 and f"{c} is a member of partition 0's store session 2" in run.err, run.err
+    assert _stored(nodes, 2, 0) == before and before[-1][0] == 1000
+    assert cli("storage", "list", "-s", c, "--json").json()["partitions"][0]["writable"]
 
 
 def test_disk_commands_on_files_of_a_real_storage_node(nodes, cli, capsys):

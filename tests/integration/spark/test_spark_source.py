@@ -134,3 +134,14 @@ def test_a_corrupt_record_fails_the_read_naming_it(spark, cluster):
     finally:
         zk.stop()
         zk.close()
+
+
+def test_a_batch_read_over_mutual_tls(spark, tmp_path):
+    """The client library appends with an application certificate; the source reads with the tls.* options."""
+    with LocalCluster(tmp_path, storage_nodes=3, servers=1, partitions=1, tls=True) as secure:
+        items = [(0, 1, payload(0, n)) for n in range(30)]
+        feed = append(secure.client_config(), items)
+        options = secure.tls_config("application")
+        rows = waltz(spark, secure, **options).collect()
+        assert sorted(r.transaction_id for r in rows) == sorted(t for _, t in feed) == list(range(30))
+        assert sorted(r.data for r in rows) == sorted(d for _, _, d in items)

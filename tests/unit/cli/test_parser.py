@@ -61,6 +61,25 @@ def test_config_file_supplies_zookeeper_and_flags_override(tmp_path):
     assert ctx.root == "/b"
 
 
+def test_tls_files_from_the_config_file_or_flags(tmp_path, capsys):
+    for name in ("op.pem", "op-key.pem", "ca.pem", "other.pem"):
+        (tmp_path / name).write_text("x")
+    conf = tmp_path / "cli.yaml"
+    conf.write_text(
+        f"zookeeper.connectString: zk:2181\ncluster.root: /a\ntls:\n  certFile: {tmp_path}/op.pem\n"
+        f"  keyFile: {tmp_path}/op-key.pem\n  caFile: {tmp_path}/ca.pem\nzookeeper.auth: digest:operator:pw\n"
+    )
+    ctx = Context.from_args(build_parser().parse_args(["-c", str(conf), "cluster", "list"]))
+    assert ctx.tls is not None and (ctx.tls.cert_file, ctx.tls.ca_file) == (f"{tmp_path}/op.pem", f"{tmp_path}/ca.pem")
+    assert ctx.zk_security is not None and ctx.zk_security.auth == ("digest", "operator:pw")
+    assert ctx.zookeeper_security_config() == {"zookeeper.auth": "digest:operator:pw"}
+    argv = ["-c", str(conf), "--tls-cert", f"{tmp_path}/other.pem", "cluster", "list"]
+    assert Context.from_args(build_parser().parse_args(argv)).tls.cert_file == f"{tmp_path}/other.pem"
+    assert Context.from_args(build_parser().parse_args(["--zookeeper", "z:1", "cluster", "list"])).tls is None
+    half = waltz(capsys, "--tls-cert", f"{tmp_path}/op.pem", "cluster", "list")
+    assert half.code == 1 and "missing ['tls.keyFile', 'tls.caFile']" in half.err
+
+
 def _one_line_error(run, code=2):
     assert run.code == code
     assert run.out == ""

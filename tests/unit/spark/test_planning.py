@@ -96,3 +96,19 @@ def test_a_high_water_mark_below_the_checkpoint_is_an_error():
     check_not_behind({0: 5}, {0: 5})
     with pytest.raises(RuntimeError, match="same cluster"):
         check_not_behind({0: 5}, {0: 4})
+
+
+def test_tls_options_are_all_or_nothing(tmp_path):
+    base = {"zookeeper": "z:1", "root": "/w"}
+    assert parse_options(base).tls is None
+    with pytest.raises(OptionError, match=r"TLS needs all of tls\.certFile, tls\.keyFile, tls\.caFile"):
+        parse_options({**base, "tls.certFile": "a.pem"})
+    for name in ("c.pem", "k.pem", "ca.pem"):
+        (tmp_path / name).write_text("x")
+    given = {"TLS.CERTFILE": "c.pem", "tls.keyfile": "k.pem", "tls.caFile": "ca.pem"}
+    parsed = parse_options({**base, **{k: str(tmp_path / v) for k, v in given.items()}})
+    assert parsed.tls is not None and parsed.tls.cert_file == str(tmp_path / "c.pem")
+    secured = parse_options({**base, "zookeeper.auth": "digest:reader:pw"}).zookeeper_security
+    assert secured is not None and secured.auth == ("digest", "reader:pw")
+    with pytest.raises(OptionError, match=r"zookeeper\.auth must look like scheme:credential"):
+        parse_options({**base, "zookeeper.auth": "nocolon"})

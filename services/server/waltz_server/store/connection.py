@@ -11,6 +11,7 @@ import grpc.aio
 from kazoo.client import KazooClient
 
 from waltz.v1 import storage_pb2
+from waltz_common import tls
 from waltz_common import zk as zkmeta
 from waltz_common.zk import ZkPaths
 from waltz_server.store.settings import Backoff, StoreSettings
@@ -243,7 +244,7 @@ class StorageConnection:
             await asyncio.sleep(backoff.next_delay())
 
     async def _serve_stream(self) -> None:
-        channel = grpc.aio.insecure_channel(self.connect_string, options=list(self._channel_options))
+        channel = tls.aio_channel(self.connect_string, tls.process_files(), self._channel_options)
         call = channel.stream_stream(
             _SESSION_METHOD,
             request_serializer=lambda data: data,

@@ -1,0 +1,124 @@
+"""ZooKeeper authentication and ACLs on the cluster's znodes: only the listed identities change them (issue 17)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from kazoo.exceptions import NoAuthError
+from kazoo.security import make_digest_acl_credential
+
+from tests.unit.cli.helpers import waltz
+from waltz.v1 import metadata_pb2
+from waltz_common import devcerts
+from waltz_common import zk as zkmeta
+from waltz_common.testing.local_cluster import free_port
+from waltz_common.testing.zookeeper import ZooKeeperProcess
+from waltz_common.zk_security import ZkSecurity
+
+ACL = "; ".join(f"digest:{make_digest_acl_credential(user, user + '-secret')}" for user in ("operator", "server"))
+
+
+def _connect(zookeeper, user: str | None) -> object:
+    auth = f"digest:{user}:{user}-secret" if user else None
+    return zkmeta.connect(zookeeper.connect_string, security=ZkSecurity.of(auth=auth, acl=ACL if user else None))
+
+
+def test_only_the_listed_identities_change_the_cluster_znodes(zookeeper, cluster_root, capsys, tmp_path):
+    config = tmp_path / "cli.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "zookeeper.connectString": zookeeper.connect_string,
+                "cluster.root": cluster_root,
+                "zookeeper.auth": "digest:operator:operator-secret",
+                "zookeeper.acl": ACL,
+            }
+        )
+    )
+    created = waltz(capsys, "-c", str(config), "cluster", "create", "-n", "secure", "-p", "2")
+    assert created.code == 0, created.err
+    paths = zkmeta.ZkPaths(cluster_root)
+    partition = paths.partition_metadata(0)
+    anonymous, server, operator = (_connect(zookeeper, u) for u in (None, "server", "operator"))
+    try:
+        assert zkmeta.store_params(anonymous, paths).num_partitions == 2  # anyone reads
+        with pytest.raises(NoAuthError):
+            anonymous.set(partition, b"")
+        with pytest.raises(NoAuthError):
+            anonymous.delete(paths.root, recursive=True)
+        zkmeta.write(server, partition, metadata_pb2.PartitionMetadata(generation=1, session_id=3))
+        assert zkmeta.require(operator, partition, metadata_pb2.PartitionMetadata)[0].session_id == 3
+        counter = anonymous.Counter(paths.client_ids)  # an application takes a client id
+        counter += 1
+        assert counter.value == 1
+        assert waltz(capsys, "-c", str(config), "storage", "add-node", "-s", "127.0.0.1:7000", "-a", "7001").code == 0
+        refused = waltz(
+            capsys,
+            "--zookeeper",
+            zookeeper.connect_string,
+            "--root",
+            cluster_root,
+            "storage",
+            "add-node",
+            "-s",
+            "127.0.0.1:7002",
+            "-a",
+            "7003",
+        )
+        assert refused.code == 1 and "NoAuth" in refused.err, refused.err
+    finally:
+        for client in (anonymous, server, operator):
+            client.stop()
+            client.close()
+
+
+@pytest.fixture
+def secure_zookeeper(tmp_path):
+    """A ZooKeeper whose secure client port needs a client certificate of the development CA (PEM stores)."""
+    certs = devcerts.write(tmp_path / "certs")
+    (tmp_path / "zookeeper.pem").write_bytes(certs["storage-key"].read_bytes() + certs["storage"].read_bytes())
+    secure_port = free_port()
+    directory = tmp_path / "zookeeper"
+    directory.mkdir()
+    (directory / "zoo.extra.cfg").write_text(
+        f"secureClientPort={secure_port}\nsecureClientPortAddress=127.0.0.1\n"
+        "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
+        f"ssl.keyStore.location={tmp_path / 'zookeeper.pem'}\nssl.keyStore.type=PEM\n"
+        f"ssl.trustStore.location={certs['ca']}\nssl.trustStore.type=PEM\nssl.clientAuth=need\n"
+    )
+    process = ZooKeeperProcess(directory)
+    process.start()
+    try:
+        yield f"127.0.0.1:{secure_port}", certs
+    finally:
+        process.stop()
+
+
+def test_tls_to_zookeeper_with_x509_acls(secure_zookeeper, capsys, tmp_path):
+    address, certs = secure_zookeeper
+    config = tmp_path / "cli.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "zookeeper.connectString": address,
+                "cluster.root": "/secure",
+                "zookeeper.tls.certFile": str(certs["operator"]),
+                "zookeeper.tls.keyFile": str(certs["operator-key"]),
+                "zookeeper.tls.caFile": str(certs["ca"]),
+                "zookeeper.acl": "x509:CN=waltz operator,O=waltz",
+            }
+        )
+    )
+    created = waltz(capsys, "-c", str(config), "cluster", "create", "-n", "tls", "-p", "1", "--timeout", "20")
+    assert created.code == 0, created.err
+    plain = waltz(capsys, "--zookeeper", address, "--root", "/secure", "--timeout", "3", "cluster", "list")
+    assert plain.code == 1 and "cannot reach ZooKeeper" in plain.err
+    app = ZkSecurity.of(str(certs["application"]), str(certs["application-key"]), str(certs["ca"]))
+    other = zkmeta.connect(address, timeout_s=20, security=app)
+    try:
+        assert zkmeta.store_params(other, zkmeta.ZkPaths("/secure")).num_partitions == 1  # anyone reads
+        with pytest.raises(NoAuthError):  # only the operator's certificate may change the znodes
+            other.set(zkmeta.ZkPaths("/secure").partition_metadata(0), b"")
+    finally:
+        other.stop()
+        other.close()
