@@ -63,8 +63,8 @@ def test_partitions_without_a_quorum_are_not_serving_with_a_reason_and_serve_aga
         for name in names:
             assert status(probe, name) == "SERVING", name
         assert all(p.healthy for p in server_partitions(server.address).partitions)
-        print(f"[health] partitions NOT_SERVING {took:.1f} s after two storage nodes died, SERVING {back:.1f} s "
-              "after they restarted")
+        print(f"[health] partitions NOT_SERVING {took:.1f} s after two storage nodes died ({reported[0].detail}), "
+              f"SERVING {back:.1f} s after they restarted")
 
 
 def test_storage_nodes_report_every_assigned_partition_on_every_port(tmp_path):
