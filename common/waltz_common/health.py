@@ -80,7 +80,12 @@ async def keep_health(
     book = HealthBook()
     nudge = nudge or asyncio.Event()
     while True:
-        await apply(servicer, book, verdicts())
+        try:
+            now = verdicts()
+        except Exception:  # a bug in a verdict must not freeze every status: keep the last ones, try again
+            log.exception("health: the verdicts could not be computed; statuses unchanged")
+        else:
+            await apply(servicer, book, now)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(nudge.wait(), interval_s)
         nudge.clear()

@@ -6,7 +6,7 @@ import asyncio
 
 from grpc_health.v1 import health
 
-from waltz_common.health import NOT_SERVING, SERVICE_UNKNOWN, SERVING, HealthBook, Verdict, apply
+from waltz_common.health import NOT_SERVING, SERVICE_UNKNOWN, SERVING, HealthBook, Verdict, apply, keep_health
 
 
 def test_only_changes_are_reported():
@@ -40,3 +40,28 @@ def test_apply_sets_statuses_and_unknown_for_dropped_names():
 def test_verdict_status():
     assert Verdict(True).status == SERVING
     assert Verdict(False, "why").status == NOT_SERVING
+
+
+def test_keep_health_survives_a_failing_verdict_and_follows_nudges():
+    calls = []
+
+    def verdicts() -> dict[str, Verdict]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return {"": Verdict(len(calls) >= 3, "starting")}
+
+    async def scenario() -> list[int]:
+        servicer = health.aio.HealthServicer()
+        nudge = asyncio.Event()
+        task = asyncio.create_task(keep_health(servicer, verdicts, nudge, interval_s=60))
+        seen = []
+        for _ in range(2):
+            await asyncio.sleep(0.05)
+            nudge.set()  # without it the next round would come only after 60 s
+            await asyncio.sleep(0.05)
+            seen.append(servicer._server_status[""])
+        task.cancel()
+        return seen
+
+    assert asyncio.run(scenario()) == [NOT_SERVING, SERVING]
