@@ -50,6 +50,9 @@ def test_a_storage_node_whose_writes_fail_is_not_serving_until_they_work_again(
                 acked = await writer.acknowledged_at_least(acked + STEP, "with one node's writes failing")
                 for node in cluster.storage[:2]:
                     assert status(f"127.0.0.1:{node.port}") == "SERVING", node.name
+                # The servers' retries (recovery truncates, low-water marks) succeed on the full disk: still failing.
+                assert status(address) == "NOT_SERVING"
+                assert set(await asyncio.to_thread(write_failures, cluster, 2)) >= set(failing)
             finally:
                 resource.prlimit(pid, resource.RLIMIT_FSIZE, (hard, hard))
             mended = time.monotonic()

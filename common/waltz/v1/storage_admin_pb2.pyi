@@ -304,8 +304,8 @@ class PartitionStatus(_message.Message):
     error: _builtins.str
     """Non-empty when the partition cannot be opened (e.g. its control-file entry is corrupt)."""
     write_failure: _builtins.str
-    """ADDITION: non-empty while the partition's last write failed with an I/O error (a full or failing
-    disk): that error. The next write that succeeds clears it. The node's health reports it too.
+    """ADDITION: non-empty while the partition's writes fail with an I/O error (a full or failing disk):
+    the last such error. The next append that succeeds clears it. The node's health reports it too.
     """
     def __init__(
         self,

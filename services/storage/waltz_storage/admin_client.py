@@ -33,7 +33,7 @@ class StorageAdminError(Exception):
 @dataclass(frozen=True, slots=True)
 class PartitionState:
     """One assigned partition as the node reports it; error is non-empty when it cannot be opened, write_failure
-    while its last write failed on the disk."""
+    while its writes fail on the disk."""
 
     partition_id: int
     readable: bool

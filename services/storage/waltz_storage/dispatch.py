@@ -109,7 +109,7 @@ class RequestExecutor:
             if kind in WRITES and is_disk_failure(e):
                 self.write_failures.failed(msg.partition_id, e)
             return self.failure(msg, e)
-        if kind in WRITES:
+        if kind == "append":  # only data written and synced proves the disk takes writes again (not a truncate)
             self.write_failures.succeeded(msg.partition_id)
         return response
 

@@ -1,4 +1,4 @@
-"""A storage node's health (pure): the partitions whose last write failed on the disk, and what its grpc.health.v1
+"""A storage node's health (pure): the partitions whose writes fail on the disk, and what its grpc.health.v1
 names report. docs/operations.md, "Health and probes", says which probe asks which name."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ READY_NAMES = ("", SERVICE, ADMIN_SERVICE)
 
 
 def partition_name(partition_id: int) -> str:
-    """The health name of one assigned partition: SERVING when it is open and its last write did not fail."""
+    """The health name of one assigned partition: SERVING when it is open and no write failed since its last append
+    that succeeded."""
     return f"{SERVICE}/partition/{partition_id}"
 
 
@@ -27,8 +28,9 @@ def is_disk_failure(exc: BaseException) -> bool:
 
 
 class WriteFailures:
-    """The partitions whose last write (append, truncate, low-water mark) failed on the disk, with the error; the
-    next write of the partition that succeeds clears it. Partition threads and the loop both record: one lock."""
+    """The partitions whose writes (append, truncate, low-water mark) fail on the disk, with the last error; the next
+    append of the partition that succeeds clears it (a truncate or a control-file update, which do not grow a file,
+    can succeed on a full disk). Partition threads and the loop both record: one lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -57,7 +59,7 @@ def storage_verdicts(
     assigned: Sequence[int], open_failures: Mapping[int, str], write_failures: Mapping[int, str]
 ) -> dict[str, Verdict]:
     """Every health name of a running node, from its assigned partitions, those that could not be opened and
-    those whose last write failed (a failure of a partition no longer assigned does not count)."""
+    those whose writes fail (a failure of a partition no longer assigned does not count)."""
     verdicts = {LIVE: Verdict(True)}
     failing = []
     for pid in assigned:
