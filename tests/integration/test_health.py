@@ -91,3 +91,24 @@ def test_the_plaintext_health_ports_answer_probes_on_a_mutual_tls_cluster(tmp_pa
         operator = cluster.tls_files("operator")
         assert status(server.address, server_health.PARTITIONS, operator) == "SERVING"
         assert isinstance(operator, tls.TlsFiles)
+
+
+def test_readiness_follows_the_zookeeper_connection_and_liveness_holds(tmp_path):
+    with LocalCluster(
+        tmp_path, storage_nodes=1, servers=1, partitions=1, server_overrides={"zookeeper.sessionTimeout": 30000}
+    ) as cluster:
+        server = cluster.servers[0]
+        zookeeper = cluster.zookeeper_process
+        assert zookeeper is not None
+        wait_for(server.address, server_health.partition_name(0), "SERVING")
+        zookeeper.kill()
+        took = wait_for(server.address, "", "NOT_SERVING", timeout=30)
+        for name in (server_health.SERVICE, server_health.PARTITIONS, server_health.partition_name(0)):
+            assert status(server.address, name) == "NOT_SERVING", name
+        assert status(server.address, server_health.LIVE) == "SERVING"  # restarting it would not help
+        assert "NOT_SERVING: not connected to ZooKeeper" in server.new_log()
+        zookeeper.start()  # same port and data, within the session timeout: the session survives
+        back = wait_for(server.address, "", "SERVING", timeout=60)
+        wait_for(server.address, server_health.PARTITIONS, "SERVING", timeout=30)
+        print(f"[health] readiness NOT_SERVING {took:.1f} s after ZooKeeper died, SERVING {back:.1f} s after it "
+              "was back")
