@@ -65,5 +65,5 @@ def containers(obj: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def config_file(objects: list[dict[str, Any]], component: str) -> str:
-    """The service configuration file a component's ConfigMap carries (storage.yaml or server.yaml)."""
+    """The configuration file a component's ConfigMap carries (storage.yaml, server.yaml, or the Job's cli.yaml)."""
     return str(find(objects, "ConfigMap", f"-{component}")["data"][f"{component}.yaml"])

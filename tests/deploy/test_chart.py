@@ -27,8 +27,10 @@ from tests.deploy.chart import (
     render,
     values_of,
 )
-from waltz_common.config import ConfigError, load
+from waltz_common.config import ZOOKEEPER_KEYS, ConfigError, load
+from waltz_common.tls import TLS_KEYS
 from waltz_server.config import all_keys
+from waltz_server.main import advertised as advertise_address
 from waltz_storage.config import STORAGE_KEYS
 
 CRD_KINDS = {"ServiceMonitor"}
@@ -90,6 +92,55 @@ def test_values_schema_refuses_bad_values():
             render(bad)
 
 
+def test_tls_mounts_each_roles_secret_read_only_into_its_workloads():
+    values = values_of(CHART / "ci/tls-values.yaml")
+    objects = manifests(render(values))
+    for kind, suffix, role in (("StatefulSet", "-storage", "storage"), ("Deployment", "-server", "server"),
+                               ("Job", "-provision", "operator")):
+        pod = find(objects, kind, suffix)["spec"]["template"]["spec"]
+        [volume] = [v for v in pod["volumes"] if v["name"] == "tls"]
+        assert volume["secret"]["secretName"] == values["tls"]["secrets"][role]
+        assert [i["key"] for i in volume["secret"]["items"]] == ["tls.crt", "tls.key", "ca.crt"]
+        assert volume["secret"]["defaultMode"] == 0o440
+        main = pod["containers"][-1]
+        assert {"name": "tls", "mountPath": "/etc/waltz-tls", "readOnly": True} in main["volumeMounts"]
+    job = find(objects, "Job", "-provision")["spec"]["template"]["spec"]["containers"][0]
+    assert "waltz -c /etc/waltz/cli.yaml" in job["args"][0]
+    policy = find(objects, "NetworkPolicy", "-storage")
+    assert {"ports": [{"port": 55293}]} in policy["spec"]["ingress"]  # kubelet's probes, from wherever they come
+    plain = manifests(render({}))
+    for obj in plain:
+        if obj["kind"] in ("StatefulSet", "Deployment", "Job"):
+            assert "tls" not in [v["name"] for v in obj["spec"]["template"]["spec"].get("volumes", [])]
+    assert "tls." not in config_file(plain, "server") + config_file(plain, "storage") + config_file(plain, "cli")
+
+
+def test_tls_servers_advertise_their_pod_dns_name(tmp_path):
+    """The server container's start script, run with its paths moved to tmp_path: the rendered configuration gets
+    the pod IP to listen on and, with TLS, the pod DNS name (which a wildcard certificate covers) to advertise."""
+    for values, advertised in (({}, ""), (values_of(CHART / "ci/tls-values.yaml"), "10-0-0-7.ns.pod.cluster.local")):
+        objects = manifests(render(values))
+        script = find(objects, "Deployment", "-server")["spec"]["template"]["spec"]["containers"][-1]["args"][0]
+        script = script.replace("/tmp/", f"{tmp_path}/out-").replace("/etc/waltz/", f"{tmp_path}/in-")
+        (tmp_path / "in-server.yaml").write_text(config_file(objects, "server"))
+        script = script.replace("exec waltz-server", "cat")
+        done = subprocess.run(["/bin/sh", "-c", script], env={"WALTZ_HOST": "10.0.0.7", "PATH": "/usr/bin:/bin"},
+                              capture_output=True, text=True, timeout=30, check=True)
+        config = yaml.safe_load(done.stdout)
+        assert config["server.host"] == "10.0.0.7"
+        if advertised:
+            assert advertise_address(config["server.advertisedAddress"], "10.0.0.7", 55280) == (advertised, 55280)
+        else:
+            assert "server.advertisedAddress" not in config
+
+
+def test_tls_without_the_secrets_is_refused():
+    with pytest.raises(Exception, match="schema"):
+        render({"tls": {"enabled": True}})
+    with pytest.raises(Exception, match="schema"):
+        render({"tls": {"enabled": True, "secrets": {"storage": "s", "server": "", "operator": "o"}}})
+
+
 def test_replication_factor_above_the_storage_nodes_is_refused():
     with pytest.raises(Exception, match=r"cannot exceed storage\.replicas"):
         render({"storage": {"replicas": 2}})
@@ -99,10 +150,16 @@ def test_replication_factor_above_the_storage_nodes_is_refused():
 def test_rendered_configuration_is_accepted_by_the_services(values_file, tmp_path):
     values = values_of(values_file)
     objects = manifests(render(values))
-    for component, keys in (("storage", STORAGE_KEYS), ("server", all_keys())):
+    tls_on = values.get("tls", {}).get("enabled", False)
+    for component, keys in (("storage", STORAGE_KEYS), ("server", all_keys()), ("cli", ZOOKEEPER_KEYS + TLS_KEYS)):
         path = tmp_path / f"{component}.yaml"
-        path.write_text(config_file(objects, component).replace("@HOST@", "10.0.0.7"))
+        text = config_file(objects, component).replace("@HOST@", "10.0.0.7")
+        path.write_text(text.replace("@ADVERTISED@", "10-0-0-7.ns.pod.cluster.local:55280"))
         config = load(path, keys)
+        assert config["tls.certFile"] == ("/etc/waltz-tls/tls.crt" if tls_on else None)
+        assert config["tls.caFile"] == ("/etc/waltz-tls/ca.crt" if tls_on else None)
+        if component != "cli":
+            assert config[f"{component}.health.port"] == (55293 if component == "storage" else 55282) * tls_on
         assert config["cluster.root"].startswith("/waltz/")
         bundled = "rel-waltz-zookeeper-0.rel-waltz-zookeeper-headless.ns.svc.cluster.local:2181"
         assert config["zookeeper.connectString"].split(",")[0] == (
@@ -128,12 +185,19 @@ def test_workloads_are_hardened_and_probed(values_file):
             assert c["securityContext"]["readOnlyRootFilesystem"] is True, c["name"]
             assert c["securityContext"]["allowPrivilegeEscalation"] is False, c["name"]
             assert c["resources"]["requests"], c["name"]
-    for suffix, port in (("-storage", "storage"), ("-server", "grpc")):
-        kind = "StatefulSet" if suffix == "-storage" else "Deployment"
-        main = list(containers(find(objects, kind, suffix)))[-1]
-        want = values.get(suffix[1:], {}).get("ports", {}).get(port, 55290 if port == "storage" else 55280)
-        assert main["readinessProbe"]["grpc"]["port"] == want
-        assert "grpc" in main["livenessProbe"] and "grpc" in main["startupProbe"]
+    tls_on = values.get("tls", {}).get("enabled", False)
+    for component, service, port, health in (
+        ("storage", "WaltzStorage", 55290, 55293),
+        ("server", "WaltzServer", 55280, 55282),
+    ):
+        kind = "StatefulSet" if component == "storage" else "Deployment"
+        main = list(containers(find(objects, kind, f"-{component}")))[-1]
+        # Kubelet's gRPC probe speaks plaintext: with TLS on it asks the health-only port.
+        want = health if tls_on else port
+        assert main["readinessProbe"]["grpc"] == {"port": want, "service": ""}
+        for probe in ("livenessProbe", "startupProbe"):
+            assert main[probe]["grpc"] == {"port": want, "service": f"waltz.v1.{service}/live"}
+        assert ("grpc-health" in [p["name"] for p in main["ports"]]) == tls_on
 
 
 def test_storage_is_a_stateful_set_with_claims_budget_and_anti_affinity():

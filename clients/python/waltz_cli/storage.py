@@ -132,6 +132,7 @@ def _node_partitions(ctx: Context, node: str) -> list[dict[str, Any]]:
             "local_low_water_mark": p.local_low_water_mark,
             "max_transaction_id": p.max_transaction_id,
             "error": p.error,
+            "write_failure": p.write_failure,
         }
         for p in sorted(listed, key=lambda p: p.partition_id)
     ]
@@ -142,6 +143,7 @@ def list_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     if args.storage:
         rows = _node_partitions(ctx, args.storage)
         headers = ["partition", "readable", "writable", "session", "lwm", "local lwm", "max txn", "error"]
+        headers.append("write failure")
         text = table(headers, [[r[k] for k in list(rows[0])] for r in rows] if rows else [])
         return Result({"node": args.storage, "partitions": rows}, text)
     nodes = cluster_admin.storage_nodes(ctx.zk, ctx.paths)

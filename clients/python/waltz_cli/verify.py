@@ -22,6 +22,7 @@ class ReplicaView:
     session_id: int = -1
     max_transaction_id: int = -1
     error: str = ""
+    write_failure: str = ""  # its writes fail on the node's disk: the last error
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,10 @@ def _ask_node(ctx: Context, node: str) -> dict[int, ReplicaView] | str:
     except CliError as exc:
         return str(exc)
     return {
-        p.partition_id: ReplicaView(p.readable, p.writable, p.session_id, p.max_transaction_id, p.error) for p in listed
+        p.partition_id: ReplicaView(
+            p.readable, p.writable, p.session_id, p.max_transaction_id, p.error, p.write_failure
+        )
+        for p in listed
     }
 
 
@@ -196,7 +200,7 @@ def _replica_view(facts: Facts, node: str, pid: int) -> ReplicaView | None:
 
 
 def _usable(view: ReplicaView | None) -> bool:
-    return view is not None and view.readable and view.writable and not view.error
+    return view is not None and view.readable and view.writable and not view.error and not view.write_failure
 
 
 def check_storage(facts: Facts, wanted: list[int]) -> Check:
@@ -218,6 +222,8 @@ def check_storage(facts: Facts, wanted: list[int]) -> Check:
             elif not (v.readable and v.writable):
                 state = ", ".join(s for s, ok in (("unreadable", v.readable), ("unwritable", v.writable)) if not ok)
                 check.reasons.append(f"storage node {node}: partition {pid} is {state}")
+            elif v.write_failure:
+                check.reasons.append(f"storage node {node}: partition {pid}: writes fail: {v.write_failure}")
     for pid in wanted:
         replicas = _replicas(facts, pid)
         usable = [n for n in replicas if _usable(_replica_view(facts, n, pid))]

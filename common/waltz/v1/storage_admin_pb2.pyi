@@ -288,6 +288,7 @@ class PartitionStatus(_message.Message):
     LOCAL_LOW_WATER_MARK_FIELD_NUMBER: _builtins.int
     MAX_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    WRITE_FAILURE_FIELD_NUMBER: _builtins.int
     partition_id: _builtins.int
     assigned: _builtins.bool
     readable: _builtins.bool
@@ -302,6 +303,10 @@ class PartitionStatus(_message.Message):
     """The max transaction id held (-1 when empty)."""
     error: _builtins.str
     """Non-empty when the partition cannot be opened (e.g. its control-file entry is corrupt)."""
+    write_failure: _builtins.str
+    """ADDITION: non-empty while the partition's writes fail with an I/O error (a full or failing disk):
+    the last such error. The next append that succeeds clears it. The node's health reports it too.
+    """
     def __init__(
         self,
         *,
@@ -314,10 +319,11 @@ class PartitionStatus(_message.Message):
         local_low_water_mark: _builtins.int = ...,
         max_transaction_id: _builtins.int = ...,
         error: _builtins.str = ...,
+        write_failure: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned", b"assigned", "error", b"error", "local_low_water_mark", b"local_low_water_mark", "low_water_mark", b"low_water_mark", "max_transaction_id", b"max_transaction_id", "partition_id", b"partition_id", "readable", b"readable", "session_id", b"session_id", "writable", b"writable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned", b"assigned", "error", b"error", "local_low_water_mark", b"local_low_water_mark", "low_water_mark", b"low_water_mark", "max_transaction_id", b"max_transaction_id", "partition_id", b"partition_id", "readable", b"readable", "session_id", b"session_id", "writable", b"writable", "write_failure", b"write_failure"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -146,6 +146,8 @@ class StorageNode(ManagedProcess):
     port: int = 0
     admin_port: int = 0
     metrics_port: int = 0
+    health_port: int = 0
+    """The plaintext health-only port (storage.health.port), when the cluster has health ports; else 0."""
     directory: Path = field(default_factory=Path)
     proxy: FaultProxy | None = None
     """In front of the data port when the cluster is proxied: servers reach the node through it."""
@@ -160,6 +162,8 @@ class StorageNode(ManagedProcess):
 class ServerNode(ManagedProcess):
     port: int = 0
     metrics_port: int = 0
+    health_port: int = 0
+    """The plaintext health-only port (server.health.port), when the cluster has health ports; else 0."""
     proxy: FaultProxy | None = None
     """In front of the client port when the cluster is proxied: clients are told to reach the server there."""
     zookeeper_proxy: FaultProxy | None = None
@@ -183,7 +187,8 @@ class LocalCluster:
     process in a session of its own, so that a terminal's Ctrl-C reaches only the program that owns the
     cluster, which then stops them in order. ``tls=True`` makes development certificates in
     ``workdir/tls`` (waltz_common.devcerts) and runs every channel with mutual TLS; ``tls_files(role)``
-    gives the files of a role, ``client_config()`` an application's.
+    gives the files of a role, ``client_config()`` an application's. ``health_ports=True`` gives every
+    process a plaintext health-only port too (``storage.health.port``, ``server.health.port``).
     """
 
     def __init__(
@@ -201,6 +206,7 @@ class LocalCluster:
         proxied: bool = False,
         detach: bool = False,
         tls: bool = False,
+        health_ports: bool = False,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -212,6 +218,7 @@ class LocalCluster:
         self.server_overrides = server_overrides or {}
         self.storage_overrides = storage_overrides or {}
         self.proxied = proxied
+        self.health_ports = health_ports
         self._own_zookeeper = zookeeper is None
         self.detach = detach
         self.zookeeper_process = (
@@ -331,6 +338,7 @@ class LocalCluster:
     def _storage_node(self, index: int) -> StorageNode:
         name = f"storage-{index}"
         port, admin_port, metrics_port = self._ports(name, 3)
+        health_port = free_port() if self.health_ports else 0
         directory = self.workdir / name / "data"
         directory.mkdir(parents=True, exist_ok=True)
         config = {
@@ -340,6 +348,7 @@ class LocalCluster:
             "storage.admin.port": admin_port,
             "storage.metrics.port": metrics_port,
             "storage.directory": str(directory),
+            **({"storage.health.port": health_port} if health_port else {}),
             **self.tls_config("storage"),
             **self.storage_overrides,
         }
@@ -356,6 +365,7 @@ class LocalCluster:
             port=port,
             admin_port=admin_port,
             metrics_port=metrics_port,
+            health_port=health_port,
             directory=directory,
             proxy=proxy,
         )
@@ -364,11 +374,13 @@ class LocalCluster:
         name = f"server-{index}"
         (self.workdir / name).mkdir(parents=True, exist_ok=True)
         port, metrics_port = self._ports(name, 2)
+        health_port = free_port() if self.health_ports else 0
         config = {
             **self._common(),
             "server.host": "127.0.0.1",
             "server.port": port,
             "server.metrics.port": metrics_port,
+            **({"server.health.port": health_port} if health_port else {}),
             **self.tls_config("server"),
             **self.server_overrides,
         }
@@ -389,6 +401,7 @@ class LocalCluster:
             new_session=self.detach,
             port=port,
             metrics_port=metrics_port,
+            health_port=health_port,
             proxy=proxy,
             zookeeper_proxy=zookeeper_proxy,
         )

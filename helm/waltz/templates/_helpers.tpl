@@ -112,3 +112,68 @@ app.kubernetes.io/part-of: waltz
 - name: WALTZ_REPLICAS
   value: {{ .Values.cluster.replicationFactor | quote }}
 {{- end -}}
+
+{{/* TLS (tls.enabled): where each pod finds its role's Secret, and the configuration keys naming the files. */}}
+{{- define "waltz.tls.dir" -}}/etc/waltz-tls{{- end -}}
+
+{{/* The tls.* keys of a service or CLI configuration file. */}}
+{{- define "waltz.tls.config" -}}
+{{- if .Values.tls.enabled -}}
+tls.certFile: {{ include "waltz.tls.dir" . }}/tls.crt
+tls.keyFile: {{ include "waltz.tls.dir" . }}/tls.key
+tls.caFile: {{ include "waltz.tls.dir" . }}/ca.crt
+{{- end }}
+{{- end -}}
+
+{{/* The read-only volume of a role's Secret: include "waltz.tls.volume" (list $ "server") */}}
+{{- define "waltz.tls.volume" -}}
+{{- $ := index . 0 -}}
+{{- $role := index . 1 -}}
+{{- if $.Values.tls.enabled -}}
+- name: tls
+  secret:
+    secretName: {{ required (printf "tls.secrets.%s is required when tls.enabled is true" $role) (index $.Values.tls.secrets $role) }}
+    # Readable by the pod's group (fsGroup) only.
+    defaultMode: 288
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+      - {key: ca.crt, path: ca.crt}
+{{- end }}
+{{- end -}}
+
+{{- define "waltz.tls.mount" -}}
+{{- if .Values.tls.enabled -}}
+- name: tls
+  mountPath: {{ include "waltz.tls.dir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* A component's kubelet gRPC probes: readiness asks "" (ready), startup and liveness ask "<service>/live".
+     Kubelet's gRPC probe cannot present a client certificate: with TLS on they ask the plaintext health port.
+     include "waltz.probes" (list $ <service port> <health port> "<grpc service>" <startup failureThreshold>) */}}
+{{- define "waltz.probes" -}}
+{{- $ := index . 0 -}}
+{{- $port := ternary (index . 2) (index . 1) $.Values.tls.enabled -}}
+{{- $live := printf "%s/live" (index . 3) -}}
+startupProbe:
+  grpc:
+    port: {{ $port }}
+    service: {{ $live }}
+  periodSeconds: 2
+  failureThreshold: {{ index . 4 }}
+readinessProbe:
+  grpc:
+    port: {{ $port }}
+    service: ""
+  periodSeconds: 5
+  failureThreshold: 2
+livenessProbe:
+  grpc:
+    port: {{ $port }}
+    service: {{ $live }}
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 6
+{{- end -}}

@@ -16,6 +16,9 @@ SERVER_KEYS = (
         "host:port that clients are told to reach this server at (its ZooKeeper descriptor), when it differs from "
         "where it listens (a proxy, a NAT, a Kubernetes Service); empty: server.host and the bound port"),
     Key("server.metrics.port", int, 0, "Prometheus /metrics HTTP port (0: off)"),
+    Key("server.health.port", int, 0,
+        "plaintext port serving only grpc.health.v1, for probes that cannot present a client certificate "
+        "(kubelet's) when TLS is on; 0: none (health is on server.port as always)"),
     Key("server.optimisticLockTableSize", int, 30000, "slots of each partition's hashed lock table"),
     Key("server.appendQueueSize", int, 2000, "appends queued per partition before clients are held back"),
     Key("server.maxTransactionBytes", int, 1048576, "largest transaction data accepted, bytes"),

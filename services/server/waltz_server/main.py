@@ -9,7 +9,6 @@ import logging
 import signal
 import sys
 
-from grpc_health.v1 import health_pb2
 from kazoo.client import KazooClient
 from prometheus_client import start_http_server
 
@@ -18,22 +17,21 @@ from waltz_common import event_loop, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import Config, ConfigError, describe, load
 from waltz_common.gctune import tune_for_service
+from waltz_common.health import Verdict, keep_health, start_health_port
 from waltz_common.zk import MetadataError, ZkPaths
 from waltz_common.zk_security import ZkSecurity
 from waltz_server.cluster import ClusterMembership
 from waltz_server.config import PartitionSettings, all_keys
+from waltz_server.health import PartitionHealth, server_verdicts
 from waltz_server.metrics import ServerMetrics
 from waltz_server.ownership import PartitionManager
-from waltz_server.service import SERVICE_NAME, WaltzServerService, start_grpc_server
+from waltz_server.service import WaltzServerService, partition_status, start_grpc_server
 from waltz_server.store.api import StorePartition
 from waltz_server.store.connection import StorageConnections
 from waltz_server.store.settings import StoreSettings
 from waltz_server.store.store_partition import ReplicatedStorePartition
 
 log = logging.getLogger("waltz_server")
-
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 async def serve(config: Config) -> int:
@@ -86,12 +84,26 @@ async def _serve(config: Config, zk: KazooClient, paths: ZkPaths, params: metada
         service, host, config["server.port"], max_message, tls.process_files()
     )
 
-    async def on_connected(connected: bool) -> None:
-        for name in ("", SERVICE_NAME):
-            await health.set(name, SERVING if connected else NOT_SERVING)
+    zookeeper = {"connected": False}  # set by membership; read by the health verdicts
+    nudge = asyncio.Event()
 
+    async def on_connected(connected: bool) -> None:
+        zookeeper["connected"] = connected
+        nudge.set()
+
+    def verdicts() -> dict[str, Verdict]:
+        owned = [partition_status(p) for p in manager.all()]
+        return server_verdicts(
+            zookeeper["connected"], [PartitionHealth(p.partition_id, p.healthy, p.detail) for p in owned]
+        )
+
+    health_task = asyncio.create_task(keep_health(health, verdicts, nudge))
+    health_server = None
     metrics_http = None
     try:
+        if config["server.health.port"]:
+            health_server, health_port = await start_health_port(health, host, config["server.health.port"])
+            log.info("plaintext health port %s:%d", host, health_port)
         if config["server.metrics.port"]:
             metrics_http, _ = start_http_server(config["server.metrics.port"], addr=host, registry=metrics.registry)
         advertised_host, advertised_port = advertised(config["server.advertisedAddress"], host, port)
@@ -103,11 +115,15 @@ async def _serve(config: Config, zk: KazooClient, paths: ZkPaths, params: metada
         print(f"waltz-server ready {host}:{port} id={server_id}", file=sys.stderr, flush=True)
         await _until_signalled()
         log.info("server %d: stopping", server_id)
+        await _cancelled(health_task)
         await health.enter_graceful_shutdown()
         await membership.stop()
         await server.stop(config["server.shutdownGraceSeconds"])
         return 0
     finally:
+        await _cancelled(health_task)
+        if health_server is not None:
+            await health_server.stop(0)
         await server.stop(0)
         await manager.close_all()
         await connections.close()
@@ -123,6 +139,12 @@ def advertised(address: str, host: str, port: int) -> tuple[str, int]:
     if not name or not number.isdigit():
         raise ConfigError(f"server.advertisedAddress must be host:port, not {address!r}")
     return name, int(number)
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _until_signalled() -> None:

@@ -32,7 +32,8 @@ class StorageAdminError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class PartitionState:
-    """One assigned partition as the node reports it; error is non-empty when it cannot be opened."""
+    """One assigned partition as the node reports it; error is non-empty when it cannot be opened, write_failure
+    while its writes fail on the disk."""
 
     partition_id: int
     readable: bool
@@ -42,6 +43,7 @@ class PartitionState:
     local_low_water_mark: int
     max_transaction_id: int
     error: str
+    write_failure: str = ""
 
 
 class StorageAdminClient:
@@ -156,6 +158,7 @@ class StorageAdminClient:
                 p.local_low_water_mark,
                 p.max_transaction_id,
                 p.error,
+                p.write_failure,
             )
             for p in response.partition_list.partitions
         ]

@@ -97,6 +97,7 @@ class AdminConnection:
             status.low_water_mark = info.low_water_mark
             status.local_low_water_mark = info.local_low_water_mark
             status.max_transaction_id = partition.max_transaction_id
+            status.write_failure = self.node.executor.write_failures.get(pid)
         except StorageError as e:
             status.error = str(e) or type(e).__name__
             status.max_transaction_id = -1

@@ -18,6 +18,13 @@ STORAGE_KEYS: tuple[Key, ...] = (
     Key("storage.port", int, doc="port of the storage protocol (WaltzStorage); 0 picks a free port (tests)"),
     Key("storage.admin.port", int, doc="port of the admin protocol (WaltzStorageAdmin); 0 picks a free port"),
     Key("storage.metrics.port", int, 0, "Prometheus HTTP port serving /metrics; 0 disables it"),
+    Key(
+        "storage.health.port",
+        int,
+        0,
+        "plaintext port serving only grpc.health.v1, for probes that cannot present a client certificate "
+        "(kubelet's) when TLS is on; 0: none (health is on both other ports as always)",
+    ),
     Key("storage.directory", str, doc="the storage directory: control file and one directory per partition"),
     Key("storage.segment.size.threshold", int, 1_000_000_000, "bytes after which a partition rolls to a new segment"),
     Key("storage.maxRecordBytes", int, 16 * MIB, "largest transaction data accepted in one record, bytes"),
@@ -29,7 +36,7 @@ STORAGE_KEYS: tuple[Key, ...] = (
 
 def check(config: Config) -> None:
     """Raise ConfigError for values that load() accepts by type but the node cannot use."""
-    for name in ("storage.port", "storage.admin.port", "storage.metrics.port"):
+    for name in ("storage.port", "storage.admin.port", "storage.metrics.port", "storage.health.port"):
         if not 0 <= config[name] <= 65535:
             raise ConfigError(f"{config.source}: {name} must be a port number, got {config[name]}")
     for name in ("storage.segment.size.threshold", "storage.maxRecordBytes", "storage.maxBatchBytes"):

@@ -13,6 +13,7 @@ from waltz_storage import protocol
 from waltz_storage.batch import encode_appends
 from waltz_storage.codec import RecordFields
 from waltz_storage.errors import InvalidRequest
+from waltz_storage.health import WriteFailures, is_disk_failure
 from waltz_storage.metrics import StorageMetrics
 from waltz_storage.partition import StoragePartition
 from waltz_storage.storage_manager import StorageManager
@@ -96,6 +97,7 @@ class RequestExecutor:
         self.manager = manager
         self.limits = limits
         self.metrics = metrics
+        self.write_failures = WriteFailures()
 
     def execute(self, kind: str, msg: Any) -> storage_pb2.StorageResponse:
         """Answer one request (any kind but open); a Failure for anything that goes wrong."""
@@ -104,7 +106,11 @@ class RequestExecutor:
             admit(partition, kind, msg.session_id, getattr(msg, "offline", False))
             response = getattr(self, "_" + kind)(partition, msg)
         except Exception as e:
+            if kind in WRITES and is_disk_failure(e):
+                self.write_failures.failed(msg.partition_id, e)
             return self.failure(msg, e)
+        if kind == "append":  # only data written and synced proves the disk takes writes again (not a truncate)
+            self.write_failures.succeeded(msg.partition_id)
         return response
 
     def execute_appends(self, msgs: Sequence[storage_pb2.StorageAppendRequest]) -> list[storage_pb2.StorageResponse]:
@@ -122,6 +128,7 @@ class RequestExecutor:
             self._write(partition, msgs)
         except Exception:
             return [self.execute("append", m) for m in msgs]
+        self.write_failures.succeeded(first.partition_id)
         return [protocol.success(m.session_id, m.seq_num, m.partition_id) for m in msgs]
 
     def serve(self, run: Sequence[StreamRequest]) -> Iterator[Answers]:

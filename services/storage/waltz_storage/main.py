@@ -70,7 +70,14 @@ async def serve(config: Config, node: StorageNode, files: tls.TlsFiles | None = 
     """Serve until a signal, then shut down gracefully; returns the exit status."""
     host = config["storage.host"]
     try:
-        servers = await server.start(node, host, config["storage.port"], config["storage.admin.port"], files)
+        servers = await server.start(
+            node,
+            host,
+            config["storage.port"],
+            config["storage.admin.port"],
+            files,
+            config["storage.health.port"] or None,
+        )
     except OSError as e:
         await asyncio.to_thread(node.close)
         print(f"waltz-storage: {e}", file=sys.stderr)

@@ -15,8 +15,10 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import grpc
 
 from waltz.v1 import storage_pb2
+from waltz_common.health import Verdict
 from waltz_storage.dispatch import Answers, Limits, RequestExecutor, StreamRequest
 from waltz_storage.errors import ClusterKeyMismatch, PartitionCountMismatch, StorageError
+from waltz_storage.health import storage_verdicts
 from waltz_storage.metrics import PartitionState, StorageMetrics
 from waltz_storage.placement import AppendPlacement
 from waltz_storage.storage_manager import StorageManager
@@ -223,6 +225,12 @@ class StorageNode:
                 (partition_id, partition.max_transaction_id, low_water_mark, partition.fence.highest_session_id)
             )
         return states
+
+    def health(self) -> dict[str, Verdict]:
+        """The verdicts of the node's health names, now (from the loop)."""
+        return storage_verdicts(
+            self.manager.assigned_partitions(), self.manager.open_failures(), self.executor.write_failures.snapshot()
+        )
 
     def check_cluster(self, cluster_key: uuid.UUID, num_partitions: int) -> None:
         """An Open: raise ClusterKeyMismatch / PartitionCountMismatch naming both sides unless both match."""

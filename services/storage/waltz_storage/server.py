@@ -1,8 +1,10 @@
-"""Start and stop the storage node's two gRPC servers (storage and admin), each with health and reflection."""
+"""Start and stop the storage node's two gRPC servers (storage and admin), each with health and reflection, and its
+optional plaintext health-only port."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 
 import grpc
@@ -11,7 +13,9 @@ from grpc_reflection.v1alpha import reflection
 
 from waltz.v1 import storage_admin_pb2, storage_admin_pb2_grpc, storage_pb2, storage_pb2_grpc
 from waltz_common import tls
+from waltz_common.health import keep_health, start_health_port
 from waltz_storage.admin_service import StorageAdminService
+from waltz_storage.health import READY_NAMES
 from waltz_storage.node import StorageNode
 from waltz_storage.service import StorageService
 
@@ -31,21 +35,28 @@ class PortInUse(OSError):
 
 @dataclass
 class NodeServers:
-    """The running storage and admin servers of one node, with their bound ports."""
+    """The running storage and admin servers of one node (and its plaintext health port, if any), with their bound
+    ports; one health servicer answers on every port, kept up to date by health_task."""
 
     node: StorageNode
     storage: grpc.aio.Server
     admin: grpc.aio.Server
-    health: tuple[health.aio.HealthServicer, health.aio.HealthServicer]
+    health: health.aio.HealthServicer
+    health_task: asyncio.Task[None]
     storage_port: int
     admin_port: int
+    health_server: grpc.aio.Server | None = None
+    health_port: int = 0
 
     async def stop(self, grace: float) -> None:
-        """NOT_SERVING, stop reading streams (queued requests finish), stop both servers, close the files."""
-        for servicer in self.health:
-            await servicer.enter_graceful_shutdown()
+        """NOT_SERVING, stop reading streams (queued requests finish), stop the servers, close the files."""
+        self.health_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.health_task
+        await self.health.enter_graceful_shutdown()
         self.node.begin_shutdown()
-        await asyncio.gather(self.storage.stop(grace), self.admin.stop(grace))
+        servers = [self.storage, self.admin, *([self.health_server] if self.health_server is not None else [])]
+        await asyncio.gather(*(server.stop(grace) for server in servers))
         await asyncio.to_thread(self.node.close)
 
 
@@ -65,11 +76,11 @@ async def _serve(
     servicer: object,
     files: tls.TlsFiles | None,
     roles: tuple[str, ...],
-) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    checker: health.aio.HealthServicer,
+) -> tuple[grpc.aio.Server, int]:
     checks = [tls.RoleCheck(f"{service_name} port", roles)] if files is not None else []
     server = grpc.aio.server(options=_message_options(node), interceptors=checks)
     add(servicer, server)  # type: ignore[operator]
-    checker = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     try:
@@ -79,17 +90,23 @@ async def _serve(
     if bound == 0:
         raise PortInUse(f"cannot listen on {host}:{port}")
     await server.start()
-    for name in ("", service_name):
-        await checker.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, checker, bound
+    return server, bound
 
 
 async def start(
-    node: StorageNode, host: str, port: int, admin_port: int, files: tls.TlsFiles | None = None
+    node: StorageNode,
+    host: str,
+    port: int,
+    admin_port: int,
+    files: tls.TlsFiles | None = None,
+    health_port: int | None = None,
 ) -> NodeServers:
     """Serve WaltzStorage on port and WaltzStorageAdmin on admin_port (0 picks a free port); mutual TLS on both
-    when files are given."""
-    storage, storage_health, bound = await _serve(
+    when files are given; grpc.health.v1 alone, plaintext, on health_port when given (0 picks one)."""
+    checker = health.aio.HealthServicer()
+    for name in READY_NAMES:  # until the first verdicts, a moment later
+        await checker.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    storage, bound = await _serve(
         node,
         host,
         port,
@@ -98,9 +115,11 @@ async def start(
         StorageService(node),
         files,
         STORAGE_ROLES,
+        checker,
     )
+    started = [storage]
     try:
-        admin, admin_health, admin_bound = await _serve(
+        admin, admin_bound = await _serve(
             node,
             host,
             admin_port,
@@ -109,8 +128,14 @@ async def start(
             StorageAdminService(node),
             files,
             ADMIN_ROLES,
+            checker,
         )
+        started.append(admin)
+        health_server, health_bound = None, 0
+        if health_port is not None:
+            health_server, health_bound = await start_health_port(checker, host, health_port)
     except BaseException:
-        await storage.stop(None)
+        await asyncio.gather(*(server.stop(None) for server in started))
         raise
-    return NodeServers(node, storage, admin, (storage_health, admin_health), bound, admin_bound)
+    task = asyncio.create_task(keep_health(checker, node.health))
+    return NodeServers(node, storage, admin, checker, task, bound, admin_bound, health_server, health_bound)

@@ -82,6 +82,10 @@ class StorageManager:
         """The partitions assigned here and open, by id (safe to call from any thread)."""
         return sorted(self._partitions.items())
 
+    def open_failures(self) -> dict[int, str]:
+        """The assigned partitions that could not be opened, with why (safe to call from any thread)."""
+        return {pid: str(e) or type(e).__name__ for pid, e in list(self._failed.items())}
+
     def is_assigned(self, partition_id: int) -> bool:
         return partition_id in self._partitions or partition_id in self._failed
 

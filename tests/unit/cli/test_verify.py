@@ -79,6 +79,15 @@ def test_storage_assignment_mismatch_and_unwritable_replica():
     assert "partition 1 has no quorum: 0 of 2 replicas usable (need 2; down: h:1, h:2)" in reasons
 
 
+def test_a_replica_whose_writes_fail_is_named_and_not_usable():
+    facts = healthy()
+    facts.nodes["h:2"][0] = ReplicaView(write_failure="0.seg: append of 11..11 failed: [Errno 28] No space")  # type: ignore[index]
+    facts.nodes["h:3"][0] = ReplicaView(write_failure="[Errno 5] Input/output error")  # type: ignore[index]
+    reasons = next(iter(failures(facts).values()))
+    assert "storage node h:2: partition 0: writes fail: 0.seg: append of 11..11 failed: [Errno 28] No space" in reasons
+    assert "partition 0 has no quorum: 1 of 3 replicas usable (need 2; down: h:2, h:3)" in reasons
+
+
 def test_server_ownership_mismatches():
     facts = healthy()
     facts.ownership[1] = (2, 3)

@@ -1,0 +1,54 @@
+"""What a server's grpc.health.v1 names report (pure): readiness, liveness, and whether each owned partition can
+commit. docs/operations.md, "Health and probes", says which probe asks which name."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from waltz_common.health import Verdict
+
+SERVICE = "waltz.v1.WaltzServer"
+LIVE = f"{SERVICE}/live"
+"""SERVING while the process serves (until it begins shutting down): a liveness probe."""
+PARTITIONS = f"{SERVICE}/partitions"
+"""SERVING when connected to ZooKeeper and every partition this server owns can commit."""
+READY_NAMES = ("", SERVICE)
+"""SERVING when connected to ZooKeeper: the server takes part in the cluster (a readiness probe)."""
+
+
+def partition_name(partition_id: int) -> str:
+    """The health name of one owned partition: SERVING when it can commit."""
+    return f"{SERVICE}/partition/{partition_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionHealth:
+    """An owned partition as GetServerPartitions reports it: can it commit, and if not, why."""
+
+    partition_id: int
+    healthy: bool
+    detail: str
+
+
+def server_verdicts(connected: bool, partitions: Sequence[PartitionHealth]) -> dict[str, Verdict]:
+    """Every health name of a running server, from its ZooKeeper connection and its owned partitions."""
+    offline = "not connected to ZooKeeper: appends are held and partitions may move"
+    ready = Verdict(True) if connected else Verdict(False, offline)
+    verdicts = {name: ready for name in READY_NAMES}
+    verdicts[LIVE] = Verdict(True)
+    failing = []
+    for p in partitions:
+        if not connected:
+            verdict = Verdict(False, offline)
+        elif p.healthy:
+            verdict = Verdict(True)
+        else:
+            verdict = Verdict(False, p.detail or "cannot commit")
+            failing.append(f"partition {p.partition_id}: {verdict.reason}")
+        verdicts[partition_name(p.partition_id)] = verdict
+    if not connected:
+        verdicts[PARTITIONS] = Verdict(False, offline)
+    else:
+        verdicts[PARTITIONS] = Verdict(not failing, "; ".join(failing))
+    return verdicts
