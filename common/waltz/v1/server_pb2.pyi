@@ -163,17 +163,40 @@ class MountResponse(_message.Message):
         READY: MountResponse._PartitionState.ValueType  # 1
         NOT_READY: MountResponse._PartitionState.ValueType  # 2
         CLIENT_AHEAD: MountResponse._PartitionState.ValueType  # 3
+        SUPERSEDED: MountResponse._PartitionState.ValueType  # 4
+        """ADDITION: a newer network client (stream) of the same client id holds the mount: this
+        stream's mount request carried a lower MountRequest.seq_num (a stale network client), or it
+        comes unasked, for the mount that this stream lost when the newer one mounted. Do not retry
+        on this stream: the newer one owns the partition for this client id.
+        """
+        NO_SUCH_PARTITION: MountResponse._PartitionState.ValueType  # 5
+        """ADDITION: the request's partition_id does not exist in this cluster (0 <= id < the cluster
+        info's partition count); a bug in the client, not a retry. Only that request is refused: the
+        stream and its other partitions go on.
+        """
 
     class PartitionState(_PartitionState, metaclass=_PartitionStateEnumTypeWrapper): ...
     PARTITION_STATE_UNSPECIFIED: MountResponse.PartitionState.ValueType  # 0
     READY: MountResponse.PartitionState.ValueType  # 1
     NOT_READY: MountResponse.PartitionState.ValueType  # 2
     CLIENT_AHEAD: MountResponse.PartitionState.ValueType  # 3
+    SUPERSEDED: MountResponse.PartitionState.ValueType  # 4
+    """ADDITION: a newer network client (stream) of the same client id holds the mount: this
+    stream's mount request carried a lower MountRequest.seq_num (a stale network client), or it
+    comes unasked, for the mount that this stream lost when the newer one mounted. Do not retry
+    on this stream: the newer one owns the partition for this client id.
+    """
+    NO_SUCH_PARTITION: MountResponse.PartitionState.ValueType  # 5
+    """ADDITION: the request's partition_id does not exist in this cluster (0 <= id < the cluster
+    info's partition count); a bug in the client, not a retry. Only that request is refused: the
+    stream and its other partitions go on.
+    """
 
     REQ_ID_FIELD_NUMBER: _builtins.int
     PARTITION_READY_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
     partition_ready: _builtins.bool
     """Partition Ready: true if the partition is ready, otherwise false. Equals (state == READY)."""
     state: Global___MountResponse.PartitionState.ValueType
@@ -187,6 +210,8 @@ class MountResponse(_message.Message):
     """
     high_water_mark: _builtins.int
     """ADDITION: the partition's high-water mark when the response was sent (-1: empty)."""
+    message: _builtins.str
+    """ADDITION: why, for a person, when state is neither READY nor NOT_READY (may be empty)."""
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId:
         """Request ID: client generated unique request ID stored in the corresponding mount request."""
@@ -198,10 +223,11 @@ class MountResponse(_message.Message):
         partition_ready: _builtins.bool = ...,
         state: Global___MountResponse.PartitionState.ValueType = ...,
         high_water_mark: _builtins.int = ...,
+        message: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["high_water_mark", b"high_water_mark", "partition_ready", b"partition_ready", "req_id", b"req_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["high_water_mark", b"high_water_mark", "message", b"message", "partition_ready", b"partition_ready", "req_id", b"req_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -590,6 +616,19 @@ class AppendRejected(_message.Message):
         """The data checksum or a length field is wrong, or the data is too large."""
         SHUTTING_DOWN: AppendRejected._Reason.ValueType  # 5
         """The server is shutting down."""
+        SUPERSEDED: AppendRejected._Reason.ValueType  # 6
+        """A newer stream of the same client id mounted the partition (a higher MountRequest.seq_num):
+        appends from this, older, stream are refused. Send on the newest stream.
+        """
+        SEQUENCE_NOT_INCREASING: AppendRejected._Reason.ValueType  # 7
+        """The sequence number is not after the last one this client used on the partition, and no
+        transaction of the server's re-send window committed it: sequence numbers strictly increase
+        per client id and partition (see ReqId.seq_num). Retry with a new sequence number.
+        """
+        ALREADY_COMMITTED: AppendRejected._Reason.ValueType  # 8
+        """This ReqId (client id, partition, sequence number: the generation is not compared) already
+        committed, as transaction_id: the re-sent append is not committed again. Success.
+        """
 
     class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper): ...
     REASON_UNSPECIFIED: AppendRejected.Reason.ValueType  # 0
@@ -603,13 +642,31 @@ class AppendRejected(_message.Message):
     """The data checksum or a length field is wrong, or the data is too large."""
     SHUTTING_DOWN: AppendRejected.Reason.ValueType  # 5
     """The server is shutting down."""
+    SUPERSEDED: AppendRejected.Reason.ValueType  # 6
+    """A newer stream of the same client id mounted the partition (a higher MountRequest.seq_num):
+    appends from this, older, stream are refused. Send on the newest stream.
+    """
+    SEQUENCE_NOT_INCREASING: AppendRejected.Reason.ValueType  # 7
+    """The sequence number is not after the last one this client used on the partition, and no
+    transaction of the server's re-send window committed it: sequence numbers strictly increase
+    per client id and partition (see ReqId.seq_num). Retry with a new sequence number.
+    """
+    ALREADY_COMMITTED: AppendRejected.Reason.ValueType  # 8
+    """This ReqId (client id, partition, sequence number: the generation is not compared) already
+    committed, as transaction_id: the re-sent append is not committed again. Success.
+    """
 
     REQ_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     reason: Global___AppendRejected.Reason.ValueType
     message: _builtins.str
     """A message a person can act on."""
+    transaction_id: _builtins.int
+    """With ALREADY_COMMITTED: the id of the transaction the ReqId committed as (the feed carries it
+    with its original ReqId). -1 with every other reason.
+    """
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId:
         """Request ID of the refused Append Request."""
@@ -620,10 +677,11 @@ class AppendRejected(_message.Message):
         req_id: _common_pb2.ReqId | None = ...,
         reason: Global___AppendRejected.Reason.ValueType = ...,
         message: _builtins.str = ...,
+        transaction_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason", "req_id", b"req_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason", "req_id", b"req_id", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
