@@ -241,7 +241,7 @@ class Partition:
             return
         generation, stream_id, max_bytes = self.generation, stream.stream_id, self.settings.max_transaction_bytes
         mounted: dict[int, bool] = {}  # client id -> this stream holds its current mount
-        offer, offered, admit = pipeline.offer, self._pending.offered, self._sequences.admit
+        offer, offered, last_seq = pipeline.offer, self._pending.offered, self._sequences.last
         for request in requests:
             req_id = request.req_id
             client_id, seq_num = req_id.client_id, req_id.seq_num
@@ -252,9 +252,11 @@ class Partition:
             if not current:
                 self._not_current(origin, client_id)
                 continue
-            if not admit(client_id, seq_num):
+            last = last_seq.get(client_id)  # SequenceWindow.admit, written out: it runs once per append
+            if last is not None and not 0 < (seq_num - last) & 0xFFFFFFFF < 0x80000000:
                 self._resent(origin, client_id, seq_num)  # before the generation: a re-send may carry the old one
                 continue
+            last_seq[client_id] = seq_num
             if req_id.generation != generation:
                 self._reject(origin, Reason.WRONG_GENERATION, self._generation_message(req_id.generation))
                 continue
@@ -488,13 +490,11 @@ class Partition:
     def _settle(self, resolved: Resolved[_Origin], committed_at: float) -> None:
         """What a resolved batch releases besides its feed."""
         committed = resolved.committed
-        put = self.data_cache.put
+        put, record = self.data_cache.put, self._sequences.record
         for item, transaction_id in committed:
             put(transaction_id, item.origin.request, item.size)  # an AppendRequest has what a read needs
-        self._sequences.committed(
-            ((item.client_id, item.origin.seq_num, transaction_id) for item, transaction_id in committed),
-            self._pending.pending,
-        )
+            record((item.client_id, item.origin.seq_num, transaction_id))
+        self._sequences.forget_silent(self._pending.pending)
         if self.metrics is not None:
             m = self.metrics
             m.appends["ok"].inc(len(committed))

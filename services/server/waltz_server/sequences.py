@@ -49,6 +49,8 @@ class SequenceWindow:
         self.last: dict[int, int] = {}
         """client id -> the last sequence number admitted (read directly by the append hot path)."""
         self._recent: deque[tuple[int, int, int]] = deque(maxlen=window)  # (client id, seq, transaction id)
+        self.record: Callable[[tuple[int, int, int]], None] = self._recent.append
+        """Remember a commit (client id, sequence number, transaction id), in id order; then forget_silent()."""
 
     def admit(self, client_id: int, seq_num: int) -> bool:
         """Take seq_num as the client's last if it comes after the last one; False (nothing changes) if not."""
@@ -58,13 +60,13 @@ class SequenceWindow:
             return True
         return False
 
-    def committed(self, entries: Iterable[tuple[int, int, int]], pending: Callable[[int], object]) -> None:
-        """(client id, sequence number, transaction id) of new commits, in id order. pending(client id): whether
-        the client has appends queued here (it is remembered then, whatever the window holds)."""
-        self._recent.extend(entries)
-        if len(self.last) > 2 * self.window:  # more clients than the window can name: forget the silent ones
+    def forget_silent(self, pending: Callable[[int], object]) -> None:
+        """Bound the clients remembered: past twice the window, keep those in it or with appends pending."""
+        if len(self.last) > 2 * self.window:
             present = {client_id for client_id, _, _ in self._recent}
-            self.last = {c: s for c, s in self.last.items() if c in present or pending(c)}
+            kept = {c: s for c, s in self.last.items() if c in present or pending(c)}
+            self.last.clear()  # in place: the append hot path holds the dict
+            self.last.update(kept)
 
     def classify(self, client_id: int, seq_num: int) -> Resend:
         """A number admit() refused: the transaction it committed as, if it is in the window."""

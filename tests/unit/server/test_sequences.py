@@ -29,9 +29,10 @@ def test_a_committed_number_is_found_while_in_the_window():
     w = SequenceWindow(3)
     for seq in (1, 2, 3, 4):
         assert w.admit(1, seq)
-    w.committed([(1, 1, 10), (1, 2, 11), (1, 3, 12)], lambda c: False)
+    for entry in [(1, 1, 10), (1, 2, 11), (1, 3, 12)]:
+        w.record(entry)
     assert w.classify(1, 2) == Resend(4, 11)
-    w.committed([(1, 4, 13)], lambda c: False)  # seq 1 leaves the window
+    w.record((1, 4, 13))  # seq 1 leaves the window
     assert w.classify(1, 1) == Resend(4, None)
     assert w.classify(1, 4) == Resend(4, 13)
     assert w.classify(2, 4) == Resend(4, None)  # a client the window does not know
@@ -49,7 +50,8 @@ def test_memory_stays_bounded_by_the_window():
     w = SequenceWindow(5)
     for client in range(1000):
         w.admit(client, 1)
-        w.committed([(client, 1, client)], lambda c: c == 3)
+        w.record((client, 1, client))
+        w.forget_silent(lambda c: c == 3)
     assert len(w) == 5
     assert len(w.last) <= 2 * 5 + 1
     assert 3 in w.last and 999 in w.last
