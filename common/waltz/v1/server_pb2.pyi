@@ -32,6 +32,172 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ClusterInfoRequest(_message.Message):
+    """ADDITION: ask for the cluster as the answering server sees it (no fields)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClusterInfoRequest: _TypeAlias = ClusterInfoRequest  # noqa: Y015
+
+@_typing.final
+class ClusterInfoResponse(_message.Message):
+    """ADDITION: the cluster as the answering server last saw it in ZooKeeper (a few ms behind)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_NAME_FIELD_NUMBER: _builtins.int
+    NUM_PARTITIONS_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    SERVER_ID_FIELD_NUMBER: _builtins.int
+    cluster_name: _builtins.str
+    """The cluster's name (ClusterParams.name)."""
+    num_partitions: _builtins.int
+    """Partitions are numbered 0 .. num_partitions-1."""
+    server_id: _builtins.int
+    """The answering server's id."""
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionOwner]:
+        """One entry per partition id, in id order."""
+
+    @_builtins.property
+    def limits(self) -> Global___Limits:
+        """What a client must respect."""
+
+    def __init__(
+        self,
+        *,
+        cluster_name: _builtins.str = ...,
+        num_partitions: _builtins.int = ...,
+        partitions: _abc.Iterable[Global___PartitionOwner] | None = ...,
+        limits: Global___Limits | None = ...,
+        server_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_name", b"cluster_name", "limits", b"limits", "num_partitions", b"num_partitions", "partitions", b"partitions", "server_id", b"server_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClusterInfoResponse: _TypeAlias = ClusterInfoResponse  # noqa: Y015
+
+@_typing.final
+class PartitionOwner(_message.Message):
+    """ADDITION: who serves one partition."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    partition_id: _builtins.int
+    address: _builtins.str
+    """host:port of the owning server's client port (as ZooKeeper advertises it:
+    server.advertisedAddress); empty while no live server owns the partition: ask again shortly.
+    """
+    generation: _builtins.int
+    """The partition's generation on that owner: put it in every ReqId for the partition."""
+    def __init__(
+        self,
+        *,
+        partition_id: _builtins.int = ...,
+        address: _builtins.str = ...,
+        generation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "generation", b"generation", "partition_id", b"partition_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionOwner: _TypeAlias = PartitionOwner  # noqa: Y015
+
+@_typing.final
+class Limits(_message.Message):
+    """ADDITION: the sizes a client must stay within."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_TRANSACTION_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_BATCH_APPENDS_FIELD_NUMBER: _builtins.int
+    max_message_bytes: _builtins.int
+    """The largest gRPC message the server accepts or sends: a ClientMessage (an AppendBatch with all
+    its appends) above it ends the whole stream with RESOURCE_EXHAUSTED. Split batches below it.
+    """
+    max_transaction_bytes: _builtins.int
+    """The largest transaction data accepted (server.maxTransactionBytes); a larger append gets
+    AppendRejected INVALID.
+    """
+    max_batch_appends: _builtins.int
+    """Appends per partition the server queues before it stops reading the stream (back-pressure,
+    server.appendQueueSize): more appends in flight per partition gain nothing. An AppendBatch may
+    hold any number of appends as long as the message fits max_message_bytes.
+    """
+    def __init__(
+        self,
+        *,
+        max_message_bytes: _builtins.int = ...,
+        max_transaction_bytes: _builtins.int = ...,
+        max_batch_appends: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_batch_appends", b"max_batch_appends", "max_message_bytes", b"max_message_bytes", "max_transaction_bytes", b"max_transaction_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Limits: _TypeAlias = Limits  # noqa: Y015
+
+@_typing.final
+class ClientIdRequest(_message.Message):
+    """ADDITION: ask for a new client id (no fields)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientIdRequest: _TypeAlias = ClientIdRequest  # noqa: Y015
+
+@_typing.final
+class ClientIdResponse(_message.Message):
+    """ADDITION: a client id no other client of the cluster has or will get."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.int
+    """Put it in ReqId.client_id of every request (1 .. 2^31-1)."""
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientIdResponse: _TypeAlias = ClientIdResponse  # noqa: Y015
+
+@_typing.final
 class ClientMessage(_message.Message):
     """One message on the stream from client to server."""
 
