@@ -8,24 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key, boolean, load
+from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key, address_list, boolean, load
 from waltz_common.tls import TLS_KEYS, TlsFiles
 from waltz_common.zk_security import ZkSecurity
 
-
-def server_list(value: Any) -> tuple[str, ...]:
-    """client.servers: "host:port,host:port" or a YAML list of host:port."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    servers = tuple(str(item).strip() for item in items if str(item).strip())
-    for server in servers:
-        host, _, port = server.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"client.servers: {server!r} is not host:port")
-    return servers
-
-
 CLIENT_KEYS = (
-    Key("client.servers", server_list, (),
+    Key("client.servers", address_list, (),
         "host:port of one or more Waltz servers (comma-separated or a list): the client learns the cluster "
         "(partitions, owners, limits) and its client id from them and needs no ZooKeeper; empty: use "
         "zookeeper.connectString and cluster.root instead"),

@@ -87,6 +87,27 @@ def test_the_client_works_from_server_addresses_alone(cluster: Any, no_zookeeper
     run(main())
 
 
+def test_the_cli_client_commands_work_from_server_addresses_alone(
+    cluster: Any, no_zookeeper: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from waltz_cli.main import main as waltz
+
+    servers = f"127.0.0.1:1,{cluster.servers[0].address}"  # the first does not answer: the next one is asked
+    assert waltz(["--server-addresses", servers, "--json", "client", "high-water-mark"]) == 0
+    marks = json.loads(capsys.readouterr().out)
+    assert set(marks) == {"0", "1"} and all(m >= 9 for m in marks.values())  # the previous test's 10 each
+    assert waltz(["--server-addresses", servers, "--json", "client", "tail", "-p", "1", "-n", "2"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["transaction_id"] for r in lines] == [marks["1"] - 1, marks["1"]]
+    argv = ["--server-addresses", servers, "--json", "client", "validate", "-n", "10", "-p", "0"]
+    assert waltz(argv) == 0, capsys.readouterr()
+    assert json.loads(capsys.readouterr().out)["passed"] is True
+    assert waltz(["--server-addresses", servers, "cluster", "list"]) == 2  # the ZooKeeper commands say what they need
+    assert "no ZooKeeper given" in capsys.readouterr().err
+
+
 class RawStream:
     """A client stream written by hand, as another language would."""
 
