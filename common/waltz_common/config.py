@@ -108,6 +108,17 @@ def describe(keys: Iterable[Key]) -> str:
     return "\n".join(lines)
 
 
+def address_list(value: Any) -> tuple[str, ...]:
+    """A list of servers: "host:port,host:port" or a YAML list of host:port."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    servers = tuple(str(item).strip() for item in items if str(item).strip())
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{server!r} is not host:port")
+    return servers
+
+
 ZOOKEEPER_KEYS = (
     Key("zookeeper.connectString", str, doc="ZooKeeper connect string, host:port[,host:port...]"),
     Key("zookeeper.sessionTimeout", int, 30000, "ZooKeeper session timeout in milliseconds"),

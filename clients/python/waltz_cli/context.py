@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 from kazoo.client import KazooClient
 
-from waltz.v1 import metadata_pb2
-from waltz_cli.errors import UsageError
+from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
+from waltz_cli.errors import CliError, UsageError, rpc_message
 from waltz_cli.guards import PartitionView, ReplicaState
-from waltz_common import cluster_admin, zk_security
+from waltz_common import cluster_admin, tls, zk_security
 from waltz_common import config as cfg
 from waltz_common import zk as zkmeta
 from waltz_common.tls import TLS_KEYS, TlsFiles
 from waltz_common.zk_security import ZkSecurity
+
+CLI_FILE_KEYS = (
+    *(dataclasses.replace(k, default=None) if k.required else k for k in cfg.ZOOKEEPER_KEYS),
+    cfg.Key("client.servers", cfg.address_list, (), "Waltz servers the client commands ask instead of ZooKeeper"),
+    *TLS_KEYS,
+)
+"""The CLI file: ZooKeeper keys (needed by every command but the client ones with client.servers), TLS keys."""
 
 
 @dataclass
@@ -32,7 +41,9 @@ class Context:
     tls: TlsFiles | None = None
     zk_security: ZkSecurity | None = None
     zk_security_keys: dict[str, str] = field(default_factory=dict)
+    servers: tuple[str, ...] = ()
     _zk: KazooClient | None = field(default=None, repr=False)
+    _cluster_info: server_pb2.ClusterInfoResponse | None = field(default=None, repr=False)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Context:
@@ -41,13 +52,15 @@ class Context:
         connect_timeout, session_timeout = args.timeout, 30.0
         cert, key, ca = args.tls_cert, args.tls_key, args.tls_ca
         security, security_keys = None, {}
+        servers = cfg.address_list(args.server_addresses) if args.server_addresses else ()
         if args.config:
             overrides: dict[str, Any] = {}
             if connect:
                 overrides["zookeeper.connectString"] = connect
             if root:
                 overrides["cluster.root"] = root
-            conf = cfg.load(args.config, cfg.ZOOKEEPER_KEYS + TLS_KEYS, overrides)
+            conf = cfg.load(args.config, CLI_FILE_KEYS, overrides)
+            servers = servers or conf["client.servers"]
             connect, root = conf["zookeeper.connectString"], conf["cluster.root"]
             cert, key, ca = cert or conf["tls.certFile"], key or conf["tls.keyFile"], ca or conf["tls.caFile"]
             security = ZkSecurity.from_config(conf)
@@ -65,6 +78,7 @@ class Context:
             tls=TlsFiles.of(cert, key, ca, "TLS (--tls-cert/--tls-key/--tls-ca or tls.* in the CLI file)"),
             zk_security=security,
             zk_security_keys=security_keys,
+            servers=tuple(servers),
         )
 
     @property
@@ -89,7 +103,28 @@ class Context:
         return zkmeta.store_params(self.zk, self.paths)
 
     def num_partitions(self) -> int:
+        if self.servers:
+            return self.cluster_info().num_partitions
         return self.store_params().num_partitions
+
+    def cluster_info(self) -> server_pb2.ClusterInfoResponse:
+        """GetClusterInfo from the first of --server-addresses that answers (once per command)."""
+        if self._cluster_info is None:
+            failures = []
+            for server in self.servers:
+                channel = tls.channel(server, self.tls)
+                try:
+                    stub = server_pb2_grpc.WaltzServerStub(channel)
+                    request = server_pb2.ClusterInfoRequest()
+                    self._cluster_info = stub.GetClusterInfo(request, timeout=self.rpc_timeout_s)
+                    break
+                except grpc.RpcError as exc:
+                    failures.append(rpc_message(exc, f"server {server}"))
+                finally:
+                    channel.close()
+            else:
+                raise CliError("no server of --server-addresses answered: " + "; ".join(failures or ["none given"]))
+        return self._cluster_info
 
     def partitions(self, text: str | None) -> list[int]:
         """Parse a range like '0-6,8' against the cluster; None means every partition."""

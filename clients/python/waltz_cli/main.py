@@ -16,8 +16,9 @@ from waltz_cli.output import Result, reader_gone
 EPILOG = """\
 Where the cluster is: -c CLI.yaml (keys zookeeper.connectString, zookeeper.sessionTimeout,
 zookeeper.connectTimeout, cluster.root; with mutual TLS tls.certFile, tls.keyFile, tls.caFile:
-an operator certificate, see docs/security.md) or --zookeeper HOST:PORT --root /path. Partition ranges
-look like 0-6,8. Add --json for machine-readable output. Exit codes: 0 ok, 1 failed, 2 bad usage.
+an operator certificate, see docs/security.md) or --zookeeper HOST:PORT --root /path. The client
+commands also work from server addresses alone: --server-addresses HOST:PORT,... (client.servers).
+Partition ranges look like 0-6,8. Add --json for machine-readable output. Exit codes: 0 ok, 1 failed, 2 bad usage.
 """
 
 
@@ -39,6 +40,10 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     group.add_argument("-c", "--config", default=d(None), metavar="CLI.yaml", help="CLI configuration file")
     group.add_argument("--zookeeper", default=d(None), metavar="HOST:PORT", help="ZooKeeper connect string")
     group.add_argument("--root", default=d(None), metavar="ZNODE", help="the cluster root, e.g. /waltz/prod")
+    group.add_argument(
+        "--server-addresses", default=d(None), metavar="HOST:PORT,...",
+        help="Waltz servers to ask instead of ZooKeeper (client commands; client.servers in the CLI file)",
+    )
     group.add_argument("--json", action="store_true", default=d(False), help="machine-readable output")
     group.add_argument("--timeout", type=float, default=d(10.0), metavar="S", help="seconds per call (default 10)")
     group.add_argument(

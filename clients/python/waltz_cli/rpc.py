@@ -50,6 +50,11 @@ def ownership(ctx: Context) -> dict[int, metadata_pb2.PartitionOwnership]:
 
 def owner_address(ctx: Context, partition_id: int) -> str:
     """host:port of the live server that owns the partition, or a CliError saying why there is none."""
+    if ctx.servers:
+        owners = {p.partition_id: p.address for p in ctx.cluster_info().partitions}
+        if not owners.get(partition_id):
+            raise CliError(f"partition {partition_id} has no owning server (the servers' cluster info)")
+        return owners[partition_id]
     owner = ownership(ctx).get(partition_id)
     if owner is None or owner.server_id < 0:
         raise CliError(f"partition {partition_id} has no owning server in ZooKeeper (is a server running?)")

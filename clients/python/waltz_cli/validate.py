@@ -162,16 +162,14 @@ def cluster_clients(ctx: Context, partition: int) -> ClientFactory:
     """A factory of real clients of ctx's cluster that mount only the partition."""
     from waltz_client import WaltzClient
 
-    config = {
+    where: dict[str, Any] = {"client.servers": list(ctx.servers)} if ctx.servers else {
         "zookeeper.connectString": ctx.connect_string,
         "zookeeper.connectTimeout": int(ctx.connect_timeout_s * 1000),
         "zookeeper.sessionTimeout": int(ctx.session_timeout_s * 1000),
         "cluster.root": ctx.paths.root,
-        "client.autoMount": False,
-        "client.requestTimeout": ctx.rpc_timeout_s,
-        **ctx.tls_config(),
         **ctx.zookeeper_security_config(),
     }
+    config = {**where, "client.autoMount": False, "client.requestTimeout": ctx.rpc_timeout_s, **ctx.tls_config()}
 
     def make(callbacks: Any) -> Any:
         client = WaltzClient(callbacks, config)

@@ -106,7 +106,7 @@ class AsyncWaltzClient:
         self._env = PartitionEnv(
             client_id=self.client_id, config=self.config, callbacks=self.callbacks, call=self._callback_thread.call,
             connections=self._connections, ownership=self._topology.get, topology_changed=lambda: self._topology_event,
-            fetch=self._fetch_blocking, stats=self.stats, latency=self._latency,
+            fetch=self._fetch_blocking, stats=self.stats, latency=self._latency, refresh_topology=self._driver.refresh,
         )
         self._usable = not self._closed
         if self.config.auto_mount:
@@ -335,6 +335,10 @@ class AsyncWaltzClient:
 
 
 def _make_driver(driver: Any, config: ClientConfig) -> Driver:
+    if driver is None and config.servers:
+        from waltz_client.servers_driver import ServersDriver
+
+        return ServersDriver(config)
     if driver is None:
         from waltz_client.grpc_driver import GrpcDriver
 

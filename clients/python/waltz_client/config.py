@@ -8,11 +8,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from waltz_common.config import ZOOKEEPER_KEYS, Config, Key, boolean, load
+from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key, address_list, boolean, load
 from waltz_common.tls import TLS_KEYS, TlsFiles
 from waltz_common.zk_security import ZkSecurity
 
 CLIENT_KEYS = (
+    Key("client.servers", address_list, (),
+        "host:port of one or more Waltz servers (comma-separated or a list): the client learns the cluster "
+        "(partitions, owners, limits) and its client id from them and needs no ZooKeeper; empty: use "
+        "zookeeper.connectString and cluster.root instead"),
+    Key("client.discoveryInterval", int, 2000,
+        "with client.servers: ms between GetClusterInfo polls that learn of partition moves (a NOT_READY from "
+        "a server asks at once)"),
     Key("client.maxConcurrentTransactions", int, 5,
         "pending appends per partition; submit waits for capacity (original default)"),
     Key("client.longWaitThreshold", int, 5000,
@@ -56,17 +63,24 @@ class ClientConfig:
     callback_thread: bool
     tls: TlsFiles | None = None
     zookeeper_security: ZkSecurity | None = None
+    servers: tuple[str, ...] = ()
+    discovery_interval_s: float = 2.0
 
     @staticmethod
     def of(config: Config | Mapping[str, Any] | str | Path | None, zookeeper_required: bool = True) -> ClientConfig:
-        """Validate a Config, a mapping of (dotted or nested) keys, or a YAML file path."""
-        keys: tuple[Key, ...] = ALL_KEYS
-        if not zookeeper_required:
-            keys = tuple(dataclasses.replace(k, default="") if k.required else k for k in ALL_KEYS)
+        """Validate a Config, a mapping of (dotted or nested) keys, or a YAML file path. ZooKeeper keys are needed
+        only when zookeeper_required and client.servers is empty."""
+        keys = tuple(dataclasses.replace(k, default="") if k.required else k for k in ALL_KEYS)
         if isinstance(config, str | Path):
             config = load(config, keys)
         elif not isinstance(config, Config):
             config = Config(keys, config or {}, "client config")
+        if zookeeper_required and not config["client.servers"]:
+            missing = [k for k in ("zookeeper.connectString", "cluster.root") if not config[k]]
+            if missing:
+                raise ConfigError(f"set client.servers, or {' and '.join(missing)} to find the cluster in ZooKeeper")
+        if config["client.discoveryInterval"] < 1:
+            raise ValueError("client.discoveryInterval must be at least 1 ms")
         if config["client.maxConcurrentTransactions"] < 1:
             raise ValueError("client.maxConcurrentTransactions must be at least 1")
         if config["client.maxBatchSize"] < 1:
@@ -87,4 +101,6 @@ class ClientConfig:
             callback_thread=config["client.callbackThread"],
             tls=TlsFiles.from_config(config),
             zookeeper_security=ZkSecurity.from_config(config),
+            servers=config["client.servers"],
+            discovery_interval_s=config["client.discoveryInterval"] / 1000,
         )

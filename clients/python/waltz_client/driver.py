@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from waltz.v1 import server_pb2
+from waltz_common.topology import Ownership, Topology
 
-
-@dataclass(frozen=True, slots=True)
-class Ownership:
-    """Who serves a partition: an endpoint ("host:port"; None while unowned) and a generation."""
-
-    endpoint: str | None
-    generation: int
-
-
-Topology = Mapping[int, Ownership]
-"""partition id -> Ownership, as the driver last saw it."""
+__all__ = ["ClusterInfo", "Driver", "Ownership", "ServerStream", "Topology"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,3 +60,6 @@ class Driver(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Release connections and the ZooKeeper session."""
+
+    def refresh(self) -> None:  # noqa: B027  # optional: most drivers are told of changes
+        """A server answered NOT_READY: look at the cluster again soon (drivers that poll for ownership)."""

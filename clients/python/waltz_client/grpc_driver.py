@@ -4,82 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 
 from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_client.config import ClientConfig
-from waltz_client.driver import ClusterInfo, Driver, Ownership, ServerStream, Topology
+from waltz_client.driver import ClusterInfo, Driver, ServerStream, Topology
 from waltz_client.errors import StreamClosedError, WaltzError
 from waltz_common import tls
 from waltz_common import zk as zkmeta
-from waltz_common.types import INT32_MAX
+from waltz_common.topology import ZkTopologyWatcher, take_client_id
 
 log = logging.getLogger(__name__)
-
-
-class ZkTopologyWatcher:
-    """Watches <root>/partitions and <root>/servers/*; reports partition -> Ownership on change.
-
-    Runs on kazoo's thread; `report` must be thread-safe (the driver hops onto the event loop).
-    """
-
-    def __init__(self, zk: KazooClient, paths: zkmeta.ZkPaths, report: Callable[[Topology], bool]) -> None:
-        self._zk = zk
-        self._paths = paths
-        self._report = report
-        self._lock = threading.Lock()
-        self._assignment: dict[int, tuple[int, int]] = {}  # partition -> (server id, generation)
-        self._servers: dict[int, str] = {}  # server id -> host:port
-        self._last: dict[int, Ownership] | None = None
-        self._stopped = False
-
-    def start(self) -> None:
-        self._zk.DataWatch(self._paths.server_assignment, self._on_assignment)
-        self._zk.ChildrenWatch(self._paths.servers, self._on_servers)
-
-    def stop(self) -> None:
-        self._stopped = True
-
-    def _on_assignment(self, data: bytes | None, _stat: Any) -> bool:
-        assignment = metadata_pb2.ServerAssignment()
-        if data:
-            assignment.ParseFromString(data)
-        with self._lock:
-            self._assignment = {p.partition_id: (p.server_id, p.generation) for p in assignment.partitions}
-        return self._publish()
-
-    def _on_servers(self, children: list[str]) -> bool:
-        servers: dict[int, str] = {}
-        for child in children:
-            try:
-                data, _ = self._zk.get(f"{self._paths.servers}/{child}")
-            except NoNodeError:
-                continue  # gone between the listing and the read
-            descriptor = metadata_pb2.ServerDescriptor()
-            descriptor.ParseFromString(data)
-            servers[descriptor.server_id] = f"{descriptor.host}:{descriptor.port}"
-        with self._lock:
-            self._servers = servers
-        return self._publish()
-
-    def _publish(self) -> bool:
-        if self._stopped:
-            return False  # kazoo stops the watch
-        with self._lock:
-            topology = {
-                pid: Ownership(self._servers.get(server_id) if server_id >= 0 else None, generation)
-                for pid, (server_id, generation) in self._assignment.items()
-            }
-            if topology == self._last:
-                return True
-            self._last = topology
-        return self._report(topology)
 
 
 class _GrpcStream(ServerStream):
@@ -134,7 +73,7 @@ class GrpcDriver(Driver):
         zk = self._zk
         params = await asyncio.to_thread(zkmeta.store_params, zk, paths)
         cluster = await asyncio.to_thread(zkmeta.read, zk, paths.cluster, metadata_pb2.ClusterParams)
-        client_id = await asyncio.to_thread(self._take_client_id, zk, paths)
+        client_id = await asyncio.to_thread(_client_id, zk, paths)
 
         def report(topology: Topology) -> bool:
             try:
@@ -147,15 +86,6 @@ class GrpcDriver(Driver):
         await asyncio.to_thread(self._watcher.start)
         name = cluster[0].name if cluster else ""
         return ClusterInfo(client_id, params.num_partitions, name)
-
-    @staticmethod
-    def _take_client_id(zk: KazooClient, paths: zkmeta.ZkPaths) -> int:
-        counter = zk.Counter(paths.client_ids)
-        counter += 1
-        client_id = int(counter.post_value)
-        if client_id > INT32_MAX:
-            raise WaltzError(f"the client id counter {paths.client_ids} is exhausted")
-        return client_id
 
     def _channel(self, endpoint: str) -> grpc.aio.Channel:
         """The endpoint's channel; a new one (TLS files read again) when the tls.* files changed on disk, so
@@ -205,6 +135,13 @@ class GrpcDriver(Driver):
         if self._zk is not None:
             zk, self._zk = self._zk, None
             await asyncio.to_thread(_stop_zk, zk)
+
+
+def _client_id(zk: KazooClient, paths: zkmeta.ZkPaths) -> int:
+    try:
+        return take_client_id(zk, paths)
+    except ValueError as exc:
+        raise WaltzError(str(exc)) from None
 
 
 def _stop_zk(zk: KazooClient) -> None:

@@ -190,6 +190,7 @@ class ClientPartition:
                 verdict = await self._mount_and_serve()
                 self._notify()
                 if verdict is _Verdict.NOT_READY:
+                    self.env.refresh_topology()
                     await asyncio.sleep(NOT_READY_RETRY_S)
         except ClientAheadError as exc:
             log.error("%s", exc)

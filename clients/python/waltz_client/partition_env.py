@@ -77,3 +77,4 @@ class PartitionEnv:
     fetch: Callable[[int, int], bytes]  # (partition id, transaction id) -> data, for Transaction.data()
     stats: Stats = field(default_factory=Stats)
     latency: LatencyHistogram | None = None  # append latencies, when the application asked for metrics
+    refresh_topology: Callable[[], None] = lambda: None  # a server said NOT_READY: ask where partitions are now

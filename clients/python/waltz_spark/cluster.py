@@ -43,19 +43,24 @@ class ClusterDirectory:
         timeout_s: float = 10.0,
         tls_files: TlsFiles | None = None,
         zk_security: ZkSecurity | None = None,
+        servers: tuple[str, ...] = (),
     ) -> None:
-        self.paths = zkmeta.ZkPaths(root)
+        """With servers, everything comes from their GetClusterInfo and ZooKeeper is never contacted."""
+        self.paths = zkmeta.ZkPaths(root or "/")
+        self.where = ",".join(servers) if servers else root
         self.tls_files = tls_files
         self.timeout_s = timeout_s
-        self._zk = zkmeta.connect(zookeeper, timeout_s=timeout_s, security=zk_security)
+        self._servers = servers
+        self._zk = None if servers else zkmeta.connect(zookeeper, timeout_s=timeout_s, security=zk_security)
         self._channels: dict[str, grpc.Channel] = {}
 
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
-        self._zk.stop()
-        self._zk.close()
+        if self._zk is not None:
+            self._zk.stop()
+            self._zk.close()
 
     def __enter__(self) -> ClusterDirectory:
         return self
@@ -64,7 +69,23 @@ class ClusterDirectory:
         self.close()
 
     def num_partitions(self) -> int:
+        if self._zk is None:
+            return self._cluster_info().num_partitions
         return zkmeta.store_params(self._zk, self.paths).num_partitions
+
+    def _cluster_info(self) -> server_pb2.ClusterInfoResponse:
+        """GetClusterInfo from the first of the servers that answers."""
+        failures = []
+        for server in self._servers:
+            stub = server_pb2_grpc.WaltzServerStub(self.channel(server))
+            try:
+                info: server_pb2.ClusterInfoResponse = stub.GetClusterInfo(
+                    server_pb2.ClusterInfoRequest(), timeout=self.timeout_s
+                )
+                return info
+            except grpc.RpcError as exc:
+                failures.append(f"{server}: {describe(exc)}")
+        raise PartitionUnavailable("no Waltz server answered: " + "; ".join(failures))
 
     def select(self, spec: str | None) -> list[int]:
         """The partitions a spec like "0-3,5" names (all when None), checked against the cluster."""
@@ -78,6 +99,8 @@ class ClusterDirectory:
 
     def owners(self) -> dict[int, str]:
         """host:port of the live server owning each owned partition."""
+        if self._zk is None:
+            return {p.partition_id: p.address for p in self._cluster_info().partitions if p.address}
         found = zkmeta.read(self._zk, self.paths.server_assignment, metadata_pb2.ServerAssignment)
         if found is None:
             return {}
@@ -98,7 +121,7 @@ class ClusterDirectory:
     def owner(self, partition: int) -> str:
         address = self.owners().get(partition)
         if address is None:
-            raise PartitionUnavailable(f"partition {partition} has no live server in {self.paths.root}")
+            raise PartitionUnavailable(f"partition {partition} has no live server in {self.where}")
         return address
 
     def channel(self, address: str) -> grpc.Channel:
@@ -116,7 +139,7 @@ class ClusterDirectory:
         result = {}
         for pid in partitions:
             if pid not in owners:
-                raise PartitionUnavailable(f"partition {pid} has no live server in {self.paths.root}")
+                raise PartitionUnavailable(f"partition {pid} has no live server in {self.where}")
             stub = server_pb2_grpc.WaltzServerStub(self.channel(owners[pid]))
             request = server_pb2.HighWaterMarkRequest(partition_id=pid)
             result[pid] = int(stub.GetHighWaterMark(request, timeout=self.timeout_s).high_water_mark)

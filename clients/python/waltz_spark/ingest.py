@@ -26,8 +26,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Land the committed transactions of a Waltz cluster in Parquet (partition=<N>/ directories), "
         "incrementally: each run continues where the checkpoint says the last one stopped.",
     )
-    parser.add_argument("--zookeeper", required=True, help="ZooKeeper connect string, host:port[,host:port...]")
-    parser.add_argument("--root", required=True, help="the cluster root znode, e.g. /waltz/my_cluster")
+    parser.add_argument("--servers", help="Waltz servers, host:port[,host:port...] (instead of --zookeeper and --root)")
+    parser.add_argument("--zookeeper", help="ZooKeeper connect string, host:port[,host:port...]")
+    parser.add_argument("--root", help="the cluster root znode, e.g. /waltz/my_cluster")
     parser.add_argument("--output", required=True, help="the Parquet directory (any Hadoop path Spark can write)")
     parser.add_argument("--checkpoint", help="the streaming checkpoint directory (default: OUTPUT/_checkpoint)")
     parser.add_argument("--partitions", help='the partitions to land, e.g. "0-3,5" (default: all)')
@@ -53,7 +54,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--master", help=f"the Spark master (default: {DEFAULT_MASTER}, or spark-submit's)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (repeatable)")
     parser.add_argument("--spark-log-level", default="FATAL", help="Spark's log level once started (default: FATAL)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.servers and not (args.zookeeper and args.root):
+        parser.error("give --servers, or --zookeeper and --root")
+    return args
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -68,8 +72,11 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 def source_options(args: argparse.Namespace) -> dict[str, str]:
     """The `waltz` data source options the command line asks for."""
-    options = {"zookeeper": args.zookeeper, "root": args.root, "startingOffsets": args.starting_offsets}
+    options = {"startingOffsets": args.starting_offsets}
     optional = {
+        "servers": args.servers,
+        "zookeeper": args.zookeeper,
+        "root": args.root,
         "partitions": args.partitions,
         "maxRecordsPerPartition": args.max_records_per_partition,
         "batchSize": args.batch_size,
@@ -96,7 +103,8 @@ def preflight(args: argparse.Namespace) -> Plan:
     options = source_options(args)
     parsed = parse_options(options)
     with ClusterDirectory(
-        parsed.zookeeper, parsed.root, min(parsed.timeout_s, 10.0), zk_security=parsed.zookeeper_security
+        parsed.zookeeper, parsed.root, min(parsed.timeout_s, 10.0), parsed.tls, parsed.zookeeper_security,
+        parsed.servers,
     ) as directory:
         partitions = directory.select(parsed.partitions)
     checkpoint = args.checkpoint or args.output.rstrip("/") + "/_checkpoint"

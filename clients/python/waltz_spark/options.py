@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from waltz_common.config import ConfigError
+from waltz_common.config import ConfigError, address_list
 from waltz_common.tls import TlsFiles
 from waltz_common.zk_security import ZkSecurity
 
@@ -36,6 +36,7 @@ class SourceOptions:
     timeout_s: float = DEFAULT_TIMEOUT_S
     tls: TlsFiles | None = None
     zookeeper_security: ZkSecurity | None = None
+    servers: tuple[str, ...] = ()
 
 
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
@@ -43,9 +44,16 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     lowered = {str(k).lower(): str(v) for k, v in options.items()}
     zookeeper = lowered.get("zookeeper", "").strip()
     root = lowered.get("root", "").strip()
-    if not zookeeper:
-        raise OptionError("option 'zookeeper' is required: the ZooKeeper connect string, e.g. 127.0.0.1:2181")
-    if not root.startswith("/"):
+    try:
+        servers = address_list(lowered.get("servers", ""))
+    except ValueError as exc:
+        raise OptionError(f"option 'servers': {exc}") from None
+    if not servers and not zookeeper:
+        raise OptionError(
+            "option 'servers' (Waltz servers, host:port,host:port) or 'zookeeper' (the ZooKeeper connect string, "
+            "e.g. 127.0.0.1:2181, with 'root') is required"
+        )
+    if not servers and not root.startswith("/"):
         raise OptionError("option 'root' is required: the cluster root znode, e.g. /waltz/my_cluster")
     cap = lowered.get("maxrecordsperpartition")
     try:  # the files must be readable at these paths on the driver and on every executor
@@ -71,6 +79,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         timeout_s=float(_positive("timeoutSeconds", lowered.get("timeoutseconds", str(int(DEFAULT_TIMEOUT_S))))),
         tls=tls,
         zookeeper_security=zk_security,
+        servers=servers,
     )
 
 

@@ -52,6 +52,7 @@ class ReadTask:
     timeout_s: float = 30.0
     tls: TlsFiles | None = None
     zookeeper_security: ZkSecurity | None = None
+    servers: tuple[str, ...] = ()
 
 
 def read_task(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = None) -> Iterator[pa.RecordBatch]:
@@ -134,10 +135,10 @@ def check(partition: int, expected_first: int, records: Sequence[common_pb2.Reco
 
 
 def locate_owner(task: ReadTask, previous: str) -> str:
-    """The partition's owner now, from ZooKeeper; the previous address when it cannot be looked up."""
+    """The partition's owner now, from ZooKeeper or the servers; the previous address when it cannot be looked up."""
     try:
         with ClusterDirectory(
-            task.zookeeper, task.root, min(task.timeout_s, 10.0), zk_security=task.zookeeper_security
+            task.zookeeper, task.root, min(task.timeout_s, 10.0), task.tls, task.zookeeper_security, task.servers
         ) as directory:
             return directory.owner(task.partition)
     except Exception:  # the retry loop reports the read error; a failed lookup only means "same place"

@@ -34,7 +34,7 @@ SCHEMA = StructType(
 
 
 class WaltzDataSource(DataSource):
-    """`spark.read.format("waltz")` / `spark.readStream.format("waltz")` with options zookeeper and root."""
+    """`spark.read.format("waltz")` / `spark.readStream.format("waltz")` with option servers (or zookeeper and root)."""
 
     @classmethod
     def name(cls) -> str:
@@ -75,6 +75,7 @@ def _input_partitions(
                 timeout_s=options.timeout_s,
                 tls=options.tls,
                 zookeeper_security=options.zookeeper_security,
+                servers=options.servers,
             )
         )
         for r in plan_ranges(start, end, options.records_per_task)
@@ -103,7 +104,7 @@ class WaltzBatchReader(DataSourceReader):
         if options.starting == "latest":
             raise OptionError("startingOffsets 'latest' reads nothing in a batch query; use earliest or JSON")
         with ClusterDirectory(
-            options.zookeeper, options.root, options.timeout_s, options.tls, options.zookeeper_security
+            options.zookeeper, options.root, options.timeout_s, options.tls, options.zookeeper_security, options.servers
         ) as directory:
             pids = directory.select(options.partitions)
             hwms = directory.high_water_marks(pids)
@@ -143,6 +144,7 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.options.timeout_s,
                 self.options.tls,
                 self.options.zookeeper_security,
+                self.options.servers,
             )
         return self._directory
 

@@ -33,6 +33,7 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class ReqId(_message.Message):
     """Request ID (ReqId): a unique id a client attaches to a request and that the matching
     responses carry back. A transaction record keeps the ReqId of the append that created it.
+    A client fills every field of every ReqId it sends (docs/protocol.md).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -42,17 +43,35 @@ class ReqId(_message.Message):
     PARTITION_ID_FIELD_NUMBER: _builtins.int
     SEQ_NUM_FIELD_NUMBER: _builtins.int
     client_id: _builtins.int
-    """Client ID: the unique ID of the client. The uniqueness is guaranteed by ZooKeeper (a
-    counter at <cluster root>/ids/client).
+    """Client ID: the unique ID of the client. Take one from WaltzServer.GetClientId (or, in
+    ZooKeeper mode, from the counter at <cluster root>/ids/client) once per client process and
+    use it in every request; never share one between two processes.
     """
     generation: _builtins.int
-    """Generation: the generation number of the partition, as the client last saw it. A server
-    ignores (rejects) appends whose generation does not match the partition's.
+    """Generation: the partition's generation as the client last saw it (ClusterInfoResponse
+    PartitionOwner.generation). A mount under another generation is answered NOT_READY and an
+    append AppendRejected WRONG_GENERATION: look the cluster up again and remount.
     """
     partition_id: _builtins.int
-    """Partition ID: the partition ID."""
+    """Partition ID: 0 .. ClusterInfoResponse.num_partitions-1. Any other is answered for that
+    request alone (MountResponse NO_SUCH_PARTITION, AppendRejected INVALID).
+    """
     seq_num: _builtins.int
-    """Sequence number: the sequence number, per client and partition."""
+    """Sequence number, per client id and partition: a counter the client advances for every Mount,
+    Append and Feed Request it makes on the partition. Rules (enforced for appends):
+    - Each append's seq_num comes after the previous append's of this client id on this partition,
+      in 32-bit serial arithmetic: b is after a when (b - a) mod 2^32 is in [1, 2^31). So it may
+      wrap from 2147483647 to -2147483648. It is never reset: not by a new generation, a remount,
+      a new stream or a move to another server. A number that is not after the last one is
+      refused (AppendRejected SEQUENCE_NOT_INCREASING) unless it is a re-send.
+    - Re-sending an append with the ReqId (client id, partition, seq_num) of one that committed is
+      safe: it is answered AppendRejected ALREADY_COMMITTED with the original transaction id and
+      is not committed again, while the original is among the partition's last
+      server.resendWindow transactions (default 10,000), on whichever server owns it now.
+    - Mount and Feed Requests take the next number too (not checked): a server's unasked
+      NOT_READY names the request it answers, and a client tells which of its mounts it ends by
+      comparing numbers. A Flush Request carries the ReqId of the client's last append.
+    """
     def __init__(
         self,
         *,

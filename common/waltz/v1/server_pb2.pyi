@@ -12,6 +12,10 @@ and admin queries are unary calls.
 
 Batching (ADDITION): one stream message may carry many appends (AppendBatch) and many feed
 entries (FeedDataBatch); their order inside a message is their order on the stream.
+
+Discovery (ADDITION): a client needs only server addresses. GetClusterInfo on any server
+tells the partition count, each partition's owner and generation and the limits; GetClientId
+gives a client id. docs/protocol.md walks through a client for another language.
 """
 
 from collections import abc as _abc
@@ -32,8 +36,174 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ClusterInfoRequest(_message.Message):
+    """ADDITION: ask for the cluster as the answering server sees it (no fields)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClusterInfoRequest: _TypeAlias = ClusterInfoRequest  # noqa: Y015
+
+@_typing.final
+class ClusterInfoResponse(_message.Message):
+    """ADDITION: the cluster as the answering server last saw it in ZooKeeper (a few ms behind)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_NAME_FIELD_NUMBER: _builtins.int
+    NUM_PARTITIONS_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    SERVER_ID_FIELD_NUMBER: _builtins.int
+    cluster_name: _builtins.str
+    """The cluster's name (ClusterParams.name)."""
+    num_partitions: _builtins.int
+    """Partitions are numbered 0 .. num_partitions-1."""
+    server_id: _builtins.int
+    """The answering server's id."""
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionOwner]:
+        """One entry per partition id, in id order."""
+
+    @_builtins.property
+    def limits(self) -> Global___Limits:
+        """What a client must respect."""
+
+    def __init__(
+        self,
+        *,
+        cluster_name: _builtins.str = ...,
+        num_partitions: _builtins.int = ...,
+        partitions: _abc.Iterable[Global___PartitionOwner] | None = ...,
+        limits: Global___Limits | None = ...,
+        server_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_name", b"cluster_name", "limits", b"limits", "num_partitions", b"num_partitions", "partitions", b"partitions", "server_id", b"server_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClusterInfoResponse: _TypeAlias = ClusterInfoResponse  # noqa: Y015
+
+@_typing.final
+class PartitionOwner(_message.Message):
+    """ADDITION: who serves one partition."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    partition_id: _builtins.int
+    address: _builtins.str
+    """host:port of the owning server's client port (as ZooKeeper advertises it:
+    server.advertisedAddress); empty while no live server owns the partition: ask again shortly.
+    """
+    generation: _builtins.int
+    """The partition's generation on that owner: put it in every ReqId for the partition."""
+    def __init__(
+        self,
+        *,
+        partition_id: _builtins.int = ...,
+        address: _builtins.str = ...,
+        generation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "generation", b"generation", "partition_id", b"partition_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionOwner: _TypeAlias = PartitionOwner  # noqa: Y015
+
+@_typing.final
+class Limits(_message.Message):
+    """ADDITION: the sizes a client must stay within."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_TRANSACTION_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_BATCH_APPENDS_FIELD_NUMBER: _builtins.int
+    max_message_bytes: _builtins.int
+    """The largest gRPC message the server accepts or sends: a ClientMessage (an AppendBatch with all
+    its appends) above it ends the whole stream with RESOURCE_EXHAUSTED. Split batches below it.
+    """
+    max_transaction_bytes: _builtins.int
+    """The largest transaction data accepted (server.maxTransactionBytes); a larger append gets
+    AppendRejected INVALID.
+    """
+    max_batch_appends: _builtins.int
+    """Appends per partition the server queues before it stops reading the stream (back-pressure,
+    server.appendQueueSize): more appends in flight per partition gain nothing. An AppendBatch may
+    hold any number of appends as long as the message fits max_message_bytes.
+    """
+    def __init__(
+        self,
+        *,
+        max_message_bytes: _builtins.int = ...,
+        max_transaction_bytes: _builtins.int = ...,
+        max_batch_appends: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_batch_appends", b"max_batch_appends", "max_message_bytes", b"max_message_bytes", "max_transaction_bytes", b"max_transaction_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Limits: _TypeAlias = Limits  # noqa: Y015
+
+@_typing.final
+class ClientIdRequest(_message.Message):
+    """ADDITION: ask for a new client id (no fields)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientIdRequest: _TypeAlias = ClientIdRequest  # noqa: Y015
+
+@_typing.final
+class ClientIdResponse(_message.Message):
+    """ADDITION: a client id no other client of the cluster has or will get."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.int
+    """Put it in ReqId.client_id of every request (1 .. 2^31-1)."""
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientIdResponse: _TypeAlias = ClientIdResponse  # noqa: Y015
+
+@_typing.final
 class ClientMessage(_message.Message):
-    """One message on the stream from client to server."""
+    """One message on the stream from client to server: exactly one of the fields."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -42,13 +212,21 @@ class ClientMessage(_message.Message):
     FEED_FIELD_NUMBER: _builtins.int
     FLUSH_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def mount(self) -> Global___MountRequest: ...
+    def mount(self) -> Global___MountRequest:
+        """Start (or restart) a partition's feed on this stream."""
+
     @_builtins.property
-    def appends(self) -> Global___AppendBatch: ...
+    def appends(self) -> Global___AppendBatch:
+        """One or more appends, of any partitions mounted on this stream."""
+
     @_builtins.property
-    def feed(self) -> Global___FeedRequest: ...
+    def feed(self) -> Global___FeedRequest:
+        """Restart the feed of a mounted partition from a client high-water mark."""
+
     @_builtins.property
-    def flush(self) -> Global___FlushRequest: ...
+    def flush(self) -> Global___FlushRequest:
+        """Ask when this client's appends to a partition so far have all resolved."""
+
     def __init__(
         self,
         *,
@@ -121,16 +299,21 @@ class MountRequest(_message.Message):
     SEQ_NUM_FIELD_NUMBER: _builtins.int
     client_high_water_mark: _builtins.int
     """Client High-water Mark: the highest ID of transactions applied to the client
-    application's database (-1: none).
+    application's database (-1: none). The feed restarts right after it.
     """
     seq_num: _builtins.int
     """sequence number: a sequential ID that identifies the network client (stream) sending this
     request; used to detect stale network clients. The seed says int; carried as int64 like
-    the original implementation.
+    the original implementation. Put a per-process counter here that grows with every stream the
+    client opens (1 for the first): a mount with a lower value than the client's current mount
+    of the partition is answered SUPERSEDED, and a higher one takes the partition over from the
+    older stream (which is told SUPERSEDED and whose appends are refused).
     """
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId:
-        """Request ID: client generated unique request ID."""
+        """Request ID: client id, the partition's current generation, the partition, and the next
+        sequence number of the client's counter for the partition (see ReqId.seq_num).
+        """
 
     def __init__(
         self,
@@ -163,17 +346,40 @@ class MountResponse(_message.Message):
         READY: MountResponse._PartitionState.ValueType  # 1
         NOT_READY: MountResponse._PartitionState.ValueType  # 2
         CLIENT_AHEAD: MountResponse._PartitionState.ValueType  # 3
+        SUPERSEDED: MountResponse._PartitionState.ValueType  # 4
+        """ADDITION: a newer network client (stream) of the same client id holds the mount: this
+        stream's mount request carried a lower MountRequest.seq_num (a stale network client), or it
+        comes unasked, for the mount that this stream lost when the newer one mounted. Do not retry
+        on this stream: the newer one owns the partition for this client id.
+        """
+        NO_SUCH_PARTITION: MountResponse._PartitionState.ValueType  # 5
+        """ADDITION: the request's partition_id does not exist in this cluster (0 <= id < the cluster
+        info's partition count); a bug in the client, not a retry. Only that request is refused: the
+        stream and its other partitions go on.
+        """
 
     class PartitionState(_PartitionState, metaclass=_PartitionStateEnumTypeWrapper): ...
     PARTITION_STATE_UNSPECIFIED: MountResponse.PartitionState.ValueType  # 0
     READY: MountResponse.PartitionState.ValueType  # 1
     NOT_READY: MountResponse.PartitionState.ValueType  # 2
     CLIENT_AHEAD: MountResponse.PartitionState.ValueType  # 3
+    SUPERSEDED: MountResponse.PartitionState.ValueType  # 4
+    """ADDITION: a newer network client (stream) of the same client id holds the mount: this
+    stream's mount request carried a lower MountRequest.seq_num (a stale network client), or it
+    comes unasked, for the mount that this stream lost when the newer one mounted. Do not retry
+    on this stream: the newer one owns the partition for this client id.
+    """
+    NO_SUCH_PARTITION: MountResponse.PartitionState.ValueType  # 5
+    """ADDITION: the request's partition_id does not exist in this cluster (0 <= id < the cluster
+    info's partition count); a bug in the client, not a retry. Only that request is refused: the
+    stream and its other partitions go on.
+    """
 
     REQ_ID_FIELD_NUMBER: _builtins.int
     PARTITION_READY_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
     partition_ready: _builtins.bool
     """Partition Ready: true if the partition is ready, otherwise false. Equals (state == READY)."""
     state: Global___MountResponse.PartitionState.ValueType
@@ -187,6 +393,8 @@ class MountResponse(_message.Message):
     """
     high_water_mark: _builtins.int
     """ADDITION: the partition's high-water mark when the response was sent (-1: empty)."""
+    message: _builtins.str
+    """ADDITION: why, for a person, when state is neither READY nor NOT_READY (may be empty)."""
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId:
         """Request ID: client generated unique request ID stored in the corresponding mount request."""
@@ -198,10 +406,11 @@ class MountResponse(_message.Message):
         partition_ready: _builtins.bool = ...,
         state: Global___MountResponse.PartitionState.ValueType = ...,
         high_water_mark: _builtins.int = ...,
+        message: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["high_water_mark", b"high_water_mark", "partition_ready", b"partition_ready", "req_id", b"req_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["high_water_mark", b"high_water_mark", "message", b"message", "partition_ready", b"partition_ready", "req_id", b"req_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -209,13 +418,18 @@ Global___MountResponse: _TypeAlias = MountResponse  # noqa: Y015
 
 @_typing.final
 class AppendBatch(_message.Message):
-    """ADDITION: several Append Requests in one stream message, in submission order."""
+    """ADDITION: several Append Requests in one stream message, in submission order. The whole
+    ClientMessage must stay below Limits.max_message_bytes (16 MiB at least): a larger message ends
+    the stream with RESOURCE_EXHAUSTED. Appends of several partitions may share a batch.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     REQUESTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___AppendRequest]: ...
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___AppendRequest]:
+        """The appends, each with its own ReqId; processed in this order."""
+
     def __init__(
         self,
         *,
@@ -237,6 +451,24 @@ class AppendRequest(_message.Message):
     checked against and recorded in the partition's lock table; READ locks are checked only;
     APPEND locks (ADDITION) are recorded only. A check fails when a transaction above the client
     high-water mark holds one of the requested write/read locks.
+
+    The lock hash function (every client of a cluster must use the same one, or their locks do
+    not meet). A lock is a name (a string) and an id (a signed 64-bit integer):
+      h = CRC32(UTF-8 bytes of name) XOR (id & 0xFFFFFFFF) XOR ((id >> 32) & 0xFFFFFFFF)
+      lock_hash = h as a two's-complement signed 32-bit integer
+    CRC32 is the IEEE 802.3 polynomial (zlib.crc32, java.util.zip.CRC32); id is taken as its
+    64-bit two's-complement bit pattern. Send each hash once per list. Test vectors:
+      lock_hash("", 0) = 0
+      lock_hash("", 1) = 1
+      lock_hash("", -1) = 0
+      lock_hash("123456789", 0) = -873187034
+      lock_hash("account", 42) = 2100713102
+      lock_hash("account", -42) = 2100713101
+      lock_hash("row", 1099511627783) = -2077165604
+      lock_hash("row", 9223372036854775807) = 70317787
+      lock_hash("row", -9223372036854775808) = 70317787
+      lock_hash("compte-é", 7) = 344797303
+      lock_hash("日本", 123456789012) = 2033113028
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -255,33 +487,35 @@ class AppendRequest(_message.Message):
     CHECKSUM_FIELD_NUMBER: _builtins.int
     client_high_water_mark: _builtins.int
     """Client High-water Mark: the highest ID of transactions applied to the client
-    application's database.
+    application's database (-1: none). Lock checks compare it with the locks' last writers.
     """
     write_lock_request_length: _builtins.int
-    """Write Lock Request Length: the length of the hash value array."""
+    """Write Lock Request Length: the length of the hash value array (len(write_locks))."""
     read_lock_request_length: _builtins.int
-    """Read Lock Request Length: the length of the hash value array."""
+    """Read Lock Request Length: the length of the hash value array (len(read_locks))."""
     append_lock_request_length: _builtins.int
-    """ADDITION: Append Lock Request Length: the length of the hash value array."""
+    """ADDITION: Append Lock Request Length: the length of the hash value array (len(append_locks))."""
     header: _builtins.int
-    """Transaction Header: application defined 32-bit integer metadata."""
+    """Transaction Header: application defined 32-bit integer metadata (0 if unused)."""
     data_length: _builtins.int
-    """Transaction Data Length: the length of transaction data byte array."""
+    """Transaction Data Length: the length of transaction data byte array (len(data))."""
     data: _builtins.bytes
-    """Transaction Bytes: a byte array."""
+    """Transaction Bytes: a byte array, at most Limits.max_transaction_bytes."""
     checksum: _builtins.int
-    """Checksum: CRC-32 of the transaction data."""
+    """Checksum: CRC-32 of the transaction data (IEEE, as a signed 32-bit integer: common.proto)."""
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId:
-        """Request ID: client generated unique request ID."""
+        """Request ID: client id, the partition's current generation, the partition, and the next
+        sequence number (strictly increasing per client and partition: see ReqId.seq_num).
+        """
 
     @_builtins.property
     def write_locks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Write Lock Request Hash Values: lock hash values."""
+        """Write Lock Request Hash Values: lock hash values (the lock hash function above)."""
 
     @_builtins.property
     def read_locks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Read Lock Request Hash Values: lock hash values."""
+        """Read Lock Request Hash Values: lock hash values (the lock hash function above)."""
 
     @_builtins.property
     def append_locks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -318,6 +552,8 @@ Global___AppendRequest: _TypeAlias = AppendRequest  # noqa: Y015
 class FeedRequest(_message.Message):
     """Feed Request: initiates (resumes) the transaction feed from the Waltz server. The server then
     streams every committed transaction above the client high-water mark as it commits.
+    Only under the client's current mount of the partition on this stream; any other is answered
+    with an unasked MountResponse NOT_READY for its ReqId (mount again).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -326,11 +562,11 @@ class FeedRequest(_message.Message):
     CLIENT_HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
     client_high_water_mark: _builtins.int
     """Client High-water Mark: the highest ID of transactions applied to the client
-    application's database.
+    application's database (the feed restarts right after it).
     """
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId:
-        """Request ID: client generated unique request ID."""
+        """Request ID: client id, current generation, partition, next sequence number."""
 
     def __init__(
         self,
@@ -406,17 +642,21 @@ Global___FeedData: _TypeAlias = FeedData  # noqa: Y015
 
 @_typing.final
 class TransactionDataRequest(_message.Message):
-    """Transaction Data Request (unary)."""
+    """Transaction Data Request (unary).
+    Sent to the partition's owner; another server answers FAILED_PRECONDITION (look it up again).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     REQ_ID_FIELD_NUMBER: _builtins.int
     TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     transaction_id: _builtins.int
-    """Transaction ID: the ID of the transaction to fetch."""
+    """Transaction ID: the ID of the transaction to fetch (0 .. the high-water mark)."""
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId:
-        """Request ID: client generated unique request ID (its partition_id names the partition)."""
+        """Request ID: client generated unique request ID (its partition_id names the partition; the
+        other fields are echoed, not checked: the client id and generation, and any seq_num).
+        """
 
     def __init__(
         self,
@@ -484,6 +724,8 @@ Global___TransactionDataResponse: _TypeAlias = TransactionDataResponse  # noqa: 
 class FlushRequest(_message.Message):
     """Flush Request: wait for every pending transaction of this client on the partition to
     complete, successfully or not.
+    Only under the client's current mount of the partition on this stream; any other is answered
+    with an unasked MountResponse NOT_READY for its ReqId.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -491,7 +733,9 @@ class FlushRequest(_message.Message):
     REQ_ID_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId:
-        """Request ID: client generated unique request ID (that of the client's last append)."""
+        """Request ID: client generated unique request ID (that of the client's last append on the
+        partition; the mount's when there was none).
+        """
 
     def __init__(
         self,
@@ -590,6 +834,19 @@ class AppendRejected(_message.Message):
         """The data checksum or a length field is wrong, or the data is too large."""
         SHUTTING_DOWN: AppendRejected._Reason.ValueType  # 5
         """The server is shutting down."""
+        SUPERSEDED: AppendRejected._Reason.ValueType  # 6
+        """A newer stream of the same client id mounted the partition (a higher MountRequest.seq_num):
+        appends from this, older, stream are refused. Send on the newest stream.
+        """
+        SEQUENCE_NOT_INCREASING: AppendRejected._Reason.ValueType  # 7
+        """The sequence number is not after the last one this client used on the partition, and no
+        transaction of the server's re-send window committed it: sequence numbers strictly increase
+        per client id and partition (see ReqId.seq_num). Retry with a new sequence number.
+        """
+        ALREADY_COMMITTED: AppendRejected._Reason.ValueType  # 8
+        """This ReqId (client id, partition, sequence number: the generation is not compared) already
+        committed, as transaction_id: the re-sent append is not committed again. Success.
+        """
 
     class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper): ...
     REASON_UNSPECIFIED: AppendRejected.Reason.ValueType  # 0
@@ -603,13 +860,31 @@ class AppendRejected(_message.Message):
     """The data checksum or a length field is wrong, or the data is too large."""
     SHUTTING_DOWN: AppendRejected.Reason.ValueType  # 5
     """The server is shutting down."""
+    SUPERSEDED: AppendRejected.Reason.ValueType  # 6
+    """A newer stream of the same client id mounted the partition (a higher MountRequest.seq_num):
+    appends from this, older, stream are refused. Send on the newest stream.
+    """
+    SEQUENCE_NOT_INCREASING: AppendRejected.Reason.ValueType  # 7
+    """The sequence number is not after the last one this client used on the partition, and no
+    transaction of the server's re-send window committed it: sequence numbers strictly increase
+    per client id and partition (see ReqId.seq_num). Retry with a new sequence number.
+    """
+    ALREADY_COMMITTED: AppendRejected.Reason.ValueType  # 8
+    """This ReqId (client id, partition, sequence number: the generation is not compared) already
+    committed, as transaction_id: the re-sent append is not committed again. Success.
+    """
 
     REQ_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     reason: Global___AppendRejected.Reason.ValueType
     message: _builtins.str
     """A message a person can act on."""
+    transaction_id: _builtins.int
+    """With ALREADY_COMMITTED: the id of the transaction the ReqId committed as (the feed carries it
+    with its original ReqId). -1 with every other reason.
+    """
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId:
         """Request ID of the refused Append Request."""
@@ -620,10 +895,11 @@ class AppendRejected(_message.Message):
         req_id: _common_pb2.ReqId | None = ...,
         reason: Global___AppendRejected.Reason.ValueType = ...,
         message: _builtins.str = ...,
+        transaction_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason", "req_id", b"req_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason", "req_id", b"req_id", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -631,13 +907,13 @@ Global___AppendRejected: _TypeAlias = AppendRejected  # noqa: Y015
 
 @_typing.final
 class HighWaterMarkRequest(_message.Message):
-    """ADDITION: High-water Mark Request (unary)."""
+    """ADDITION: High-water Mark Request (unary), to the partition's owner."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     PARTITION_ID_FIELD_NUMBER: _builtins.int
     partition_id: _builtins.int
-    """The partition ID."""
+    """The partition ID (0 .. num_partitions-1)."""
     def __init__(
         self,
         *,
@@ -688,12 +964,13 @@ class ReadTransactionsRequest(_message.Message):
     TO_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     partition_id: _builtins.int
+    """The partition ID (0 .. num_partitions-1); sent to its owner."""
     from_transaction_id: _builtins.int
     """First transaction id to return (>= 0)."""
     to_transaction_id: _builtins.int
     """Last transaction id to return; must not exceed the partition's high-water mark."""
     batch_size: _builtins.int
-    """Records per response message (default and upper bound set by the server)."""
+    """Records per response message (0: the server's default; capped by server.readBatchSize)."""
     def __init__(
         self,
         *,
@@ -737,7 +1014,7 @@ Global___ReadTransactionsResponse: _TypeAlias = ReadTransactionsResponse  # noqa
 
 @_typing.final
 class ServerPartitionsRequest(_message.Message):
-    """ADDITION: admin query of a server's partitions."""
+    """ADDITION: admin query of a server's partitions (no fields)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -822,7 +1099,7 @@ Global___ServerPartitionStatus: _TypeAlias = ServerPartitionStatus  # noqa: Y015
 
 @_typing.final
 class StorageConnectivityRequest(_message.Message):
-    """ADDITION: ask a server to check its connections to the storage nodes."""
+    """ADDITION: ask a server to check its connections to the storage nodes (no fields)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 

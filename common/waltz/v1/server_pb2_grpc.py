@@ -64,6 +64,16 @@ class WaltzServerStub:
                 request_serializer=waltz_dot_v1_dot_server__pb2.StorageConnectivityRequest.SerializeToString,
                 response_deserializer=waltz_dot_v1_dot_server__pb2.StorageConnectivityResponse.FromString,
                 _registered_method=True)
+        self.GetClusterInfo = channel.unary_unary(
+                '/waltz.v1.WaltzServer/GetClusterInfo',
+                request_serializer=waltz_dot_v1_dot_server__pb2.ClusterInfoRequest.SerializeToString,
+                response_deserializer=waltz_dot_v1_dot_server__pb2.ClusterInfoResponse.FromString,
+                _registered_method=True)
+        self.GetClientId = channel.unary_unary(
+                '/waltz.v1.WaltzServer/GetClientId',
+                request_serializer=waltz_dot_v1_dot_server__pb2.ClientIdRequest.SerializeToString,
+                response_deserializer=waltz_dot_v1_dot_server__pb2.ClientIdResponse.FromString,
+                _registered_method=True)
 
 
 class WaltzServerServicer:
@@ -112,6 +122,27 @@ class WaltzServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetClusterInfo(self, request, context):
+        """ADDITION: discovery without ZooKeeper. Any server answers: the partition count, each
+        partition's owner address and generation, and the limits a client must respect. Clients
+        start from a list of server addresses, call this on any of them, and call it again to learn
+        of moves (periodically, and after an unasked NOT_READY). UNAVAILABLE while the server has
+        not yet read the cluster's assignment from ZooKeeper: ask another server or retry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetClientId(self, request, context):
+        """ADDITION: a new client id, unique in the cluster (the server takes it from the cluster's
+        counter in ZooKeeper, the same one <root>/ids/client that ZooKeeper clients use). Take one per
+        client process and keep it for the process' life: sequence numbers are per client id.
+        UNAVAILABLE when the server cannot reach ZooKeeper: ask another server.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WaltzServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +175,16 @@ def add_WaltzServerServicer_to_server(servicer, server):
                     servicer.CheckStorageConnectivity,
                     request_deserializer=waltz_dot_v1_dot_server__pb2.StorageConnectivityRequest.FromString,
                     response_serializer=waltz_dot_v1_dot_server__pb2.StorageConnectivityResponse.SerializeToString,
+            ),
+            'GetClusterInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClusterInfo,
+                    request_deserializer=waltz_dot_v1_dot_server__pb2.ClusterInfoRequest.FromString,
+                    response_serializer=waltz_dot_v1_dot_server__pb2.ClusterInfoResponse.SerializeToString,
+            ),
+            'GetClientId': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClientId,
+                    request_deserializer=waltz_dot_v1_dot_server__pb2.ClientIdRequest.FromString,
+                    response_serializer=waltz_dot_v1_dot_server__pb2.ClientIdResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +349,60 @@ class WaltzServer:
             '/waltz.v1.WaltzServer/CheckStorageConnectivity',
             waltz_dot_v1_dot_server__pb2.StorageConnectivityRequest.SerializeToString,
             waltz_dot_v1_dot_server__pb2.StorageConnectivityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetClusterInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/waltz.v1.WaltzServer/GetClusterInfo',
+            waltz_dot_v1_dot_server__pb2.ClusterInfoRequest.SerializeToString,
+            waltz_dot_v1_dot_server__pb2.ClusterInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetClientId(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/waltz.v1.WaltzServer/GetClientId',
+            waltz_dot_v1_dot_server__pb2.ClientIdRequest.SerializeToString,
+            waltz_dot_v1_dot_server__pb2.ClientIdResponse.FromString,
             options,
             channel_credentials,
             insecure,

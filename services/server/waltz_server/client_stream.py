@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterable
 
 import grpc
 
-from waltz.v1 import server_pb2
+from waltz.v1 import common_pb2, server_pb2
 from waltz_server.feed import mount_response
 from waltz_server.ownership import PartitionManager
 from waltz_server.partition import rejected
@@ -161,7 +161,9 @@ class ClientStream:
         if kind == "appends":
             await self._appends(message.appends.requests)
         elif kind == "mount":
-            pid = self._check_partition(message.mount.req_id.partition_id)
+            pid = message.mount.req_id.partition_id
+            if not self._exists(message.mount.req_id):
+                return
             partition = self._manager.get(pid)
             if partition is None or not partition.ready:
                 state = server_pb2.MountResponse.NOT_READY
@@ -170,11 +172,17 @@ class ClientStream:
             self._mounted.add(pid)
             partition.mount(self, message.mount)
         elif kind == "feed":
-            partition = self._manager.get(self._check_partition(message.feed.req_id.partition_id))
+            if not self._exists(message.feed.req_id):
+                return
+            partition = self._manager.get(message.feed.req_id.partition_id)
             if partition is not None:
                 partition.feed(self, message.feed)
+            else:  # not here (any more): mount again, wherever it is
+                self.send_control(mount_response(message.feed.req_id, server_pb2.MountResponse.NOT_READY, -1))
         elif kind == "flush":
-            partition = self._manager.get(self._check_partition(message.flush.req_id.partition_id))
+            if not self._exists(message.flush.req_id):
+                return
+            partition = self._manager.get(message.flush.req_id.partition_id)
             if partition is not None:
                 partition.flush(self, message.flush)
             else:  # not here (any more): the appends it asks about are not this server's to tell
@@ -196,10 +204,13 @@ class ClientStream:
             for request in batch:
                 self.send_control(rejected(request.req_id, reason, text))
 
-    def _check_partition(self, pid: int) -> int:
-        if not 0 <= pid < self._manager.num_partitions:
-            raise StreamAborted(grpc.StatusCode.INVALID_ARGUMENT, self._no_such(pid))
-        return pid
+    def _exists(self, req_id: common_pb2.ReqId) -> bool:
+        """Whether the request's partition exists; if not, it is answered NO_SUCH_PARTITION (the stream goes on)."""
+        if 0 <= req_id.partition_id < self._manager.num_partitions:
+            return True
+        state = server_pb2.MountResponse.NO_SUCH_PARTITION
+        self.send_control(mount_response(req_id, state, -1, self._no_such(req_id.partition_id)))
+        return False
 
     def _no_such(self, pid: int) -> str:
         return f"partition {pid} does not exist: the cluster has partitions 0-{self._manager.num_partitions - 1}"

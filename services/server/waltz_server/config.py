@@ -22,6 +22,10 @@ SERVER_KEYS = (
     Key("server.optimisticLockTableSize", int, 30000, "slots of each partition's hashed lock table"),
     Key("server.appendQueueSize", int, 2000, "appends queued per partition before clients are held back"),
     Key("server.maxTransactionBytes", int, 1048576, "largest transaction data accepted, bytes"),
+    Key("server.resendWindow", int, 10000,
+        "transactions per partition whose ReqIds the server remembers (read back from the log's tail when a "
+        "partition opens), so that an append re-sent with the ReqId of one of them is answered ALREADY_COMMITTED "
+        "with its id instead of committing twice"),
     Key("server.feedCacheSize", int, 100000, "recent committed transaction headers kept per partition"),
     Key("server.transactionDataCacheSize", int, 67108864, "recent transaction data cached per partition, bytes"),
     Key("server.feedBatchSize", int, 1000, "feed entries per FeedDataBatch message"),
@@ -59,6 +63,7 @@ class PartitionSettings:
     max_batch_bytes: int = 4194304
     max_batches_in_flight: int = 1
     read_batch_size: int = 500
+    resend_window: int = 10000
 
     def __post_init__(self) -> None:
         small = [name for name, value in self._sizes() if value < 1]
@@ -78,6 +83,7 @@ class PartitionSettings:
             ("storage.maxBatchBytes", self.max_batch_bytes),
             ("storage.maxBatchesInFlight", self.max_batches_in_flight),
             ("server.readBatchSize", self.read_batch_size),
+            ("server.resendWindow", self.resend_window),
         ]
 
     @staticmethod
@@ -95,4 +101,5 @@ class PartitionSettings:
             max_batch_bytes=c["storage.maxBatchBytes"],
             max_batches_in_flight=c["storage.maxBatchesInFlight"],
             read_batch_size=c["server.readBatchSize"],
+            resend_window=c["server.resendWindow"],
         )

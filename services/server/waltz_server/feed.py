@@ -13,12 +13,15 @@ from waltz_server.store.api import StoreUnavailable
 
 
 def mount_response(
-    req_id: common_pb2.ReqId, state: server_pb2.MountResponse.PartitionState.ValueType, high_water_mark: int
+    req_id: common_pb2.ReqId,
+    state: server_pb2.MountResponse.PartitionState.ValueType,
+    high_water_mark: int,
+    message: str = "",
 ) -> server_pb2.ServerMessage:
     ready = state == server_pb2.MountResponse.READY
     return server_pb2.ServerMessage(
         mount=server_pb2.MountResponse(
-            req_id=req_id, partition_ready=ready, state=state, high_water_mark=high_water_mark
+            req_id=req_id, partition_ready=ready, state=state, high_water_mark=high_water_mark, message=message
         )
     )
 

@@ -12,7 +12,7 @@ import sys
 from kazoo.client import KazooClient
 from prometheus_client import start_http_server
 
-from waltz.v1 import metadata_pb2
+from waltz.v1 import metadata_pb2, server_pb2
 from waltz_common import event_loop, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import Config, ConfigError, describe, load
@@ -22,6 +22,7 @@ from waltz_common.zk import MetadataError, ZkPaths
 from waltz_common.zk_security import ZkSecurity
 from waltz_server.cluster import ClusterMembership
 from waltz_server.config import PartitionSettings, all_keys
+from waltz_server.discovery import ClusterInfo, ClusterView
 from waltz_server.health import PartitionHealth, server_verdicts
 from waltz_server.metrics import ServerMetrics
 from waltz_server.ownership import PartitionManager
@@ -52,13 +53,15 @@ async def serve(config: Config) -> int:
                 f"{paths.root}: ClusterParams has {cluster.num_partitions} partitions, "
                 f"StoreParams {params.num_partitions}: the cluster metadata is inconsistent"
             )
-        return await _serve(config, zk, paths, params)
+        return await _serve(config, zk, paths, params, cluster.name)
     finally:
         await asyncio.to_thread(zk.stop)
         zk.close()
 
 
-async def _serve(config: Config, zk: KazooClient, paths: ZkPaths, params: metadata_pb2.StoreParams) -> int:
+async def _serve(
+    config: Config, zk: KazooClient, paths: ZkPaths, params: metadata_pb2.StoreParams, cluster_name: str
+) -> int:
     settings = PartitionSettings.from_config(config)
     store_settings = StoreSettings.from_config(config)
     metrics = ServerMetrics()
@@ -80,6 +83,14 @@ async def _serve(config: Config, zk: KazooClient, paths: ZkPaths, params: metada
     )
     host = config["server.host"]
     max_message = max(16 * 1024 * 1024, 2 * settings.max_transaction_bytes + 65536)
+    limits = server_pb2.Limits(
+        max_message_bytes=max_message,
+        max_transaction_bytes=settings.max_transaction_bytes,
+        max_batch_appends=settings.append_queue_size,
+    )
+    view = ClusterView(zk, paths, ClusterInfo(cluster_name, params.num_partitions, limits))
+    await view.start()  # a watch only: stopped with the ZooKeeper session if what follows fails
+    service.serve_discovery(view)
     server, port, health = await start_grpc_server(
         service, host, config["server.port"], max_message, tls.process_files()
     )
@@ -118,6 +129,9 @@ async def _serve(config: Config, zk: KazooClient, paths: ZkPaths, params: metada
         await _cancelled(health_task)
         await health.enter_graceful_shutdown()
         await membership.stop()
+        # close the partitions while the streams are still up: each feed ends with a NOT_READY for its
+        # mount, so that clients mount again at the next owner at once rather than when the stream ends
+        await manager.close_all()
         await server.stop(config["server.shutdownGraceSeconds"])
         return 0
     finally:
@@ -125,6 +139,7 @@ async def _serve(config: Config, zk: KazooClient, paths: ZkPaths, params: metada
         if health_server is not None:
             await health_server.stop(0)
         await server.stop(0)
+        view.stop()
         await manager.close_all()
         await connections.close()
         if metrics_http is not None:

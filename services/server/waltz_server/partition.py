@@ -20,7 +20,8 @@ from waltz_server.locks import LockRequest, LockTable
 from waltz_server.metrics import PartitionMetrics
 from waltz_server.mounts import MountRegistry
 from waltz_server.partition_feeds import PartitionFeeds, prepared_feed
-from waltz_server.store.api import StorePartition
+from waltz_server.sequences import SequenceWindow
+from waltz_server.store.api import StorePartition, StoreUnavailable
 from waltz_server.store_batches import StoreBatches, wait_store_ready
 from waltz_server.validation import data_problem, lock_problem
 
@@ -35,11 +36,16 @@ class _Origin:
     stream: StreamPort
     request: server_pb2.AppendRequest
     arrived: float
+    seq_num: int = 0
 
 
-def rejected(request_req_id: common_pb2.ReqId, reason: Reason.ValueType, message: str) -> server_pb2.ServerMessage:
+def rejected(
+    request_req_id: common_pb2.ReqId, reason: Reason.ValueType, message: str, transaction_id: int = -1
+) -> server_pb2.ServerMessage:
     return server_pb2.ServerMessage(
-        append_rejected=server_pb2.AppendRejected(req_id=request_req_id, reason=reason, message=message)
+        append_rejected=server_pb2.AppendRejected(
+            req_id=request_req_id, reason=reason, message=message, transaction_id=transaction_id
+        )
     )
 
 
@@ -78,6 +84,7 @@ class Partition:
         self._batches: StoreBatches[_Origin] | None = None
         self._pending: ClientPending[Callable[[], None]] = ClientPending()
         self._mounts = MountRegistry()
+        self._sequences = SequenceWindow(settings.resend_window)
         self.feeds = PartitionFeeds(
             partition_id, store, settings.feed_cache_size, settings.feed_batch_size, settings.feed_fetch_size
         )
@@ -234,22 +241,25 @@ class Partition:
             return
         generation, stream_id, max_bytes = self.generation, stream.stream_id, self.settings.max_transaction_bytes
         mounted: dict[int, bool] = {}  # client id -> this stream holds its current mount
-        offer, offered = pipeline.offer, self._pending.offered
+        offer, offered, last_seq = pipeline.offer, self._pending.offered, self._sequences.last
         for request in requests:
             req_id = request.req_id
-            client_id = req_id.client_id
-            origin = _Origin(stream, request, arrived)
-            if req_id.generation != generation:
-                self._reject(origin, Reason.WRONG_GENERATION, self._generation_message(req_id.generation))
-                continue
+            client_id, seq_num = req_id.client_id, req_id.seq_num
+            origin = _Origin(stream, request, arrived, seq_num)
             current = mounted.get(client_id)
             if current is None:
                 current = mounted[client_id] = self._mounts.is_current(client_id, stream_id)
             if not current:
-                if not self._mounts.is_known(client_id):
-                    message = f"partition {self.partition_id} is not mounted by client {client_id}: mount it first"
-                    self._reject(origin, Reason.NOT_MOUNTED, message)
-                continue  # else a stale network client: a newer stream of the same client mounted the partition
+                self._not_current(origin, client_id)
+                continue
+            last = last_seq.get(client_id)  # SequenceWindow.admit, written out: it runs once per append
+            if last is not None and not 0 < (seq_num - last) & 0xFFFFFFFF < 0x80000000:
+                self._resent(origin, client_id, seq_num)  # before the generation: a re-send may carry the old one
+                continue
+            last_seq[client_id] = seq_num
+            if req_id.generation != generation:
+                self._reject(origin, Reason.WRONG_GENERATION, self._generation_message(req_id.generation))
+                continue
             data = request.data
             problem = data_problem(request, data, max_bytes)
             locks = _NO_LOCKS
@@ -269,6 +279,42 @@ class Partition:
                 continue
             offered(client_id)
             offer(QueuedAppend(client_id, request.client_high_water_mark, locks, len(data), origin))
+
+    def _not_current(self, origin: _Origin, client_id: int) -> None:
+        if self._mounts.is_known(client_id):  # a stale network client: a newer stream of the client mounted it
+            message = (
+                f"partition {self.partition_id}: a newer stream of client {client_id} mounted the partition; "
+                "this stream's appends are refused"
+            )
+            self._reject(origin, Reason.SUPERSEDED, message)
+        else:
+            message = f"partition {self.partition_id} is not mounted by client {client_id}: mount it first"
+            self._reject(origin, Reason.NOT_MOUNTED, message)
+
+    def _resent(self, origin: _Origin, client_id: int, seq_num: int) -> None:
+        """An append whose sequence number is not after the client's last: answer it once the client's queued
+        appends resolved (it may re-send one of them), with the transaction it committed as or a refusal."""
+
+        def answer() -> None:
+            resend = self._sequences.classify(client_id, seq_num)
+            if resend.transaction_id is not None:
+                message = (
+                    f"partition {self.partition_id}: sequence number {seq_num} of client {client_id} already "
+                    f"committed as transaction {resend.transaction_id}; not committed again"
+                )
+                origin.stream.send_control(
+                    rejected(origin.request.req_id, Reason.ALREADY_COMMITTED, message, resend.transaction_id)
+                )
+                return
+            message = (
+                f"partition {self.partition_id}: sequence number {seq_num} is not after {resend.last_seq_num}, "
+                f"the last one client {client_id} used here; sequence numbers strictly increase per client and "
+                "partition: retry with a new one"
+            )
+            self._reject(origin, Reason.SEQUENCE_NOT_INCREASING, message)
+
+        if self._pending.add_waiter(client_id, answer):
+            answer()
 
     def flush(self, stream: StreamPort, request: server_pb2.FlushRequest) -> None:
         """Answer the high-water mark once every earlier append of the client has resolved.
@@ -309,10 +355,17 @@ class Partition:
         accepted, replaced = self._mounts.register(
             req_id.client_id, stream.stream_id, req_id.generation, request.seq_num
         )
-        if not accepted:
-            return  # a stale network client
+        if not accepted:  # a stale network client
+            message = (
+                f"partition {self.partition_id}: a newer stream of client {req_id.client_id} mounted the partition "
+                f"(this mount's seq_num {request.seq_num} is lower)"
+            )
+            stream.send_control(
+                mount_response(req_id, server_pb2.MountResponse.SUPERSEDED, self.feeds.high_water_mark, message)
+            )
+            return
         if replaced is not None:
-            self.feeds.end(replaced)
+            self.feeds.end(replaced, superseded=True)
         self.feeds.end(stream.stream_id)
 
         def start() -> None:
@@ -363,8 +416,7 @@ class Partition:
 
     async def _serve_appends(self) -> None:
         await self.store.start(self.generation)
-        await wait_store_ready(self.store)
-        hwm = self.store.high_water_mark
+        hwm = await self._read_tail()
         self.feeds.reset(hwm)
         s = self.settings
         pipeline: AppendPipeline[_Origin] = AppendPipeline(
@@ -386,6 +438,29 @@ class Partition:
             self.metrics.store_batch_size if self.metrics is not None else None,
         )
         await self._batches.run()
+
+    async def _read_tail(self) -> int:
+        """Wait for the store, then rebuild the re-send window from the log's last transactions (before any
+        append is taken: a re-send of one of them must be recognised). Returns the high-water mark."""
+        while True:
+            await wait_store_ready(self.store)
+            hwm = self.store.high_water_mark
+            first = next_id = max(0, hwm - self._sequences.window + 1)
+            tail: list[tuple[int, int, int]] = []
+            try:
+                while next_id <= hwm:
+                    count = min(self.settings.feed_fetch_size, hwm - next_id + 1)
+                    headers = await self.store.get_headers(next_id, count)
+                    if not headers or headers[0].transaction_id != next_id:
+                        raise StoreUnavailable(f"partition {self.partition_id}: no headers from {next_id} yet")
+                    tail.extend((h.req_id.client_id, h.req_id.seq_num, h.transaction_id) for h in headers)
+                    next_id = headers[-1].transaction_id + 1
+            except StoreUnavailable as exc:
+                log.info("partition %d: reading the log's tail from %d again: %s", self.partition_id, first, exc)
+                await asyncio.sleep(0.2)
+                continue
+            self._sequences.rebuild(entry for entry in tail if entry[2] <= hwm)
+            return hwm
 
     def _prepare(self, batch: list[QueuedAppend[_Origin]]) -> None:
         """The batch is at the store: build its feed message now, while the replicas write it, numbered after
@@ -415,9 +490,11 @@ class Partition:
     def _settle(self, resolved: Resolved[_Origin], committed_at: float) -> None:
         """What a resolved batch releases besides its feed."""
         committed = resolved.committed
-        put = self.data_cache.put
+        put, record = self.data_cache.put, self._sequences.record
         for item, transaction_id in committed:
             put(transaction_id, item.origin.request, item.size)  # an AppendRequest has what a read needs
+            record((item.client_id, item.origin.seq_num, transaction_id))
+        self._sequences.forget_silent(self._pending.pending)
         if self.metrics is not None:
             m = self.metrics
             m.appends["ok"].inc(len(committed))

@@ -106,10 +106,18 @@ class PartitionFeeds:
     def get(self, stream_id: int) -> FeedContext | None:
         return self._contexts.get(stream_id)
 
-    def end(self, stream_id: int) -> None:
+    def end(self, stream_id: int, superseded: bool = False) -> None:
+        """End the stream's feed; superseded: a newer stream of its client mounted the partition, so tell the stream
+        (an unasked SUPERSEDED for the mount that started the feed)."""
         context = self._contexts.pop(stream_id, None)
-        if context is not None and context.task is not None:
+        if context is None:
+            return
+        if context.task is not None:
             context.task.cancel()
+        if superseded and context.mount is not None:
+            message = f"partition {self.partition_id}: a newer stream of this client mounted the partition"
+            state = server_pb2.MountResponse.SUPERSEDED
+            context.stream.send_control(mount_response(context.mount, state, self.high_water_mark, message))
 
     def lag(self) -> int:
         return max((context.lag() for context in self._contexts.values()), default=0)

@@ -16,6 +16,7 @@ from waltz.v1 import server_pb2, server_pb2_grpc
 from waltz_common import tls
 from waltz_server.client_stream import ClientStream, StreamAborted
 from waltz_server.config import PartitionSettings
+from waltz_server.discovery import ClusterView
 from waltz_server.ownership import PartitionManager
 from waltz_server.partition import Partition
 from waltz_server.store.api import StoreUnavailable
@@ -119,6 +120,31 @@ class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
                 for name, (ok, detail) in sorted(nodes.items())
             ]
         )
+
+    _discovery: ClusterView | None = None
+
+    def serve_discovery(self, view: ClusterView) -> None:
+        """Answer GetClusterInfo and GetClientId from view from now on."""
+        self._discovery = view
+
+    async def GetClusterInfo(
+        self, request: server_pb2.ClusterInfoRequest, context: grpc.aio.ServicerContext
+    ) -> server_pb2.ClusterInfoResponse:
+        response = self._discovery.response(self._server_id()) if self._discovery is not None else None
+        if response is None:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, "this server has not read the cluster's assignment yet")
+        return response
+
+    async def GetClientId(
+        self, request: server_pb2.ClientIdRequest, context: grpc.aio.ServicerContext
+    ) -> server_pb2.ClientIdResponse:
+        if self._discovery is None:
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, "this server is not registered in the cluster yet")
+        try:
+            client_id = await self._discovery.take_client_id()
+        except Exception as exc:  # ZooKeeper unreachable, or the counter exhausted: another server may do
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"cannot take a client id: {exc}")
+        return server_pb2.ClientIdResponse(client_id=client_id)
 
     async def _partition(self, pid: int, context: grpc.aio.ServicerContext) -> Partition:
         if not 0 <= pid < self._manager.num_partitions:

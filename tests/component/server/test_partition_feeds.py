@@ -10,6 +10,7 @@ from .fakes import Failure, FakeStore, FakeStream
 from .harness import SMALL, mounted_client, opened, run, settle, stored
 from .helpers import append, mount, req
 
+Reason = server_pb2.AppendRejected.Reason
 State = server_pb2.MountResponse
 
 
@@ -131,6 +132,8 @@ def test_feed_batches_from_the_store_for_a_far_behind_client():
     async def scenario():
         settings = replace(SMALL, feed_cache_size=100, feed_batch_size=1000, feed_fetch_size=2000)
         partition, store = await opened(FakeStore(0, stored(2500)), settings)
+        assert store.header_reads == [(0, 2000), (2000, 500)]  # the re-send window, read from the log's tail
+        store.header_reads.clear()
         stream = FakeStream()
         partition.mount(stream, mount())
         await stream.wait_for(lambda s: s.of("mount"))
@@ -209,16 +212,17 @@ def test_a_newer_stream_of_the_client_makes_the_old_one_stale():
         new = FakeStream()
         partition.mount(new, mount(seq=5, net_seq=2))
         await new.wait_for(lambda s: s.of("mount"))
-        await partition.submit(old, [append(seq=2)])  # ignored: a stale network client
+        await partition.submit(old, [append(seq=2)])  # refused: a stale network client
         await partition.submit(new, [append(seq=6)])
         await new.wait_for(lambda s: len(s.fed()) == 1)
         await settle()
         assert new.fed() == [(0, 6)]
-        assert old.fed() == [] and not old.of("append_rejected")
+        assert old.fed() == [] and [r.reason for r in old.of("append_rejected")] == [Reason.SUPERSEDED]
         stale_again = FakeStream()
         partition.mount(stale_again, mount(net_seq=1))  # an older network client cannot take it back
         await settle()
-        assert stale_again.messages == []
+        assert [m.state for m in stale_again.of("mount")] == [server_pb2.MountResponse.SUPERSEDED]
+        assert new.fed() == [(0, 6)] and len(new.of("mount")) == 1
         await partition.close()
 
     run(scenario)

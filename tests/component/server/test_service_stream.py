@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import grpc
-import pytest
-
 from waltz.v1 import server_pb2
 
 from .grpc_harness import served
@@ -65,12 +62,16 @@ def test_bad_input_gets_precise_answers_and_the_server_keeps_serving():
             await not_here.receive_until(lambda h: h.of("mount"))
             assert not_here.of("mount")[0].state == State.NOT_READY
 
-            broken = s.open_stream()
-            await broken.send(mount=mount(partition_id=12))
-            with pytest.raises(grpc.aio.AioRpcError) as error:
-                await broken.receive_until(lambda h: False)
-            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert "partition 12 does not exist" in error.value.details()
+            # a bad partition id in a mount, feed or flush is answered for that request; the stream goes on
+            await stream.send(mount=mount(partition_id=12, seq=10))
+            await stream.send(feed=server_pb2.FeedRequest(req_id=req(seq=11, partition_id=-1)))
+            await stream.send(flush=server_pb2.FlushRequest(req_id=req(seq=12, partition_id=99)))
+            await stream.receive_until(lambda h: len(h.of("mount")) == 4)
+            refused = stream.of("mount")[1:]
+            assert [(m.req_id.partition_id, m.state) for m in refused] == [
+                (12, State.NO_SUCH_PARTITION), (-1, State.NO_SUCH_PARTITION), (99, State.NO_SUCH_PARTITION)
+            ]
+            assert "partition 12 does not exist" in refused[0].message
 
             await stream.send(appends=server_pb2.AppendBatch(requests=[append(seq=3)]))  # still serving
             await stream.receive_until(lambda h: len(h.fed()) == 2)

@@ -66,6 +66,21 @@ def test_a_batch_read_equals_what_was_appended(spark, cluster):
     ]
 
 
+def test_a_batch_read_from_server_addresses_alone(spark, cluster, monkeypatch):
+    """Option servers only: the driver (ZooKeeper refused in this process) and the executors (given no ZooKeeper
+    address) plan and read from the servers' GetClusterInfo."""
+    from kazoo.client import KazooClient
+
+    expected = sorted((r.partition, r.transaction_id, r.data) for r in waltz(spark, cluster).collect())
+
+    def refuse(self: KazooClient, *args: object, **kwargs: object) -> None:
+        raise AssertionError("the client side tried to reach ZooKeeper")
+
+    monkeypatch.setattr(KazooClient, "start", refuse)
+    df = spark.read.format("waltz").option("servers", cluster.servers[0].address).load()
+    assert sorted((r.partition, r.transaction_id, r.data) for r in df.collect()) == expected
+
+
 def test_streaming_ingest_restarts_from_its_checkpoint_exactly_once(spark, cluster, tmp_path):
     root = cluster.paths.root
     out = tmp_path / "parquet"

@@ -11,13 +11,21 @@ ARGS = ["--zookeeper", "127.0.0.1:1", "--root", "/w", "--output", "/tmp/out"]
 def test_source_options_from_the_command_line():
     args = ingest.parse_args([*ARGS, "--partitions", "0-2", "--max-records-per-partition", "100", "--timeout", "5"])
     assert ingest.source_options(args) == {
+        "startingOffsets": "earliest",
         "zookeeper": "127.0.0.1:1",
         "root": "/w",
-        "startingOffsets": "earliest",
         "partitions": "0-2",
         "maxRecordsPerPartition": "100",
         "timeoutSeconds": "5",
     }
+
+
+def test_servers_replace_zookeeper_and_root(capsys):
+    args = ingest.parse_args(["--servers", "h:7,h:8", "--output", "/tmp/out"])
+    assert ingest.source_options(args) == {"startingOffsets": "earliest", "servers": "h:7,h:8", "timeoutSeconds": "30"}
+    with pytest.raises(SystemExit):
+        ingest.parse_args(["--output", "/tmp/out"])
+    assert "give --servers, or --zookeeper and --root" in capsys.readouterr().err
 
 
 def test_decoders_load_by_name_with_clear_errors():

@@ -26,6 +26,13 @@ def test_defaults_and_case_insensitive_keys():
     assert parse_options(BASE).starting == "earliest"
 
 
+def test_servers_replace_zookeeper_and_root():
+    options = parse_options({"servers": "h1:7, h2:7"})
+    assert options.servers == ("h1:7", "h2:7") and options.zookeeper == ""
+    with pytest.raises(OptionError, match="option 'servers'"):
+        parse_options({"servers": "h1"})
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -1,0 +1,114 @@
+"""Discovery from server addresses alone (client.servers): no ZooKeeper on the client side.
+
+Any server answers GetClusterInfo (partitions, owners, generations, limits) and GetClientId. The driver asks the
+configured addresses, then also the owners it learned, in turn until one answers; it polls GetClusterInfo every
+client.discoveryInterval and at once when a partition heard NOT_READY (refresh()), and reports each change of
+ownership as the ZooKeeper driver does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import grpc
+
+from waltz.v1 import server_pb2, server_pb2_grpc
+from waltz_client.config import ClientConfig
+from waltz_client.driver import ClusterInfo, Ownership, Topology
+from waltz_client.errors import WaltzError
+from waltz_client.grpc_driver import GrpcDriver
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+RETRY_S = 0.5
+
+
+def topology_of(info: server_pb2.ClusterInfoResponse) -> dict[int, Ownership]:
+    """partition id -> Ownership from a GetClusterInfo answer (no address: unowned)."""
+    return {p.partition_id: Ownership(p.address or None, p.generation) for p in info.partitions}
+
+
+def addresses_to_try(seeds: Sequence[str], topology: Topology, last_good: str | None) -> list[str]:
+    """The server that answered last first, then the configured ones, then owners learned since (no repeats)."""
+    ordered = [last_good] if last_good else []
+    ordered += list(seeds)
+    ordered += sorted({o.endpoint for o in topology.values() if o.endpoint})
+    return list(dict.fromkeys(ordered))
+
+
+class ServersDriver(GrpcDriver):
+    """GrpcDriver's streams and unary calls, with the cluster learnt from the servers instead of ZooKeeper."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        super().__init__(config)
+        if not config.servers:
+            raise ValueError("ServersDriver needs client.servers")
+        self._seeds = config.servers
+        self._topology: dict[int, Ownership] = {}
+        self._last_good: str | None = None
+        self._wake = asyncio.Event()
+        self._poller: asyncio.Task[None] | None = None
+        self.limits = server_pb2.Limits()
+
+    async def start(self, on_topology: Callable[[Topology], None]) -> ClusterInfo:
+        deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
+        info = await self._any(lambda stub, t: stub.GetClusterInfo(server_pb2.ClusterInfoRequest(), timeout=t),
+                               deadline)
+        ids = await self._any(lambda stub, t: stub.GetClientId(server_pb2.ClientIdRequest(), timeout=t), deadline)
+        self.limits = info.limits
+        self._topology = topology_of(info)
+        on_topology(dict(self._topology))
+        self._poller = asyncio.create_task(self._poll(on_topology), name="waltz-cluster-info")
+        return ClusterInfo(ids.client_id, info.num_partitions, info.cluster_name)
+
+    def refresh(self) -> None:
+        self._wake.set()
+
+    async def _poll(self, on_topology: Callable[[Topology], None]) -> None:
+        interval = self.config.discovery_interval_s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
+            self._wake.clear()
+            deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
+            try:
+                info = await self._any(
+                    lambda stub, t: stub.GetClusterInfo(server_pb2.ClusterInfoRequest(), timeout=t), deadline)
+            except WaltzError as exc:
+                log.warning("cluster info: %s", exc)
+                continue
+            topology = topology_of(info)
+            if topology != self._topology:
+                self._topology = topology
+                on_topology(dict(topology))
+
+    async def _any(self, call: Callable[[server_pb2_grpc.WaltzServerStub, float], Awaitable[R]], deadline: float) -> R:
+        """call on the servers in turn until one answers, until deadline; WaltzError naming each failure."""
+        loop = asyncio.get_running_loop()
+        while True:
+            failures: list[str] = []
+            for address in addresses_to_try(self._seeds, self._topology, self._last_good):
+                timeout = min(5.0, max(0.1, deadline - loop.time()))
+                try:
+                    answer = await call(server_pb2_grpc.WaltzServerStub(self._channel(address)), timeout)
+                except grpc.aio.AioRpcError as exc:
+                    failures.append(f"{address}: {exc.code().name}: {exc.details()}")
+                    continue
+                self._last_good = address
+                return answer
+            if loop.time() >= deadline:
+                raise WaltzError("no Waltz server answered: " + "; ".join(failures))
+            await asyncio.sleep(RETRY_S)
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        await super().close()

@@ -1,0 +1,99 @@
+"""Who owns each partition, as ZooKeeper says: a watcher of the assignment and the servers, and client ids.
+
+Used by the servers (to answer GetClusterInfo and GetClientId) and by clients that still read ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from waltz.v1 import metadata_pb2
+from waltz_common import zk as zkmeta
+from waltz_common.types import INT32_MAX
+
+
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    """Who serves a partition: an endpoint ("host:port"; None while unowned) and a generation."""
+
+    endpoint: str | None
+    generation: int
+
+
+Topology = Mapping[int, Ownership]
+"""partition id -> Ownership, as last seen."""
+
+
+def take_client_id(zk: KazooClient, paths: zkmeta.ZkPaths) -> int:
+    """A new cluster-unique client id from the counter at <root>/ids/client; ValueError when it is exhausted."""
+    counter = zk.Counter(paths.client_ids)
+    counter += 1
+    client_id = int(counter.post_value)
+    if client_id > INT32_MAX:
+        raise ValueError(f"the client id counter {paths.client_ids} is exhausted")
+    return client_id
+
+
+class ZkTopologyWatcher:
+    """Watches <root>/partitions and <root>/servers/*; reports partition -> Ownership on change.
+
+    Runs on kazoo's thread; `report` must be thread-safe (the driver hops onto the event loop).
+    """
+
+    def __init__(self, zk: KazooClient, paths: zkmeta.ZkPaths, report: Callable[[Topology], bool]) -> None:
+        self._zk = zk
+        self._paths = paths
+        self._report = report
+        self._lock = threading.Lock()
+        self._assignment: dict[int, tuple[int, int]] = {}  # partition -> (server id, generation)
+        self._servers: dict[int, str] = {}  # server id -> host:port
+        self._last: dict[int, Ownership] | None = None
+        self._stopped = False
+
+    def start(self) -> None:
+        self._zk.DataWatch(self._paths.server_assignment, self._on_assignment)
+        self._zk.ChildrenWatch(self._paths.servers, self._on_servers)
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def _on_assignment(self, data: bytes | None, _stat: Any) -> bool:
+        assignment = metadata_pb2.ServerAssignment()
+        if data:
+            assignment.ParseFromString(data)
+        with self._lock:
+            self._assignment = {p.partition_id: (p.server_id, p.generation) for p in assignment.partitions}
+        return self._publish()
+
+    def _on_servers(self, children: list[str]) -> bool:
+        servers: dict[int, str] = {}
+        for child in children:
+            try:
+                data, _ = self._zk.get(f"{self._paths.servers}/{child}")
+            except NoNodeError:
+                continue  # gone between the listing and the read
+            descriptor = metadata_pb2.ServerDescriptor()
+            descriptor.ParseFromString(data)
+            servers[descriptor.server_id] = f"{descriptor.host}:{descriptor.port}"
+        with self._lock:
+            self._servers = servers
+        return self._publish()
+
+    def _publish(self) -> bool:
+        if self._stopped:
+            return False  # kazoo stops the watch
+        with self._lock:
+            topology = {
+                pid: Ownership(self._servers.get(server_id) if server_id >= 0 else None, generation)
+                for pid, (server_id, generation) in self._assignment.items()
+            }
+            if topology == self._last:
+                return True
+            self._last = topology
+        return self._report(topology)
