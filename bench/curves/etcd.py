@@ -142,7 +142,7 @@ def check_perf(endpoints: str) -> float:
 
 
 def run(workdir: Path, quick: bool) -> str:
-    warmup, seconds = (1.0, 5.0) if quick else (2.0, 15.0)
+    warmup, seconds = (1.0, 3.0) if quick else (2.0, 15.0)
     load = LoadLog()
     load.mark("start")
     binary = build_load(workdir)

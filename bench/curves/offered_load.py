@@ -25,7 +25,7 @@ TARGET_P99_S = 0.010  # at 5,000/s offered (issue 20)
 
 
 def run(workdir: Path, quick: bool) -> str:
-    warmup, seconds = (1.0, 4.0) if quick else (2.0, 12.0)
+    warmup, seconds = (0.5, 2.5) if quick else (2.0, 12.0)
     load = LoadLog()
     rows: list[list[object]] = []
     with ZooKeeperProcess(workdir / "zookeeper") as zookeeper, MemorySampler() as sampler:

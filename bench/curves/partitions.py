@@ -27,7 +27,7 @@ TARGET_RATIO = 1.3  # 4 partitions over 2 servers against 1 partition on 1 serve
 
 
 def run(workdir: Path, quick: bool) -> str:
-    warmup, seconds = (1.0, 4.0) if quick else (2.0, 10.0)
+    warmup, seconds = (0.5, 2.5) if quick else (2.0, 10.0)
     load = LoadLog()
     rows: list[list[object]] = []
     baseline = 0.0
