@@ -111,10 +111,17 @@ def wait_owned(cluster: LocalCluster, partitions: int, timeout: float = 60.0) ->
         time.sleep(0.2)
 
 
+FILL_CHUNK = 50_000
+"""Appends a raw stream sends before it reads its feed: more, and both sides can end up waiting to write (the
+stream writes every batch before it reads; the server's feed to it waits for room)."""
+
+
 def fill(cluster: LocalCluster, address: str, partition: int, count: int) -> float:
-    """Append count 512 B transactions to a partition over a raw stream; returns appends/s."""
-    hwm = asyncio.run(high_water_mark(address, None, partition))
-    seconds, _ = asyncio.run(raw_stream(cluster, hwm, count, 0, partition, address))
+    """Append count 512 B transactions to a partition over raw streams; returns appends/s."""
+    seconds = 0.0
+    for first in range(0, count, FILL_CHUNK):
+        hwm = asyncio.run(high_water_mark(address, None, partition))
+        seconds += asyncio.run(raw_stream(cluster, hwm, min(FILL_CHUNK, count - first), 0, partition, address))[0]
     return count / seconds
 
 

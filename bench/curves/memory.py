@@ -75,12 +75,19 @@ def run(workdir: Path, quick: bool) -> str:
             rows.append([label, shape.empty / MIB, shape.filled / MIB, growth / MIB, slack / MIB, shape.cache / MIB,
                          verdict(growth - slack <= budget)])
             load.mark(f"{label}")
+        unbounded = measure(workdir, zookeeper.connect_string, 16, 2**40, appends, "unbounded16")
+        growth = unbounded.filled - unbounded.empty
+        rows.append(["16 partitions, no budget (as before)", unbounded.empty / MIB, unbounded.filled / MIB,
+                     growth / MIB, slack / MIB, unbounded.cache / MIB, verdict(growth - slack <= budget)])
+        load.mark("16 partitions, no budget")
     lines = [load.line(), "",
              f"server RSS (MiB), server.cacheBudgetBytes = {budget // MIB} MiB, {appends:,} appends of 512 B spread "
              f"over the partitions (about 3x the budget); baseline: a server owning no partition, "
              f"{idle / MIB:.1f} MiB",
              table(["", "RSS empty", "RSS filled", "growth", "churn", "cache metric", "growth - churn <= budget"],
                    rows),
+             "no budget: server.cacheBudgetBytes 1 TiB, each partition bounded only by its own caches' sizes "
+             "(server.feedCacheSize, server.transactionDataCacheSize), as before the budget. "
              "churn: the growth of the same shape with a 1 MiB budget over the same appends (same run). "
              "cache metric: waltz_server_cache_bytes (feed + data, the budget's own estimate)."]
     return "\n".join(lines)
