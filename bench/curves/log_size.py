@@ -92,7 +92,14 @@ def _takeover(cluster: LocalCluster) -> float:
     async def commit() -> None:
         callbacks = CountingCallbacks(-1)
         async with AsyncWaltzClient(callbacks, {**config, "client.autoMount": False}) as client:
-            callbacks.hwm = await client.high_water_mark(0)
+            while True:  # the application's own high-water mark: the log as the partition recovered it
+                try:
+                    callbacks.hwm = await client.high_water_mark(0)
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                        raise
+                    await asyncio.sleep(0.02)  # the partition is still recovering on the new server
             client.mount_partitions([0])
             await client.wait_mounted()
             await (await client.submit(Append(b"x" * 512)))
