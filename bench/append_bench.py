@@ -40,7 +40,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.append_writers import PARTITION, CountingCallbacks, Job, JobResult, run_clients
-from bench.baselines import RECORD_BYTES, Baselines, MemorySampler, percentile, run_baselines
+from bench.baselines import RECORD_BYTES, Baselines, MemorySampler, cpu_seconds, percentile, run_baselines
 from waltz.v1 import common_pb2, metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_client import AsyncWaltzClient
 from waltz_common import tls
@@ -80,40 +80,41 @@ QUICK = Scale(150_000, 1.0, 4.0, 10.0, 5.0, 500, 10_000, 500, 300)
 # ---------------------------------------------------------------------------------------- raw client stream
 
 
-def _take_client_id(cluster: LocalCluster) -> tuple[int, int]:
+def _take_client_id(cluster: LocalCluster, partition: int = PARTITION) -> tuple[int, int]:
     zk = zkmeta.connect(cluster.zookeeper)
     try:
         counter = zk.Counter(cluster.paths.client_ids)
         counter += 1
         assignment = zkmeta.require(zk, cluster.paths.server_assignment, metadata_pb2.ServerAssignment)[0]
-        generation = next(o.generation for o in assignment.partitions if o.partition_id == PARTITION)
+        generation = next(o.generation for o in assignment.partitions if o.partition_id == partition)
         return int(counter.post_value), generation
     finally:
         zk.stop()
         zk.close()
 
 
-async def high_water_mark(address: str, files: TlsFiles | None = None) -> int:
+async def high_water_mark(address: str, files: TlsFiles | None = None, partition: int = PARTITION) -> int:
     async with tls.aio_channel(address, files) as channel:
         response = await server_pb2_grpc.WaltzServerStub(channel).GetHighWaterMark(
-            server_pb2.HighWaterMarkRequest(partition_id=PARTITION), timeout=30
+            server_pb2.HighWaterMarkRequest(partition_id=partition), timeout=30
         )
     return int(response.high_water_mark)
 
 
 async def raw_stream(
-    cluster: LocalCluster, client_hwm: int, appends: int, until: int
+    cluster: LocalCluster, client_hwm: int, appends: int, until: int, partition: int = PARTITION,
+    address: str | None = None,
 ) -> tuple[float, int]:
     """Mount at client_hwm over a raw Stream, send `appends` transactions in batches of PREFILL_BATCH, and
     read the feed until transaction `until` (or until the last append shows). Returns (seconds, feed entries)."""
-    client_id, generation = _take_client_id(cluster)
+    client_id, generation = _take_client_id(cluster, partition)
     payload = os.urandom(RECORD_BYTES)
     checksum = crc32(payload)
 
     def req(seq: int) -> common_pb2.ReqId:
-        return common_pb2.ReqId(client_id=client_id, generation=generation, partition_id=PARTITION, seq_num=seq)
+        return common_pb2.ReqId(client_id=client_id, generation=generation, partition_id=partition, seq_num=seq)
 
-    async with grpc.aio.insecure_channel(cluster.servers[0].address) as channel:
+    async with grpc.aio.insecure_channel(address or cluster.servers[0].address) as channel:
         call = server_pb2_grpc.WaltzServerStub(channel).Stream()
         started = time.perf_counter()
         deadline = started + 60
@@ -221,13 +222,7 @@ class Window:
         return total, count
 
     def _cpu(self) -> dict[str, float]:
-        times = {}
-        for name, process in self._processes.items():
-            try:
-                times[name] = sum(process.cpu_times()[:2])
-            except psutil.Error:
-                times[name] = 0.0
-        return times
+        return cpu_seconds(self._processes)
 
     def __call__(self) -> None:
         started = time.perf_counter()

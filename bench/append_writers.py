@@ -10,7 +10,7 @@ import os
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -26,25 +26,31 @@ class CountingCallbacks(WaltzClientCallbacks):
     """Applies by remembering the high-water mark (the data is not fetched)."""
 
     def __init__(self, start: int) -> None:
-        self.hwm = start
+        self.hwm = start  # of PARTITION (others in hwms)
+        self.hwms: dict[int, int] = {}
         self.applied = 0
         self.on_apply: Callable[[int], None] = lambda _: None
 
     def get_client_high_water_mark(self, partition_id: int) -> int:
-        return self.hwm
+        return self.hwm if partition_id == PARTITION else self.hwms.get(partition_id, -1)
 
     def apply_transaction(self, transaction: Transaction) -> None:
+        if transaction.partition_id != PARTITION:
+            self.hwms[transaction.partition_id] = transaction.transaction_id
+            self.applied += 1
+            return
         self.hwm = transaction.transaction_id
         self.applied += 1
         self.on_apply(self.hwm)
 
 
 class Append(TransactionContext):
-    def __init__(self, payload: bytes) -> None:
+    def __init__(self, payload: bytes, partition: int = PARTITION) -> None:
         self.payload = payload
+        self.partition = partition
 
     def partition_id(self, num_partitions: int) -> int:
-        return PARTITION
+        return self.partition
 
     def execute(self, builder: TransactionBuilder) -> bool:
         builder.set_data(self.payload)
@@ -59,6 +65,7 @@ class Job:
     rate: float = 0.0  # open loop (appends/s offered by this process)
     warmup_s: float = 0.0
     run_s: float = 0.0
+    partitions: tuple[int, ...] = (PARTITION,)  # closed loop: writer i appends to partitions[i % len]
 
 
 @dataclass
@@ -69,6 +76,7 @@ class JobResult:
     peak_rss: int
     submitted: int = 0
     cpu_s: float = 0.0  # CPU seconds of the process during the measured window
+    by_partition: dict[int, int] = field(default_factory=dict)  # committed in the window, by partition
 
 
 def _client_process(job: Job, conn: Connection) -> None:
@@ -81,14 +89,19 @@ def _client_process(job: Job, conn: Connection) -> None:
 
 async def _client_job(job: Job, conn: Connection) -> JobResult:
     callbacks = CountingCallbacks(job.start_hwm)
+    by_partition = dict.fromkeys(job.partitions, 0)
     slots = max(job.writers, int(job.rate) + 1000 if job.rate else 0, 5)
     config = {**job.config, "client.maxConcurrentTransactions": slots, "client.autoMount": False}
     payload = os.urandom(RECORD_BYTES)
     latencies: array.array[float] = array.array("d")
     committed = errors = submitted = 0
     async with AsyncWaltzClient(callbacks, config) as client:
-        callbacks.hwm = await client.high_water_mark(PARTITION)  # the application holds everything so far
-        client.mount_partitions([PARTITION])
+        for partition in job.partitions:  # the application holds everything so far
+            if partition == PARTITION:
+                callbacks.hwm = await client.high_water_mark(partition)
+            else:
+                callbacks.hwms[partition] = await client.high_water_mark(partition)
+        client.mount_partitions(list(job.partitions))
         await client.wait_mounted()
         # An application with a busy client tunes the collector as the services do (the client library
         # leaves process-wide settings to the application): about 2 us per append here.
@@ -98,10 +111,10 @@ async def _client_job(job: Job, conn: Connection) -> JobResult:
         begin = time.perf_counter() + job.warmup_s
         end = begin + job.run_s
 
-        async def one(scheduled: float) -> None:
+        async def one(scheduled: float, partition: int = PARTITION) -> None:
             nonlocal committed, errors
             try:
-                future = await client.submit(Append(payload))
+                future = await client.submit(Append(payload, partition))
                 await future
             except Exception:
                 errors += 1
@@ -111,12 +124,13 @@ async def _client_job(job: Job, conn: Connection) -> JobResult:
                 latencies.append(done - scheduled)
             if begin <= done < end:
                 committed += 1
+                by_partition[partition] += 1
 
-        async def writer() -> None:
+        async def writer(partition: int) -> None:
             nonlocal submitted
             while (now := time.perf_counter()) < end:
                 submitted += 1
-                await one(now)
+                await one(now, partition)
 
         cpu: list[float] = []
 
@@ -127,7 +141,8 @@ async def _client_job(job: Job, conn: Connection) -> JobResult:
 
         cpu_task = asyncio.create_task(measure_cpu())
         if job.writers:
-            await asyncio.gather(*(writer() for _ in range(job.writers)))
+            parts = job.partitions
+            await asyncio.gather(*(writer(parts[i % len(parts)]) for i in range(job.writers)))
         else:
             tasks = set()
             index = 0
@@ -143,7 +158,7 @@ async def _client_job(job: Job, conn: Connection) -> JobResult:
             submitted = index
             await asyncio.gather(*tasks)
         await cpu_task
-    return JobResult(committed, latencies, errors, 0, submitted, cpu[1] - cpu[0])
+    return JobResult(committed, latencies, errors, 0, submitted, cpu[1] - cpu[0], by_partition)
 
 
 def run_clients(jobs: list[Job], sampler: MemorySampler, during: Callable[[], None] | None = None) -> list[JobResult]:

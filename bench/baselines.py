@@ -71,6 +71,17 @@ class MemorySampler:
                     self.peak[name] = max(self.peak.get(name, 0), rss)
 
 
+def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:
+    """CPU seconds (user + system) each process has used so far (0 for one that is gone)."""
+    times = {}
+    for name, process in processes.items():
+        try:
+            times[name] = sum(process.cpu_times()[:2])
+        except psutil.Error:
+            times[name] = 0.0
+    return times
+
+
 def _rss(process: psutil.Process) -> int:
     try:
         return int(process.memory_info().rss)

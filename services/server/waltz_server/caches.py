@@ -1,4 +1,9 @@
-"""Bounded in-memory caches of one partition: recent feed entries (by batch) and transaction data (LRU)."""
+"""Bounded in-memory caches of one partition: recent feed entries (by batch) and transaction data (LRU).
+
+Each is bounded on its own (entries, data bytes) and charges a CacheBudget, shared by every partition of the
+server, what it holds; the budget makes the largest caches give back their oldest entries when together they
+hold more than it allows.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,11 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
+
+from waltz_server.cache_budget import DATA_ENTRY_BYTES, FEED_ENTRY_BYTES, CacheBudget
+
+UNBOUNDED = 2**62
+"""The budget of a cache given none: only its own bound holds."""
 
 T = TypeVar("T")
 
@@ -18,15 +28,20 @@ class FeedCache(Generic[T]):
     reading a window near the tail costs only the window, whatever the capacity.
     """
 
-    def __init__(self, capacity: int, high_water_mark: int = -1) -> None:
+    kind = "feed"
+
+    def __init__(self, capacity: int, high_water_mark: int = -1, budget: CacheBudget | None = None) -> None:
         if capacity < 1:
             raise ValueError("feed cache capacity must be at least 1")
         self._capacity = capacity
+        self.charged = 0
+        self._budget = budget if budget is not None else CacheBudget(UNBOUNDED)
         self._firsts: list[int] = []  # first id of each segment, ascending
         self._segments: list[Sequence[T]] = []
         self._head = 0  # segments before it are wholly below first_id (dropped in bulk now and then)
         self._last = high_water_mark
         self._count = 0
+        self._budget.join(self)
 
     @property
     def high_water_mark(self) -> int:
@@ -43,11 +58,7 @@ class FeedCache(Generic[T]):
         The cache keeps entries as it is given them: the caller must not change them afterwards.
         """
         if first_id != self._last + 1:
-            self._firsts.clear()
-            self._segments.clear()
-            self._head = 0
-            self._count = 0
-            self._last = first_id - 1
+            self.restart(first_id - 1)
         n = len(entries)
         if n == 0:
             return
@@ -55,14 +66,51 @@ class FeedCache(Generic[T]):
         self._segments.append(entries)
         self._last += n
         self._count = min(self._capacity, self._count + n)
+        self._drop_below()
+        self._account()
+
+    def restart(self, high_water_mark: int) -> None:
+        """Hold nothing, the next entry being high_water_mark + 1."""
+        self._firsts.clear()
+        self._segments.clear()
+        self._head = 0
+        self._count = 0
+        self._last = high_water_mark
+        self._account()
+
+    def evict(self, nbytes: int) -> None:
+        """Drop the oldest entries worth at least nbytes (the budget's reclaim)."""
+        self._count -= min(self._count, -(-nbytes // FEED_ENTRY_BYTES))
+        if self._count:
+            self._drop_below()
+        else:
+            self._firsts.clear()
+            self._segments.clear()
+            self._head = 0
+        self._account()
+
+    def close(self) -> None:
+        """Drop everything and leave the budget (anything added later is charged to a budget of its own)."""
+        self.restart(self._last)
+        self._budget = _left(self._budget, self)
+
+    def _drop_below(self) -> None:
         first = self.first_id
         firsts, segments, head = self._firsts, self._segments, self._head
         while firsts[head] + len(segments[head]) <= first:
             head += 1
-        if head > 32 and 2 * head > len(segments):
+        if head >= 32:  # dropped segments go soon: their memory is what the budget was told is free
             del firsts[:head], segments[:head]
             head = 0
         self._head = head
+
+    def _account(self) -> None:
+        charged = self._count * FEED_ENTRY_BYTES
+        delta, self.charged = charged - self.charged, charged
+        if delta > 0:
+            self._budget.charge(delta)
+        else:
+            self._budget.release(-delta)
 
     def get(self, from_id: int, max_count: int) -> list[T] | None:
         """Entries from from_id on (at most max_count, fewer at the tail); None when from_id is not held."""
@@ -91,13 +139,19 @@ class TransactionData(Protocol):
 
 
 class DataCache:
-    """Recent transactions' data by id, least recently used evicted first, bounded by data bytes."""
+    """Recent transactions' data by id, least recently used evicted first, bounded by data bytes (its own
+    bound) and by the budget it charges (data bytes plus DATA_ENTRY_BYTES per entry)."""
 
-    def __init__(self, max_bytes: int) -> None:
+    kind = "data"
+
+    def __init__(self, max_bytes: int, budget: CacheBudget | None = None) -> None:
         self._max_bytes = max_bytes
         self._max_entry = max_bytes // 4
         self._records: OrderedDict[int, tuple[TransactionData, int]] = OrderedDict()
         self._bytes = 0
+        self.charged = 0
+        self._budget = budget if budget is not None else CacheBudget(UNBOUNDED)
+        self._budget.join(self)
 
     @property
     def size_bytes(self) -> int:
@@ -115,6 +169,21 @@ class DataCache:
         while self._bytes > self._max_bytes:
             _, (_, evicted) = self._records.popitem(last=False)
             self._bytes -= evicted
+            self.charged -= evicted + DATA_ENTRY_BYTES
+            self._budget.release(evicted + DATA_ENTRY_BYTES)
+        self.charged += size + DATA_ENTRY_BYTES
+        self._budget.charge(size + DATA_ENTRY_BYTES)
+
+    def evict(self, nbytes: int) -> None:
+        """Drop the least recently used entries worth at least nbytes (the budget's reclaim)."""
+        freed = 0
+        records = self._records
+        while freed < nbytes and records:
+            _, (_, size) = records.popitem(last=False)
+            self._bytes -= size
+            freed += size + DATA_ENTRY_BYTES
+        self.charged -= freed
+        self._budget.release(freed)
 
     def get(self, transaction_id: int) -> TransactionData | None:
         found = self._records.get(transaction_id)
@@ -126,3 +195,18 @@ class DataCache:
     def clear(self) -> None:
         self._records.clear()
         self._bytes = 0
+        self._budget.release(self.charged)
+        self.charged = 0
+
+    def close(self) -> None:
+        """Drop everything and leave the budget (a read finishing later caches into a budget of its own)."""
+        self.clear()
+        self._budget = _left(self._budget, self)
+
+
+def _left(budget: CacheBudget, cache: FeedCache[T] | DataCache) -> CacheBudget:
+    """cache leaves budget; the unbounded budget it joins instead."""
+    budget.leave(cache)
+    own = CacheBudget(UNBOUNDED)
+    own.join(cache)
+    return own

@@ -9,6 +9,8 @@ from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key
 from waltz_common.tls import TLS_KEYS
 from waltz_server.store.settings import STORE_KEYS
 
+DEFAULT_CACHE_BUDGET = 134217728
+
 SERVER_KEYS = (
     Key("server.host", str, "127.0.0.1", "address to listen on and to advertise to clients"),
     Key("server.port", int, doc="gRPC port for clients"),
@@ -28,6 +30,9 @@ SERVER_KEYS = (
         "with its id instead of committing twice"),
     Key("server.feedCacheSize", int, 100000, "recent committed transaction headers kept per partition"),
     Key("server.transactionDataCacheSize", int, 67108864, "recent transaction data cached per partition, bytes"),
+    Key("server.cacheBudgetBytes", int, DEFAULT_CACHE_BUDGET,
+        "memory for the feed and transaction-data caches of all the partitions this server owns together, "
+        "bytes (estimated); over it, the largest caches drop their oldest entries"),
     Key("server.feedBatchSize", int, 1000, "feed entries per FeedDataBatch message"),
     Key("server.feedFetchSize", int, 5000, "headers read from the store at a time for far-behind feeds"),
     Key("server.streamQueueSize", int, 64, "messages queued for one client stream before feeds wait"),

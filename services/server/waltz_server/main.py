@@ -20,6 +20,7 @@ from waltz_common.gctune import tune_for_service
 from waltz_common.health import Verdict, keep_health, start_health_port
 from waltz_common.zk import MetadataError, ZkPaths
 from waltz_common.zk_security import ZkSecurity
+from waltz_server.cache_budget import CacheBudget
 from waltz_server.cluster import ClusterMembership
 from waltz_server.config import PartitionSettings, all_keys
 from waltz_server.discovery import ClusterInfo, ClusterView
@@ -72,7 +73,9 @@ async def _serve(
             partition_id, zk=zk, paths=paths, connections=connections, settings=store_settings
         )
 
-    manager = PartitionManager(params.num_partitions, store_for, settings, metrics)
+    budget = CacheBudget(config["server.cacheBudgetBytes"])
+    metrics.watch_cache_budget(budget)
+    manager = PartitionManager(params.num_partitions, store_for, settings, metrics, budget=budget)
     membership: ClusterMembership | None = None
     service = WaltzServerService(
         manager,
@@ -188,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load(args.config, all_keys())
         PartitionSettings.from_config(config)
+        CacheBudget(config["server.cacheBudgetBytes"])
         StoreSettings.from_config(config)
         advertised(config["server.advertisedAddress"], config["server.host"], 0)
         ZkSecurity.from_config(config)  # its files and formats are checked before anything starts

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from waltz_server.cache_budget import CacheBudget
 from waltz_server.store.api import StoreStatus
 
 RESULTS = ("ok", "lock_failure", "rejected", "failed")
@@ -101,6 +102,16 @@ class ServerMetrics:
             registry=r,
         )
 
+    def watch_cache_budget(self, budget: CacheBudget) -> None:
+        """waltz_server_cache_budget_bytes and waltz_server_cache_bytes{cache=feed|data}, read at each scrape."""
+        limit = Gauge("waltz_server_cache_budget_bytes", "server.cacheBudgetBytes: the caches' memory budget",
+                      registry=self.registry)
+        limit.set(budget.max_bytes)
+        used = Gauge("waltz_server_cache_bytes", "Memory the caches of all owned partitions hold (estimated), by "
+                     "cache: feed (recent feed entries) and data (transaction data)", ["cache"], registry=self.registry)
+        for kind in ("feed", "data"):
+            used.labels(kind).set_function(partial(_kind_use, budget, kind))
+
     def for_partition(self, partition_id: int) -> PartitionMetrics:
         return PartitionMetrics(self, partition_id)
 
@@ -109,6 +120,10 @@ REPLICA_STATES = {"assigned": "replicas_total", "connected": "replicas_connected
 """The states of waltz_server_partition_replicas and the StoreStatus field each is read from when scraped."""
 
 log = logging.getLogger(__name__)
+
+
+def _kind_use(budget: CacheBudget, kind: str) -> float:
+    return float(budget.use_by_kind().get(kind, 0))
 
 
 def _status_field(status: Callable[[], StoreStatus], name: str) -> float:

@@ -8,7 +8,8 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from waltz_server.config import PartitionSettings
+from waltz_server.cache_budget import CacheBudget
+from waltz_server.config import DEFAULT_CACHE_BUDGET, PartitionSettings
 from waltz_server.metrics import ServerMetrics
 from waltz_server.partition import Partition
 from waltz_server.store.api import StorePartition
@@ -53,8 +54,11 @@ class PartitionManager:
         settings: PartitionSettings,
         metrics: ServerMetrics | None = None,
         restart_delay_s: float = RESTART_DELAY_S,
+        budget: CacheBudget | None = None,
     ) -> None:
+        """budget: the cache budget the partitions share (None: one of its own, server.cacheBudgetBytes' default)."""
         self.num_partitions = num_partitions
+        self.budget = budget if budget is not None else CacheBudget(DEFAULT_CACHE_BUDGET)
         self._store_factory = store_factory
         self._settings = settings
         self._metrics = metrics
@@ -97,7 +101,7 @@ class PartitionManager:
 
     async def _open(self, pid: int, generation: int) -> None:
         metrics = self._metrics.for_partition(pid) if self._metrics is not None else None
-        partition = Partition(pid, generation, self._store_factory(pid), self._settings, metrics)
+        partition = Partition(pid, generation, self._store_factory(pid), self._settings, metrics, budget=self.budget)
         partition.on_failure = self._failed
         if self._paused:
             partition.pause()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from waltz.v1 import common_pb2, server_pb2
 from waltz_server.append_pipeline import AppendPipeline, ClientPending, QueuedAppend, Resolved
+from waltz_server.cache_budget import CacheBudget
 from waltz_server.caches import DataCache
 from waltz_server.config import PartitionSettings
 from waltz_server.feed import StreamPort, mount_response
@@ -64,7 +65,9 @@ class Partition:
         settings: PartitionSettings,
         metrics: PartitionMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        budget: CacheBudget | None = None,
     ) -> None:
+        """budget: the server's cache budget, shared by its partitions (None: only the settings' bounds)."""
         self.partition_id = partition_id
         self.generation = generation
         self.store = store
@@ -86,11 +89,11 @@ class Partition:
         self._mounts = MountRegistry()
         self._sequences = SequenceWindow(settings.resend_window)
         self.feeds = PartitionFeeds(
-            partition_id, store, settings.feed_cache_size, settings.feed_batch_size, settings.feed_fetch_size
+            partition_id, store, settings.feed_cache_size, settings.feed_batch_size, settings.feed_fetch_size, budget
         )
         self._prepared: deque[tuple[QueuedAppend[_Origin], server_pb2.ServerMessage]] = deque()
         """The feed message of each batch at the store, oldest first, with the batch's first append."""
-        self.data_cache = DataCache(settings.data_cache_bytes)
+        self.data_cache = DataCache(settings.data_cache_bytes, budget)
         self._runner: asyncio.Task[None] | None = None
         self.failure: str = ""
         self.on_failure: Callable[[Partition], None] | None = None
@@ -141,6 +144,7 @@ class Partition:
         self._room.set()
         self._accepting.set()
         self.feeds.close()
+        self.data_cache.close()
         self._prepared.clear()
         if self._runner is not None:
             self._runner.cancel()

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from waltz.v1 import common_pb2, server_pb2
 from waltz_common.types import RecordHeader
+from waltz_server.cache_budget import CacheBudget
 from waltz_server.caches import FeedCache
 from waltz_server.feed import FeedContext, StreamPort, feed_message, mount_response
 from waltz_server.feed_cursor import FeedCursor, Source
@@ -45,15 +46,20 @@ class PartitionFeeds:
     """
 
     def __init__(
-        self, partition_id: int, store: StorePartition, cache_size: int, batch_size: int, fetch_size: int
+        self,
+        partition_id: int,
+        store: StorePartition,
+        cache_size: int,
+        batch_size: int,
+        fetch_size: int,
+        budget: CacheBudget | None = None,
     ) -> None:
         self.partition_id = partition_id
         self._store = store
-        self._cache_size = cache_size
         self._batch_size = batch_size
         self._fetch_size = fetch_size
         self.high_water_mark = -1
-        self._cache: FeedCache[server_pb2.FeedData] = FeedCache(cache_size)
+        self._cache: FeedCache[server_pb2.FeedData] = FeedCache(cache_size, budget=budget)
         self._last: tuple[int, server_pb2.ServerMessage] = (-1, server_pb2.ServerMessage())
         self._contexts: dict[int, FeedContext] = {}  # stream id -> its feed of this partition
         self._commit = asyncio.Event()
@@ -71,7 +77,7 @@ class PartitionFeeds:
     def reset(self, high_water_mark: int) -> None:
         """A store session recovered high_water_mark: the cache starts empty above it."""
         self.high_water_mark = high_water_mark
-        self._cache = FeedCache(self._cache_size, high_water_mark)
+        self._cache.restart(high_water_mark)
         self._last = (-1, server_pb2.ServerMessage())
 
     def close(self) -> None:
@@ -79,6 +85,7 @@ class PartitionFeeds:
         stream, behind what the feed sent, a Mount Response NOT_READY for the mount that started it, so that
         its client mounts again (nothing else would tell a client that only reads)."""
         self.closed = True
+        self._cache.close()
         self._wake()
         for context in self._contexts.values():
             if context.mount is not None:

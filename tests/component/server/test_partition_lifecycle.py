@@ -8,6 +8,7 @@ from prometheus_client import generate_latest
 
 from waltz.v1 import server_pb2
 from waltz_common.types import Record, ReqId, crc32
+from waltz_server.cache_budget import DATA_ENTRY_BYTES, FEED_ENTRY_BYTES, CacheBudget
 from waltz_server.metrics import REPLICA_STATES, ServerMetrics
 from waltz_server.partition import Partition
 
@@ -141,5 +142,30 @@ def test_a_closed_partition_tells_each_mounted_client_and_a_feed_request_off_the
         await partition.close()
         ends = [m for m in stream.of("mount") if m.state == server_pb2.MountResponse.NOT_READY]
         assert [m.req_id for m in ends] == [mount().req_id]
+
+    run(scenario)
+
+
+def test_partitions_share_the_cache_budget_and_a_closed_one_frees_its_share():
+    async def scenario():
+        budget = CacheBudget(10**9)
+        partitions = [Partition(p, 1, FakeStore(p), SMALL, budget=budget) for p in (0, 1)]
+        for partition in partitions:
+            await partition.open()
+            await partition.wait_ready(10)
+        assert len(budget) == 4  # a feed cache and a data cache each
+        for partition in partitions:
+            stream = FakeStream()
+            p = partition.partition_id
+            partition.mount(stream, mount(partition_id=p))
+            await partition.submit(stream, [append(seq=1, partition_id=p), append(seq=2, partition_id=p)])
+            await stream.wait_for(lambda s: len(s.fed()) == 2)
+        await settle()
+        use = budget.use_by_kind()
+        assert use["feed"] == 4 * FEED_ENTRY_BYTES and use["data"] > 4 * DATA_ENTRY_BYTES
+        await partitions[0].close()
+        assert len(budget) == 2 and budget.used == 2 * FEED_ENTRY_BYTES + partitions[1].data_cache.charged
+        await partitions[1].close()
+        assert budget.used == 0 and len(budget) == 0
 
     run(scenario)

@@ -1,0 +1,42 @@
+"""Smoke run of every bench.curves module in its --quick form: each prints its table, its baseline and the load
+average, and stops what it started. Figures are never asserted here (speed is measured in bench/, not tests)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bench.curves import consumers, etcd, failover, log_size, memory, offered_load, partitions
+
+pytestmark = pytest.mark.slow
+
+CURVES = {
+    "memory": (memory, ["1 partition", "16 partitions", "growth - churn <= budget", "a server owning no partition"]),
+    "offered_load": (offered_load, ["1,000/s offered", "10,000/s offered", "p99.9 ms", "baselines (same run)"]),
+    "partitions": (partitions, ["1 partition, 1 server", "4 partitions, 2 servers", "16 partitions, 2 servers",
+                                "slowest share"]),
+    "consumers": (consumers, ["1 consumer", "10 consumers", "50 consumers", "server CPU us/delivered"]),
+    "log_size": (log_size, ["storage node, empty log (baseline)", "storage node, 100,000 records",
+                            "server takeover, 100,000 transactions"]),
+    "failover": (failover, ["kill to first commit s", "kill to session expiry s"]),
+    "etcd": (etcd, ["etcd 3.4, 3 members", "Waltz: 100 writers", "x etcd"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CURVES))
+def test_the_quick_form_prints_its_table(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    module, expected = CURVES[name]
+    if module is etcd and not all(shutil.which(p) for p in ("etcd", "etcdctl", "go")):
+        pytest.skip(f"etcd side by side needs: apt-get install {etcd.PACKAGES}")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert module.main(["--quick", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("load average (1 min): start "), out
+    for text in expected:
+        assert text in out, f"{text!r} missing from:\n{out}"
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
+    assert not left, f"processes left running: {[p.cmdline() for p in left]}"
