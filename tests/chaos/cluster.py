@@ -103,6 +103,7 @@ class Writer:
         self.pace_s = pace_s
         self.appends: list[Append] = []
         self.futures: list[asyncio.Future[bool]] = []
+        self.acked_at: list[float] = []  # time.monotonic() of each acknowledgement, in order
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -123,8 +124,13 @@ class Writer:
                 append.outcome = exc
                 continue
             future.add_done_callback(append.settle)
+            future.add_done_callback(self._acknowledged)
             self.futures.append(future)
             await asyncio.sleep(self.pace_s)
+
+    def _acknowledged(self, future: asyncio.Future[bool]) -> None:
+        if not future.cancelled() and future.exception() is None and future.result() is True:
+            self.acked_at.append(time.monotonic())
 
     async def acknowledged_at_least(self, count: int, what: str, timeout: float = 120.0) -> int:
         await until(lambda: self.acknowledged >= count, f"{count} acknowledged appends ({what})", timeout)

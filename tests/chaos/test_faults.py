@@ -63,10 +63,12 @@ def on_cluster(
         assert len(set(bodies.values())) == 1, {name: len(body) for name, body in bodies.items()}
 
 
-async def check_run(cluster: LocalCluster, writer: Writer | Sequence[Writer], name: str) -> None:
+async def check_run(
+    cluster: LocalCluster, writer: Writer | Sequence[Writer], name: str, read_timeout: float = 120.0
+) -> None:
     """The common end of every scenario: the history of every writer against the log and the replicas."""
     writers = [writer] if isinstance(writer, Writer) else list(writer)
-    log = await read_everything({**cluster.client_config(), **CLIENT})
+    log = await read_everything({**cluster.client_config(), **CLIENT}, read_timeout)
     appends = [a for w in writers for a in w.appends]
     verdict = check(appends, log, PARTITIONS)
     report(name, verdict.summary())

@@ -16,6 +16,7 @@ from typing import Any
 
 from tests.chaos.cluster import (
     CLIENT,
+    DEADLINE_S,
     Recorder,
     Writer,
     assignment,
@@ -51,7 +52,11 @@ class Writers:
 
 @contextlib.asynccontextmanager
 async def writing_from(
-    cluster: LocalCluster, clients: int = CLIENTS, submitters: int = SUBMITTERS
+    cluster: LocalCluster,
+    clients: int = CLIENTS,
+    submitters: int = SUBMITTERS,
+    pace_s: float = 0.002,
+    limit: int = 5000,
 ) -> AsyncIterator[Writers]:
     async with contextlib.AsyncExitStack() as stack:
         writers = []
@@ -60,9 +65,9 @@ async def writing_from(
             config = {**cluster.client_config(), **CLIENT}
             client = await stack.enter_async_context(AsyncWaltzClient(fed, config))
             await client.wait_mounted()
-            writers += [Writer(client, fed) for _ in range(submitters)]
+            writers += [Writer(client, fed, pace_s) for _ in range(submitters)]
         for writer in writers:
-            writer.start()
+            writer.start(limit)
         try:
             yield Writers(writers)
         finally:
@@ -74,6 +79,7 @@ def on_own_zookeeper(
     scenario: Callable[[ZooKeeperProcess, LocalCluster], Awaitable[None]],
     servers: int = 2,
     proxied: bool = False,
+    deadline: float = DEADLINE_S,
     **server_overrides: Any,
 ) -> None:
     zookeeper = ZooKeeperProcess(tmp_path / "zookeeper", port=free_port())
@@ -83,7 +89,7 @@ def on_own_zookeeper(
             tmp_path / "cluster", zookeeper.connect_string, "/waltz/chaos", servers, proxied, **server_overrides
         )
         with cluster:
-            run(lambda: scenario(zookeeper, cluster))
+            run(lambda: scenario(zookeeper, cluster), deadline)
     finally:
         zookeeper.stop()
 
