@@ -128,6 +128,9 @@ class Writer:
             self.futures.append(future)
             await asyncio.sleep(self.pace_s)
 
+    def acknowledgement_times(self) -> list[float]:
+        return self.acked_at
+
     def _acknowledged(self, future: asyncio.Future[bool]) -> None:
         if not future.cancelled() and future.exception() is None and future.result() is True:
             self.acked_at.append(time.monotonic())

@@ -36,7 +36,8 @@ from pathlib import Path
 from tests.chaos.cluster import healthy_owners
 from tests.chaos.test_faults import check_run, report
 from tests.chaos.test_zookeeper_faults import Writers, on_own_zookeeper, writing_from
-from tests.chaos.timing import Recovery, merged, recovery, table
+from tests.chaos.timed import timed_fault
+from tests.chaos.timing import Recovery, table
 from waltz_common.testing.local_cluster import LocalCluster, ManagedProcess
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 
@@ -124,7 +125,7 @@ async def soak(
         await load.acknowledged_at_least(STEADY, "before the first fault")
         try:
             while time.monotonic() - started < seconds:
-                await through(zookeeper, cluster, load, choose(rng, zookeeper, cluster), outcome)
+                await through(cluster, load, choose(rng, zookeeper, cluster), outcome)
                 await asyncio.sleep(rng.uniform(0.5, 3))
         except AssertionError as exc:  # stalled: no recovery in time
             outcome.violations.append(f"stalled: {exc}")
@@ -134,21 +135,18 @@ async def soak(
     return load
 
 
-async def through(
-    zookeeper: ZooKeeperProcess, cluster: LocalCluster, load: Writers, fault: Fault, outcome: Outcome
-) -> None:
+async def through(cluster: LocalCluster, load: Writers, fault: Fault, outcome: Outcome) -> None:
     """Inflict, hold, heal; wait for healthy owners and STEADY acknowledgements; record the recovery."""
-    fault_at = time.monotonic()
-    await asyncio.to_thread(fault.inflict)
-    try:
-        await asyncio.sleep(fault.hold_s)
-    finally:
-        await asyncio.to_thread(fault.heal)
-    healed_at = time.monotonic()
-    acked = load.acknowledged
-    await healthy_owners(cluster, RECOVERY_TIMEOUT_S)
-    await load.acknowledged_at_least(acked + STEADY, f"after {fault.kind} of {fault.target} healed", RECOVERY_TIMEOUT_S)
-    found = recovery(fault.kind, merged(*(w.acked_at for w in load.writers)), fault_at, healed_at)
+    found, _ = await timed_fault(
+        load,
+        fault.kind,
+        fault.inflict,
+        fault.heal,
+        fault.hold_s,
+        STEADY,
+        settle=lambda: healthy_owners(cluster, RECOVERY_TIMEOUT_S),
+        timeout=RECOVERY_TIMEOUT_S,
+    )
     outcome.recoveries.append(found)
     outcome.faults.append({"kind": fault.kind, "target": fault.target, **asdict(found)})
     report("soak", f"{fault.kind} of {fault.target}: {found.describe()}; {load.acknowledged} acknowledged")

@@ -26,6 +26,7 @@ from tests.chaos.cluster import (
     until,
 )
 from tests.chaos.test_faults import STEP, check_run, report
+from tests.chaos.timing import merged
 from waltz_client import AsyncWaltzClient
 from waltz_common.testing.fault_proxy import FaultProxy
 from waltz_common.testing.local_cluster import LocalCluster, free_port
@@ -44,6 +45,9 @@ class Writers:
     @property
     def acknowledged(self) -> int:
         return sum(w.acknowledged for w in self.writers)
+
+    def acknowledgement_times(self) -> list[float]:
+        return merged(*(w.acked_at for w in self.writers))
 
     async def acknowledged_at_least(self, count: int, what: str, timeout: float = 120.0) -> int:
         await until(lambda: self.acknowledged >= count, f"{count} acknowledged appends ({what})", timeout)
