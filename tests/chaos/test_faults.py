@@ -53,10 +53,15 @@ def report(name: str, text: str) -> None:
 
 
 def on_cluster(
-    zookeeper: ZooKeeperProcess, cluster_root: str, workdir: Path, scenario: Callable[[LocalCluster], Awaitable[None]]
+    zookeeper: ZooKeeperProcess,
+    cluster_root: str,
+    workdir: Path,
+    scenario: Callable[[LocalCluster], Awaitable[None]],
+    servers: int = 2,
+    proxied: bool = False,
 ) -> None:
     """Run the scenario on a fresh cluster; once it stopped, compare the replicas' data files."""
-    with chaos_cluster(workdir, zookeeper.connect_string, cluster_root) as cluster:
+    with chaos_cluster(workdir, zookeeper.connect_string, cluster_root, servers, proxied) as cluster:
         run(lambda: scenario(cluster))
     for pid in range(PARTITIONS):
         bodies = segment_bodies(cluster, pid)
