@@ -148,8 +148,10 @@ async def through(cluster: LocalCluster, load: Writers, fault: Fault, outcome: O
         timeout=RECOVERY_TIMEOUT_S,
     )
     outcome.recoveries.append(found)
-    outcome.faults.append({"kind": fault.kind, "target": fault.target, **asdict(found)})
-    report("soak", f"{fault.kind} of {fault.target}: {found.describe()}; {load.acknowledged} acknowledged")
+    # the wall clock of the fault, to find it in the processes' logs
+    at = time.strftime("%H:%M:%S", time.gmtime(time.time() - (time.monotonic() - found.fault_at)))
+    outcome.faults.append({"kind": fault.kind, "target": fault.target, "utc": at, **asdict(found)})
+    report("soak", f"{at} UTC {fault.kind} of {fault.target}: {found.describe()}; {load.acknowledged} acknowledged")
 
 
 def heal_everything(zookeeper: ZooKeeperProcess, cluster: LocalCluster) -> None:
