@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.cluster import PARTITIONS, assignment, healthy_owners, servers_by_id, sessions, writing
+from tests.chaos.cluster import PARTITIONS, assignment, healthy_owners, servers_by_id, sessions, until, writing
 from tests.chaos.test_faults import STEP, check_run, on_cluster, report
 from tests.chaos.test_zookeeper_faults import writing_from
 from tests.chaos.timed import timed_fault
@@ -160,8 +160,11 @@ def test_a_server_cut_off_from_zookeeper_past_its_session_timeout(
 
             async def expired() -> None:
                 await asyncio.sleep(2 * SESSION_TIMEOUT_S)
-                owners = await asyncio.to_thread(assignment, cluster)
-                assert all(owners[pid].server_id != victim_id for pid in moved), f"{moved} did not move: {owners}"
+                await until(
+                    lambda: all(assignment(cluster)[pid].server_id != victim_id for pid in moved),
+                    f"partitions {moved} moved off server {victim_id}",
+                    30,
+                )
 
             name = "zookeeper link blackhole"
             found, during = await timed_fault(
