@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -124,16 +125,17 @@ class Writer:
                 append.outcome = exc
                 continue
             future.add_done_callback(append.settle)
-            future.add_done_callback(self._acknowledged)
+            future.add_done_callback(partial(self._acknowledged, append))
             self.futures.append(future)
             await asyncio.sleep(self.pace_s)
 
     def acknowledgement_times(self) -> list[float]:
         return self.acked_at
 
-    def _acknowledged(self, future: asyncio.Future[bool]) -> None:
+    def _acknowledged(self, append: Append, future: asyncio.Future[bool]) -> None:
         if not future.cancelled() and future.exception() is None and future.result() is True:
-            self.acked_at.append(time.monotonic())
+            append.acked_at = time.monotonic()
+            self.acked_at.append(append.acked_at)
 
     async def acknowledged_at_least(self, count: int, what: str, timeout: float = 120.0) -> int:
         await until(lambda: self.acknowledged >= count, f"{count} acknowledged appends ({what})", timeout)

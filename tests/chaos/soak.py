@@ -202,7 +202,8 @@ def keep_history(directory: Path, load: Writers) -> None:
             for a in writer.appends:
                 outcome = a.outcome if isinstance(a.outcome, bool | None) else repr(a.outcome)
                 record = {"run": writer.run_id, "seq": a.seq, "partition": a.partition, "outcome": outcome}
-                out.write(json.dumps({**record, "executions": a.executions, "data": a.data.decode()}) + "\n")
+                record |= {"executions": a.executions, "acked_at": a.acked_at, "data": a.data.decode()}
+                out.write(json.dumps(record) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
