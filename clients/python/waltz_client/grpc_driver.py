@@ -14,6 +14,7 @@ from kazoo.exceptions import NoNodeError
 
 from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_client.config import ClientConfig
+from waltz_client.connection import MAX_RECONNECT_DELAY_S
 from waltz_client.driver import ClusterInfo, Driver, Ownership, ServerStream, Topology
 from waltz_client.errors import StreamClosedError, WaltzError
 from waltz_common import zk as zkmeta
@@ -157,10 +158,16 @@ class GrpcDriver(Driver):
     def _channel(self, endpoint: str) -> grpc.aio.Channel:
         channel = self._channels.get(endpoint)
         if channel is None:
+            # The channel lives as long as the client: its own reconnect backoff (1 s growing 1.6 times per
+            # failure up to 120 s by default) must not outgrow the connection manager's, or a server back after
+            # an outage (a restart: its GOAWAY starts the backoff) is reached only many seconds later.
+            backoff_ms = int(MAX_RECONNECT_DELAY_S * 1000)
             channel = grpc.aio.insecure_channel(endpoint, options=[
                 ("grpc.keepalive_time_ms", self.config.keepalive_time_ms),
                 ("grpc.keepalive_timeout_ms", 20000),
                 ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
+                ("grpc.max_reconnect_backoff_ms", backoff_ms),
             ])
             self._channels[endpoint] = channel
         return channel
