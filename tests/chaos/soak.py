@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tests.chaos.cluster import healthy_owners
+from tests.chaos.cluster import PARTITIONS, healthy_owners
 from tests.chaos.test_faults import check_run, report
 from tests.chaos.test_zookeeper_faults import Writers, on_own_zookeeper, writing_from
 from tests.chaos.timed import timed_fault
@@ -146,6 +146,7 @@ async def through(cluster: LocalCluster, load: Writers, fault: Fault, outcome: O
         STEADY,
         settle=lambda: healthy_owners(cluster, RECOVERY_TIMEOUT_S),
         timeout=RECOVERY_TIMEOUT_S,
+        partitions=PARTITIONS,
     )
     outcome.recoveries.append(found)
     # the wall clock of the fault, to find it in the processes' logs

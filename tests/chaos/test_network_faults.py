@@ -73,6 +73,7 @@ def test_a_server_partitioned_from_one_two_and_all_storage_nodes(
                     hold,
                     STEP,
                     settle=partial(healthy_owners, cluster),
+                    partitions=PARTITIONS,
                 )
                 report(name, f"{found.describe()}; {during} acknowledged during the fault")
                 if count > 1:
@@ -101,7 +102,9 @@ def test_a_client_partitioned_from_one_of_its_servers(
         async with writing(cluster) as writer:
             await writer.acknowledged_at_least(STEP, "before the partition")
             name = f"client link {mode}"
-            found, during = await timed_fault(writer, name, getattr(link, mode), link.heal, HOLD_S, STEP)
+            found, during = await timed_fault(
+                writer, name, getattr(link, mode), link.heal, HOLD_S, STEP, partitions=PARTITIONS
+            )
             report(name, f"{victim.name} (server {victim_id}): {found.describe()}; {during} acknowledged meanwhile")
         await check_run(cluster, writer, name)
 
@@ -168,7 +171,14 @@ def test_a_server_cut_off_from_zookeeper_past_its_session_timeout(
 
             name = "zookeeper link blackhole"
             found, during = await timed_fault(
-                load, name, link.blackhole, link.heal, expired, STEP, settle=lambda: healthy_owners(cluster)
+                load,
+                name,
+                link.blackhole,
+                link.heal,
+                expired,
+                STEP,
+                settle=lambda: healthy_owners(cluster),
+                partitions=PARTITIONS,
             )
             after = await asyncio.to_thread(assignment, cluster)
             generations = [{p: (o.server_id, o.generation) for p, o in sorted(a.items())} for a in (before, after)]

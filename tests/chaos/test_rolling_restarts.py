@@ -79,7 +79,14 @@ def test_a_rolling_restart_of_every_process_under_load(how: str, tmp_path: Path)
             for name, stop, start in steps:
                 began = time.monotonic()
                 found, _ = await timed_fault(
-                    load, f"{how} {name}", stop, start, 0.0, STEP, settle=partial(fully_healthy, cluster)
+                    load,
+                    f"{how} {name}",
+                    stop,
+                    start,
+                    0.0,
+                    STEP,
+                    settle=partial(fully_healthy, cluster),
+                    partitions=PARTITIONS,
                 )
                 recoveries.append(found)
                 report(

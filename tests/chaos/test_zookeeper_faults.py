@@ -49,6 +49,9 @@ class Writers:
     def acknowledgement_times(self) -> list[float]:
         return merged(*(w.acked_at for w in self.writers))
 
+    def partitions_acknowledged_since(self, moment: float) -> set[int]:
+        return set().union(*(w.partitions_acknowledged_since(moment) for w in self.writers))
+
     async def acknowledged_at_least(self, count: int, what: str, timeout: float = 120.0) -> int:
         await until(lambda: self.acknowledged >= count, f"{count} acknowledged appends ({what})", timeout)
         return self.acknowledged

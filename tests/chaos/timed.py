@@ -7,6 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from tests.chaos.cluster import until
 from tests.chaos.timing import Recovery, recovery
 
 
@@ -17,6 +18,8 @@ class Load(Protocol):
     def acknowledged(self) -> int: ...
 
     def acknowledgement_times(self) -> list[float]: ...
+
+    def partitions_acknowledged_since(self, moment: float) -> set[int]: ...
 
     async def acknowledged_at_least(self, count: int, what: str, timeout: float = 120.0) -> int: ...
 
@@ -30,9 +33,11 @@ async def timed_fault(
     after: int,
     settle: Callable[[], Awaitable[object]] | None = None,
     timeout: float = 120.0,
+    partitions: int = 0,
 ) -> tuple[Recovery, int]:
     """Inflict (in a thread: it may wait for a process), hold it (seconds, or until an awaitable ends), heal,
-    await settle (e.g. healthy owners), then wait for `after` more acknowledged appends within timeout. The
+    await settle (e.g. healthy owners), then wait for `after` more acknowledged appends within timeout and, given
+    partitions, for one on each (those in flight at the healing may all be on partitions the fault spared). The
     recovery, and the appends acknowledged while the fault was held."""
     fault_at = time.monotonic()
     before = load.acknowledged
@@ -47,4 +52,10 @@ async def timed_fault(
     if settle is not None:
         await settle()
     await load.acknowledged_at_least(acked + after, f"{after} after {kind} healed", timeout)
+    if partitions:
+        await until(
+            lambda: len(load.partitions_acknowledged_since(healed_at)) >= partitions,
+            f"an acknowledged append on each of the {partitions} partitions after {kind} healed",
+            timeout,
+        )
     return recovery(kind, load.acknowledgement_times(), fault_at, healed_at), during
