@@ -1,4 +1,4 @@
-"""A client reaches a server that comes back after an outage within its own retry interval (about 1 s).
+"""A lost server or ZooKeeper is tried again about every second, and reached soon after it is back.
 
 gRPC's channel backs off between connection attempts on its own: 1 s, then 1.6 times more after every failure, up
 to 120 s. The client keeps one channel per server for ever, so after a server had been unreachable for a while the
@@ -6,6 +6,9 @@ channel tried again only every 5, 10, 20 s... and a server back meanwhile stayed
 a graceful restart did: the stopping server's GOAWAY starts the backoff at the beginning of its 10 s grace period,
 and the clients reached the restarted server 5-10 s after it was ready, with every append to its partitions (and a
 round-robin writer's others with them) stalled meanwhile.
+
+kazoo does the same for ZooKeeper, doubling from 0.1 s up to an hour: after ZooKeeper was down for 30 s every
+server, storage node and client reconnected up to 20 s after it was back, servers holding appends meanwhile.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ import contextlib
 import time
 
 import grpc
+from kazoo.protocol.states import KazooState
 
 from waltz.v1 import server_pb2, server_pb2_grpc
 from waltz_client.config import ClientConfig
 from waltz_client.grpc_driver import GrpcDriver
+from waltz_common import zk as zkmeta
 from waltz_common.testing.fault_proxy import FaultProxy
+from waltz_common.testing.zookeeper import ZooKeeperProcess
 
 OUTAGE_S = 12.0
 
@@ -68,3 +74,29 @@ def test_a_client_tries_a_lost_server_again_every_second_and_reaches_it_soon_aft
     # gRPC's own backoff alone makes 5 or 6 attempts in 12 s (at about 0, 1, 2.6, 5.2, 9.3 s)
     assert attempts >= OUTAGE_S * 0.75, f"only {attempts} connection attempts in {OUTAGE_S:g} s"
     assert took < 2.5, f"the server was reached {took:.1f} s after it was back"
+
+
+def test_a_zookeeper_client_tries_a_lost_zookeeper_again_every_second_and_reconnects_soon_after_it_is_back(
+    zookeeper: ZooKeeperProcess,
+) -> None:
+    with FaultProxy(zookeeper.connect_string) as proxy:
+        zk = zkmeta.connect(proxy.address, session_timeout_s=60)
+        try:
+            proxy.cut()
+            before = proxy.connections_made
+            time.sleep(OUTAGE_S)
+            attempts = proxy.connections_made - before
+            assert zk.state != KazooState.CONNECTED
+            proxy.heal()
+            healed = time.monotonic()
+            while zk.state != KazooState.CONNECTED:
+                assert time.monotonic() - healed < 60, "ZooKeeper was never reached again"
+                time.sleep(0.02)
+            took = time.monotonic() - healed
+        finally:
+            zk.stop()
+            zk.close()
+    print(f"[reconnect] kazoo: {attempts} connection attempts in a {OUTAGE_S:g} s outage; back {took:.2f} s after it")
+    # kazoo's own backoff alone makes about 6 attempts in 12 s (at about 0.1, 0.3, 0.7, 1.5, 3.1, 6.3 s)
+    assert attempts >= OUTAGE_S * 0.75, f"only {attempts} connection attempts in {OUTAGE_S:g} s"
+    assert took < 2.5, f"ZooKeeper was reached {took:.1f} s after it was back"
