@@ -9,7 +9,7 @@ acknowledged append and the longest stretch without one (tests/chaos/timing.py);
   proxy in front of a node is the server's link to it): with one gone the other two go on; with two or three
   gone nothing is acknowledged beyond the appends already in flight, and appends go on once healed;
 - a client partitioned from one of the two servers (the server's client port proxy);
-- a slow replica: 100 ms per message on one storage node's link; appends go on at the other two's pace;
+- a slow replica: 100 ms per message on one storage node's link; appends go on, the replica stays in the write set;
 - a server cut off from ZooKeeper (its ZooKeeper link blackholed) past its session timeout while clients
   keep writing: its partitions move to the other server, and it comes back once healed.
 """
@@ -112,8 +112,11 @@ def test_a_client_partitioned_from_one_of_its_servers(
 
 
 def test_a_slow_replica_does_not_slow_appends(zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path) -> None:
-    """100 ms on every message to and from one storage node: a quorum is the other two, so appends go on at
-    their pace (the rates are reported, not asserted); once healed the slow one has caught up."""
+    """100 ms on every message to and from one storage node: a quorum is the other two, so appends go on and the
+    slow replica stays in the write set (it never lags a quorum by storage.replicaLagTimeout); once healed it holds
+    what the others do. Not at the other two's pace, though (the rates are reported, not asserted): each replica
+    takes at most 8 batches not yet answered (waltz_server.store.write_set.MAX_OUTSTANDING_BATCHES), so a partition
+    commits at most 8 batches per round trip of its slowest replica (382 -> 229 appends/s here, one writer)."""
 
     async def scenario(cluster: LocalCluster) -> None:
         await healthy_owners(cluster)
@@ -138,6 +141,7 @@ def test_a_slow_replica_does_not_slow_appends(zookeeper: ZooKeeperProcess, clust
                 f"appends acknowledged {', '.join(rates)}; store sessions {'kept' if kept else 'ended'} "
                 f"(generation, session, hwm) {before} -> {during}",
             )
+            assert kept, "the slow replica's sessions ended: it was dropped from the write set"
         await check_run(cluster, writer, "slow replica")
 
     on_cluster(zookeeper, cluster_root, tmp_path, scenario, servers=1, proxied=True)
