@@ -162,7 +162,7 @@ def test_a_server_cut_off_from_zookeeper_past_its_session_timeout(
         link = victim.zookeeper_proxy
         assert link is not None
         moved = sorted(pid for pid, o in before.items() if o.server_id == victim_id)
-        async with writing_from(cluster, clients=2, submitters=2) as load:
+        async with writing_from(cluster, clients=2, submitters=2, limit=10**9) as load:  # bounded by the steps
             await load.acknowledged_at_least(STEP, "before the partition")
 
             async def expired() -> None:

@@ -74,7 +74,7 @@ def test_a_rolling_restart_of_every_process_under_load(how: str, tmp_path: Path)
             ("zookeeper", zookeeper.stop if how == "SIGTERM" else zookeeper.kill, zookeeper.start),
         ]
         recoveries = []
-        async with writing_from(cluster, clients=2, submitters=2) as load:
+        async with writing_from(cluster, clients=2, submitters=2, limit=10**9) as load:  # bounded by the steps
             await load.acknowledged_at_least(STEP, "before the restarts")
             for name, stop, start in steps:
                 began = time.monotonic()
