@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +113,14 @@ class Writer:
         self.pace_s = pace_s
         self.appends: list[Append] = []
         self.futures: list[asyncio.Future[bool]] = []
+        self.acked_at: list[float] = []  # time.monotonic() of each acknowledgement, in order
+        self.last_acked: dict[int, float] = {}  # partition -> time.monotonic() of its latest acknowledgement
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     @property
     def acknowledged(self) -> int:
-        return sum(1 for a in self.appends if a.outcome is True)
+        return len(self.acked_at)
 
     def start(self, limit: int = 5000) -> None:
         self._task = asyncio.create_task(self._write(limit))
@@ -132,8 +135,21 @@ class Writer:
                 append.outcome = exc
                 continue
             future.add_done_callback(append.settle)
+            future.add_done_callback(partial(self._acknowledged, append))
             self.futures.append(future)
             await asyncio.sleep(self.pace_s)
+
+    def acknowledgement_times(self) -> list[float]:
+        return self.acked_at
+
+    def partitions_acknowledged_since(self, moment: float) -> set[int]:
+        return {p for p, t in self.last_acked.items() if t > moment}
+
+    def _acknowledged(self, append: Append, future: asyncio.Future[bool]) -> None:
+        if not future.cancelled() and future.exception() is None and future.result() is True:
+            append.acked_at = time.monotonic()
+            self.acked_at.append(append.acked_at)
+            self.last_acked[append.partition % self.client.num_partitions] = append.acked_at
 
     async def acknowledged_at_least(self, count: int, what: str, timeout: float = 120.0) -> int:
         await until(lambda: self.acknowledged >= count, f"{count} acknowledged appends ({what})", timeout)

@@ -40,6 +40,7 @@ class Append(TransactionContext):
         self.lock_failures = 0
         self.completions: list[bool] = []
         self.outcome: bool | BaseException | None = None  # None: still pending
+        self.acked_at: float | None = None  # time.monotonic() when acknowledged (set by the Writer)
 
     def partition_id(self, num_partitions: int) -> int:
         return self.partition % num_partitions

@@ -60,20 +60,24 @@ def on_cluster(
     workdir: Path,
     scenario: Callable[[LocalCluster], Awaitable[None]],
     tls: bool = False,
+    servers: int = 2,
+    proxied: bool = False,
 ) -> None:
     """Run the scenario on a fresh cluster (mutual TLS on every channel if tls); once it stopped, compare the
     replicas' data files."""
-    with chaos_cluster(workdir, zookeeper.connect_string, cluster_root, tls=tls) as cluster:
+    with chaos_cluster(workdir, zookeeper.connect_string, cluster_root, servers, proxied, tls) as cluster:
         run(lambda: scenario(cluster))
     for pid in range(PARTITIONS):
         bodies = segment_bodies(cluster, pid)
         assert len(set(bodies.values())) == 1, {name: len(body) for name, body in bodies.items()}
 
 
-async def check_run(cluster: LocalCluster, writer: Writer | Sequence[Writer], name: str) -> None:
+async def check_run(
+    cluster: LocalCluster, writer: Writer | Sequence[Writer], name: str, read_timeout: float = 120.0
+) -> None:
     """The common end of every scenario: the history of every writer against the log and the replicas."""
     writers = [writer] if isinstance(writer, Writer) else list(writer)
-    log = await read_everything({**cluster.client_config(), **CLIENT})
+    log = await read_everything({**cluster.client_config(), **CLIENT}, read_timeout)
     appends = [a for w in writers for a in w.appends]
     verdict = check(appends, log, PARTITIONS)
     report(name, verdict.summary())

@@ -16,6 +16,7 @@ from typing import Any
 
 from tests.chaos.cluster import (
     CLIENT,
+    DEADLINE_S,
     Recorder,
     Writer,
     assignment,
@@ -25,6 +26,7 @@ from tests.chaos.cluster import (
     until,
 )
 from tests.chaos.test_faults import STEP, check_run, report
+from tests.chaos.timing import merged
 from waltz_client import AsyncWaltzClient
 from waltz_common.testing.fault_proxy import FaultProxy
 from waltz_common.testing.local_cluster import LocalCluster, free_port
@@ -44,6 +46,12 @@ class Writers:
     def acknowledged(self) -> int:
         return sum(w.acknowledged for w in self.writers)
 
+    def acknowledgement_times(self) -> list[float]:
+        return merged(*(w.acked_at for w in self.writers))
+
+    def partitions_acknowledged_since(self, moment: float) -> set[int]:
+        return set().union(*(w.partitions_acknowledged_since(moment) for w in self.writers))
+
     async def acknowledged_at_least(self, count: int, what: str, timeout: float = 120.0) -> int:
         await until(lambda: self.acknowledged >= count, f"{count} acknowledged appends ({what})", timeout)
         return self.acknowledged
@@ -51,7 +59,11 @@ class Writers:
 
 @contextlib.asynccontextmanager
 async def writing_from(
-    cluster: LocalCluster, clients: int = CLIENTS, submitters: int = SUBMITTERS
+    cluster: LocalCluster,
+    clients: int = CLIENTS,
+    submitters: int = SUBMITTERS,
+    pace_s: float = 0.002,
+    limit: int = 5000,
 ) -> AsyncIterator[Writers]:
     async with contextlib.AsyncExitStack() as stack:
         writers = []
@@ -60,9 +72,9 @@ async def writing_from(
             config = {**cluster.client_config(), **CLIENT}
             client = await stack.enter_async_context(AsyncWaltzClient(fed, config))
             await client.wait_mounted()
-            writers += [Writer(client, fed) for _ in range(submitters)]
+            writers += [Writer(client, fed, pace_s) for _ in range(submitters)]
         for writer in writers:
-            writer.start()
+            writer.start(limit)
         try:
             yield Writers(writers)
         finally:
@@ -74,6 +86,7 @@ def on_own_zookeeper(
     scenario: Callable[[ZooKeeperProcess, LocalCluster], Awaitable[None]],
     servers: int = 2,
     proxied: bool = False,
+    deadline: float = DEADLINE_S,
     **server_overrides: Any,
 ) -> None:
     zookeeper = ZooKeeperProcess(tmp_path / "zookeeper", port=free_port())
@@ -83,7 +96,7 @@ def on_own_zookeeper(
             tmp_path / "cluster", zookeeper.connect_string, "/waltz/chaos", servers, proxied, **server_overrides
         )
         with cluster:
-            run(lambda: scenario(zookeeper, cluster))
+            run(lambda: scenario(zookeeper, cluster), deadline)
     finally:
         zookeeper.stop()
 

@@ -14,6 +14,9 @@ from waltz_client.errors import StreamClosedError
 from waltz_client.tasks import TaskSet
 from waltz_client.wire import message_partitions
 
+MAX_RECONNECT_DELAY_S = 1.0
+"""The longest wait between two attempts to open a server's stream (the gRPC channel's own backoff too)."""
+
 log = logging.getLogger(__name__)
 
 Dispatch = Callable[["ServerConnection", int, server_pb2.ServerMessage | None], Awaitable[None]]
@@ -130,7 +133,7 @@ class ConnectionManager:
                 self.reconnects += 1
             failures = self._failures.get(endpoint, 0)
             if failures:
-                await asyncio.sleep(min(1.0, 0.05 * 2 ** (failures - 1)))
+                await asyncio.sleep(min(MAX_RECONNECT_DELAY_S, 0.05 * 2 ** (failures - 1)))
             self._failures[endpoint] = failures + 1  # reset once the stream delivers something
             self._seq_num += 1
             stream = await self._driver.open_stream(endpoint)

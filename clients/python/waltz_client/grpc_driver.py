@@ -12,6 +12,7 @@ from kazoo.client import KazooClient
 
 from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_client.config import ClientConfig
+from waltz_client.connection import MAX_RECONNECT_DELAY_S
 from waltz_client.driver import ClusterInfo, Driver, ServerStream, Topology
 from waltz_client.errors import StreamClosedError, WaltzError
 from waltz_common import tls
@@ -99,10 +100,16 @@ class GrpcDriver(Driver):
             channel = None
         if channel is None:
             self._tls_stamp = stamp
+            # The channel lives as long as the client: its own reconnect backoff (1 s growing 1.6 times per
+            # failure up to 120 s by default) must not outgrow the connection manager's, or a server back after
+            # an outage (a restart: its GOAWAY starts the backoff) is reached only many seconds later.
+            backoff_ms = int(MAX_RECONNECT_DELAY_S * 1000)
             channel = tls.aio_channel(endpoint, files, [
                 ("grpc.keepalive_time_ms", self.config.keepalive_time_ms),
                 ("grpc.keepalive_timeout_ms", 20000),
                 ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
+                ("grpc.max_reconnect_backoff_ms", backoff_ms),
             ])
             self._channels[endpoint] = channel
         return channel
