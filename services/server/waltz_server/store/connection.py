@@ -14,6 +14,7 @@ from waltz.v1 import storage_pb2
 from waltz_common import tls
 from waltz_common import zk as zkmeta
 from waltz_common.zk import ZkPaths
+from waltz_server.store.events import first_to_end
 from waltz_server.store.settings import Backoff, StoreSettings
 from waltz_server.store.wire import open_request, request_body, response_body
 
@@ -265,9 +266,8 @@ class StorageConnection:
             stream = self._stream = _Stream(self._epoch)
             self._up.set()
             log.info("storage %s: connected (epoch %d)", self.connect_string, stream.epoch)
-            async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self._write_loop(call, stream))
-                tasks.create_task(self._read_loop(call, stream))
+            # Not a TaskGroup: _run retries after an error, and must not lose close()'s cancellation meanwhile.
+            await first_to_end(self._write_loop(call, stream), self._read_loop(call, stream))
         except BaseException as exc:
             if stream is not None:
                 stream.fail(f"{self.connect_string}: stream lost ({_describe(exc)})")

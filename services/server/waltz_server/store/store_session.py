@@ -23,7 +23,7 @@ from waltz_server.recovery import (
 )
 from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
 from waltz_server.store.connection import StorageConnection, StorageConnections, StorageError
-from waltz_server.store.events import Signal
+from waltz_server.store.events import Signal, first_to_end
 from waltz_server.store.metadata import SessionStart
 from waltz_server.store.replica_session import ReplicaSession
 from waltz_server.store.session_end import (
@@ -32,7 +32,6 @@ from waltz_server.store.session_end import (
     SessionRestart,
     classify,
     end_reason,
-    leaves,
 )
 from waltz_server.store.settings import Backoff, StoreSettings
 from waltz_server.store.wire import append_pending_request, header_from_proto
@@ -196,30 +195,29 @@ class StoreSession:
             epoch = await connection.wait_connected()
             session = ReplicaSession(connection, epoch, self.partition_id, self.session_id)
             try:
-                async with asyncio.TaskGroup() as tasks:
-                    tasks.create_task(session.wait_lost())
-                    tasks.create_task(self._serve_replica(replica, session))
-            except BaseExceptionGroup as group:
-                errors = [e for e in leaves(group) if not isinstance(e, asyncio.CancelledError)]
-                error = errors[0] if errors else SessionFailed(f"replica {replica} stopped")
-                self._online.pop(replica, None)
-                reason = classify(error)
-                if not isinstance(reason, SessionFailed) or not isinstance(error, StorageError):
-                    raise reason from None
-                if replica in self._writes.members:
-                    raise SessionFailed(f"replica {replica} failed: {error}") from None
-                log.info(
-                    "partition %d session %d: replica %s offline: %s",
-                    self.partition_id,
-                    self.session_id,
-                    replica,
-                    error,
-                )
-                self.replica_detail[replica] = f"offline: {error}"
-                if replica not in self._recovered:
-                    self._manager.replica_offline(replica)
-                    self._changed.notify()
-                await asyncio.sleep(backoff.next_delay())
+                # Not a TaskGroup: see first_to_end (a cancelled session must not go on retrying here).
+                await first_to_end(session.wait_lost(), self._serve_replica(replica, session))
+                error: Exception = SessionFailed(f"replica {replica} stopped")
+            except Exception as e:
+                error = e
+            self._online.pop(replica, None)
+            reason = classify(error)
+            if not isinstance(reason, SessionFailed) or not isinstance(error, StorageError):
+                raise reason from None
+            if replica in self._writes.members:
+                raise SessionFailed(f"replica {replica} failed: {error}") from None
+            log.info(
+                "partition %d session %d: replica %s offline: %s",
+                self.partition_id,
+                self.session_id,
+                replica,
+                error,
+            )
+            self.replica_detail[replica] = f"offline: {error}"
+            if replica not in self._recovered:
+                self._manager.replica_offline(replica)
+                self._changed.notify()
+            await asyncio.sleep(backoff.next_delay())
 
     async def _serve_replica(self, replica: str, session: ReplicaSession) -> None:
         info = await session.last_session_info()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -12,7 +13,7 @@ from waltz_common.record_layout import RECORD_OVERHEAD
 from waltz_common.types import Record, ReqId, crc32
 from waltz_server.store.api import NewRecord
 from waltz_server.store.connection import seq_num_patch
-from waltz_server.store.events import Signal
+from waltz_server.store.events import Signal, first_to_end
 from waltz_server.store.metadata import groups_of, replicas_of
 from waltz_server.store.settings import STORE_KEYS, Backoff, StoreSettings
 from waltz_server.store.wire import append_pending_request, request_body
@@ -78,6 +79,57 @@ def test_signal_wakes_waiters_and_never_misses_a_notify_before_the_wait() -> Non
         assert not waiter.done()
         signal.notify()
         await asyncio.wait_for(waiter, 1)
+
+    asyncio.run(test())
+
+
+def test_first_to_end_returns_or_raises_as_the_first_and_cancels_the_rest() -> None:
+    async def test() -> None:
+        cancelled: list[str] = []
+
+        async def forever(name: str) -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                cancelled.append(name)
+
+        async def fail() -> None:
+            await asyncio.sleep(0)
+            raise ValueError("refused")
+
+        await first_to_end(asyncio.sleep(0), forever("a"))
+        assert cancelled == ["a"]
+        with pytest.raises(ValueError, match="refused"):
+            await first_to_end(forever("b"), fail())
+        assert cancelled == ["a", "b"]
+
+    asyncio.run(test())
+
+
+def test_first_to_end_lets_a_cancellation_through_even_as_a_coro_fails() -> None:
+    """What a 3.11 TaskGroup does not: cancelled in the turn its child failed, it raised the child's
+    error and the caller's retry loop went on (tests/unit/server/store/test_store_session_refused_replica.py)."""
+
+    async def test() -> None:
+        outcomes = set()
+        for hops in range(6):
+
+            async def fail() -> None:
+                await asyncio.sleep(0)
+                raise ValueError("refused")
+
+            async def retrying() -> None:
+                while True:
+                    with contextlib.suppress(ValueError):
+                        await first_to_end(asyncio.Event().wait(), fail())
+
+            task = asyncio.create_task(retrying())
+            for _ in range(hops):
+                await asyncio.sleep(0)
+            task.cancel()
+            done, _ = await asyncio.wait([task], timeout=1)
+            outcomes.add(bool(done) and task.cancelled())
+        assert outcomes == {True}
 
     asyncio.run(test())
 
