@@ -276,6 +276,10 @@ def test_chart_pods_run_the_bank_demo_survive_a_restart_scale_out_and_a_rolling_
             assert sorted(replicas[0]) == [0, 1, 2, 3] and all(sorted(replicas[p]) == [0, 1, 2] for p in (1, 2, 3))
             assert {p: len(held[0]) - 1 for p, held in replicas.items()} == more.high_water_marks
             assert deployment.waltz("cluster", "verify").rstrip().endswith("PASSED")
+        except BaseException:
+            for name in deployment.containers:  # pytest shows them with the failure
+                print(f"===== the logs of {name} (last 30000 characters)\n{logs(name)[-30000:]}")
+            raise
         finally:
             remove(deployment.containers, deployment.volumes)
     print(f"container test: {time.monotonic() - started:.1f} s")
