@@ -278,7 +278,7 @@ def test_chart_pods_run_the_bank_demo_survive_a_restart_scale_out_and_a_rolling_
             assert deployment.waltz("cluster", "verify").rstrip().endswith("PASSED")
         except BaseException:
             for name in deployment.containers:  # pytest shows them with the failure
-                print(f"===== the logs of {name} (last 30000 characters)\n{logs(name)[-30000:]}")
+                print(f"===== the logs of {name} (last 8000 characters)\n{logs(name)[-8000:]}")
             raise
         finally:
             remove(deployment.containers, deployment.volumes)
