@@ -135,6 +135,7 @@ async def _serve(
         # close the partitions while the streams are still up: each feed ends with a NOT_READY for its
         # mount, so that clients mount again at the next owner at once rather than when the stream ends
         await manager.close_all()
+        service.end_streams()  # the client streams end once they have written those NOT_READYs
         await server.stop(config["server.shutdownGraceSeconds"])
         return 0
     finally:

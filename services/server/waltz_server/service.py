@@ -20,11 +20,13 @@ from waltz_server.discovery import ClusterView
 from waltz_server.ownership import PartitionManager
 from waltz_server.partition import Partition
 from waltz_server.store.api import StoreUnavailable
+from waltz_server.store.events import first_to_end
 from waltz_server.transaction_data import RangeError, batch_size, read_range, transaction_data
 
 log = logging.getLogger(__name__)
 
 Connectivity = Callable[[], Awaitable[dict[str, tuple[bool, str]]]]
+SHUTTING_DOWN = "the server is shutting down: its partitions are elsewhere now"
 
 
 class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
@@ -44,17 +46,34 @@ class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
         self._queue_size = stream_queue_size
         self._connectivity = connectivity
         self._streams: set[ClientStream] = set()
+        self._stopping: asyncio.Event | None = None
+
+    def end_streams(self) -> None:
+        """Shutting down: every client Stream writes out what is queued for it (the NOT_READY answers of
+        the closed partitions), then ends with UNAVAILABLE, and new ones are refused likewise, so that
+        the gRPC server's stop does not wait out its grace for clients that keep their streams open."""
+        self._stopping_event().set()
+
+    def _stopping_event(self) -> asyncio.Event:
+        if self._stopping is None:
+            self._stopping = asyncio.Event()
+        return self._stopping
 
     async def Stream(
         self, request_iterator: AsyncIterator[server_pb2.ClientMessage], context: grpc.aio.ServicerContext
     ) -> None:
+        stopping = self._stopping_event()
+        if stopping.is_set():
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN)
         stream = ClientStream(self._manager, self._server_id(), self._queue_size, 4 * self._settings.feed_batch_size)
         self._streams.add(stream)
         aborted: StreamAborted | None = None
         try:
             writer = asyncio.create_task(stream.write(context))
             try:
-                await stream.read(request_iterator)
+                await first_to_end(stream.read(request_iterator), stopping.wait())
+                if stopping.is_set():
+                    aborted = StreamAborted(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN)
                 await stream.drain(context)
             except StreamAborted as exc:
                 aborted = exc

@@ -5,10 +5,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -30,6 +33,15 @@ def wait_for_line(process: subprocess.Popen, log: Path, marker: str, timeout: fl
     raise AssertionError(f"no {marker!r} from waltz-server:\n{log.read_text()[-3000:]}")
 
 
+def start_server(tmp_path: Path, config: dict) -> tuple[subprocess.Popen, Path]:
+    """`waltz-server` on CONFIG written to tmp_path, its stderr going to the log file it returns."""
+    (tmp_path / "server.yaml").write_text(yaml.safe_dump(config))
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([str(BIN / "waltz-server"), str(tmp_path / "server.yaml")], stderr=out)
+    return process, log
+
+
 def test_server_process_serves_and_stops_cleanly(zookeeper, zk, cluster_root, tmp_path):
     paths = ZkPaths(cluster_root)
     cluster_admin.create_cluster(zk, paths, "test", 2)
@@ -41,10 +53,7 @@ def test_server_process_serves_and_stops_cleanly(zookeeper, zk, cluster_root, tm
         "server.port": port,
         "server.shutdownGraceSeconds": 1,
     }
-    (tmp_path / "server.yaml").write_text(yaml.safe_dump(config))
-    log = tmp_path / "server.log"
-    with log.open("w") as out:
-        process = subprocess.Popen([str(BIN / "waltz-server"), str(tmp_path / "server.yaml")], stderr=out)
+    process, log = start_server(tmp_path, config)
     try:
         ready = wait_for_line(process, log, "waltz-server ready")
         assert f"127.0.0.1:{port} id=" in ready
@@ -68,6 +77,43 @@ def test_server_process_serves_and_stops_cleanly(zookeeper, zk, cluster_root, tm
         assert process.wait(timeout=60) == 0
         assert zk.exists(paths.server(server_id)) is None
     finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+
+
+def test_sigterm_ends_open_client_streams_rather_than_waiting_out_the_grace(zookeeper, zk, cluster_root, tmp_path):
+    """A client keeps its stream open for as long as the server is up; SIGTERM used to wait out the whole
+    shutdownGraceSeconds for it (10 s by default: a rolling restart paid it on every server)."""
+    cluster_admin.create_cluster(zk, ZkPaths(cluster_root), "test", 1)
+    port = free_port()
+    config = {
+        "zookeeper.connectString": zookeeper.connect_string,
+        "cluster.root": cluster_root,
+        "server.port": port,
+        "server.shutdownGraceSeconds": 300,
+    }
+    process, log = start_server(tmp_path, config)
+    release = threading.Event()
+
+    def nothing_until_released() -> Iterator[server_pb2.ClientMessage]:
+        release.wait(120)
+        return
+        yield
+
+    try:
+        wait_for_line(process, log, "waltz-server ready")
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stream = server_pb2_grpc.WaltzServerStub(channel).Stream(nothing_until_released(), timeout=120)
+            time.sleep(1)  # the stream is open at the server
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 0
+            with pytest.raises(grpc.RpcError) as ended:
+                list(stream)
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value
+            assert "shutting down" in str(ended.value.details())
+    finally:
+        release.set()
         if process.poll() is None:
             process.kill()
             process.wait(timeout=30)
