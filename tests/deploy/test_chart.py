@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import kubernetes_validate
@@ -281,3 +283,38 @@ def test_chart_readme_documents_every_value():
     documented = set(re.findall(r"^\| `([^`]+)` \|", readme, re.M))
     missing = [k for k in _leaf_keys(yaml.safe_load((CHART / "values.yaml").read_text())) if k not in documented]
     assert not missing, f"helm/waltz/README.md does not document: {missing}"
+
+
+def zookeeper_probe(port: int) -> list[str]:
+    """The bundled ZooKeeper's readiness probe command, rendered for a ZooKeeper on port."""
+    statefulset = find(manifests(render({"zookeeper": {"port": port}})), "StatefulSet", "-zookeeper")
+    return next(containers(statefulset))["readinessProbe"]["exec"]["command"]
+
+
+def test_the_zookeeper_readiness_probe_passes_a_serving_zookeeper(zookeeper):
+    assert zookeeper.port is not None
+    done = subprocess.run(zookeeper_probe(zookeeper.port), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_zookeeper_readiness_probe_fails_one_that_is_up_but_not_serving():
+    """A ZooKeeper still loading its data, or in an ensemble without a quorum, answers `ruok` with imok
+    (what the probe used to check) and `srvr` with this line."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def answer() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                with conn:
+                    word = conn.recv(4)
+                    conn.sendall(
+                        b"imok" if word == b"ruok" else b"This ZooKeeper instance is not currently serving requests\n"
+                    )
+
+        threading.Thread(target=answer, daemon=True).start()
+        done = subprocess.run(zookeeper_probe(port), capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0

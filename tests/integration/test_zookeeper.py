@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from kazoo.exceptions import BadVersionError, NoNodeError
 
@@ -25,6 +27,7 @@ def test_compare_and_set_by_version(zk, cluster_root):
     zkmeta.write(zk, path, metadata_pb2.PartitionMetadata(generation=1, session_id=1), version=stat.version)
     with pytest.raises(BadVersionError):  # a second writer holding the old version loses
         zkmeta.write(zk, path, metadata_pb2.PartitionMetadata(generation=1, session_id=1), version=stat.version)
+
     def bump(m: metadata_pb2.PartitionMetadata) -> metadata_pb2.PartitionMetadata:
         return metadata_pb2.PartitionMetadata(generation=m.generation, session_id=m.session_id + 1)
 
@@ -78,3 +81,39 @@ def test_scripts_leave_no_process_behind(tmp_path):
         client.close()
     assert not pid_alive(pid)
     assert process.pid is None
+
+
+def srvr(port: int) -> str:
+    """ZooKeeper's answer to the `srvr` four-letter word."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"srvr")
+        answer = b""
+        while chunk := s.recv(4096):
+            answer += chunk
+    return answer.decode()
+
+
+def test_a_started_zookeeper_serves_even_when_it_loads_a_large_log_first(tmp_path):
+    """ZooKeeper answers `ruok` as soon as its port is open, before it has loaded its data and serves
+    sessions; zookeeper-start used to return on that imok, and a client connecting next could time out
+    (a loaded CI machine: 'cannot reach ZooKeeper ... within 10 s'). A 40 MB log makes the gap wide."""
+    process = ZooKeeperProcess(tmp_path / "zookeeper")
+    process.start()
+    try:
+        client = zkmeta.connect(process.connect_string)
+        try:
+            payload = b"x" * 500_000
+            client.ensure_path("/load")
+            for batch in range(8):
+                waits = [client.create_async(f"/load/n{batch}-{i}", payload) for i in range(10)]
+                for wait in waits:
+                    wait.get(timeout=60)
+        finally:
+            client.stop()
+            client.close()
+        process.kill()
+        process.start()
+        assert process.port is not None
+        assert "Mode: standalone" in srvr(process.port)
+    finally:
+        process.stop()
