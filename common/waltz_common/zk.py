@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.protocol.connection import ConnectionHandler
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 
@@ -87,6 +88,21 @@ RECONNECT_MAX_DELAY_S = 1.0
 from 0.1 s up to an hour: after an outage of 30 s, a client came back up to 20 s after ZooKeeper did."""
 
 
+CONNECT_ANSWER_TIMEOUT_S = 2.0
+"""The longest wait for ZooKeeper's answer to a connect (or auth) request before the connection is given up and
+tried again. kazoo waits the session timeout divided by the number of hosts: 30 s with one. A ZooKeeper 3.8 that
+is starting may accept a connection and never answer or close it (its close fails while its database is not
+loaded yet); a client that reconnected at that moment waited out its session, which expired meanwhile."""
+
+
+class _ConnectionHandler(ConnectionHandler):
+    """kazoo's own, with its wait for the answer to a connect bounded by CONNECT_ANSWER_TIMEOUT_S (kazoo calls
+    _invoke only while establishing a connection)."""
+
+    def _invoke(self, timeout: float, request: Any, xid: int | None = None) -> Any:
+        return super()._invoke(min(timeout, CONNECT_ANSWER_TIMEOUT_S), request, xid)
+
+
 def connect(
     connect_string: str, timeout_s: float = 10.0, session_timeout_s: float = 30.0, security: ZkSecurity | None = None
 ) -> KazooClient:
@@ -95,6 +111,9 @@ def connect(
     extra = security.kazoo_args() if security is not None else {}
     retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=RECONNECT_MAX_DELAY_S)
     client = KazooClient(hosts=connect_string, timeout=session_timeout_s, connection_retry=retry, **extra)
+    if type(client._connection) is not ConnectionHandler:
+        raise RuntimeError(f"kazoo's connection handler is a {type(client._connection)}: see CONNECT_ANSWER_TIMEOUT_S")
+    client._connection.__class__ = _ConnectionHandler  # the same object and state, with the bounded wait
     try:
         client.start(timeout=timeout_s)
     except Exception as exc:  # kazoo raises its own timeout type; one clear message for all

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable
 
 import pytest
 from kazoo.exceptions import BadVersionError, NoNodeError
+from kazoo.protocol.states import KazooState
 
 from waltz.v1 import metadata_pb2
 from waltz_common import zk as zkmeta
+from waltz_common.testing.fault_proxy import FaultProxy
 from waltz_common.testing.zookeeper import ZooKeeperProcess, pid_alive
 
 
@@ -117,3 +121,38 @@ def test_a_started_zookeeper_serves_even_when_it_loads_a_large_log_first(tmp_pat
         assert "Mode: standalone" in srvr(process.port)
     finally:
         process.stop()
+
+
+def until(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s"
+        time.sleep(0.02)
+
+
+def test_a_client_whose_reconnect_is_never_answered_tries_again_before_its_session_expires(zookeeper):
+    """A ZooKeeper 3.8 that is starting may accept a connection and never answer it; kazoo waited for the
+    answer to its connect request for the whole session timeout (30 s with one host), so a server that
+    reconnected at that moment lost its session and every partition it owned (CI, the kill -9 of ZooKeeper
+    within the session timeout: 'generations moved'). Now it gives up on that connection after
+    CONNECT_ANSWER_TIMEOUT_S and reconnects to its session."""
+    with FaultProxy(zookeeper.connect_string) as proxy:
+        client = zkmeta.connect(proxy.address, session_timeout_s=30.0)
+        try:
+            session = client.client_id
+            states: list[KazooState] = []
+            client.add_listener(states.append)
+            proxy.cut()  # the connection drops ...
+            until(lambda: KazooState.SUSPENDED in states, 10)
+            made = proxy.connections_made
+            proxy.swallow_next(1)  # ... and the first new one kazoo makes is accepted and never answered
+            proxy.heal()
+            until(lambda: proxy.connections_made > made, 10)
+            # a bounded wait for the answer, then a retry: well inside the 30 s session (before: 30 s, expired)
+            until(lambda: client.state == KazooState.CONNECTED, 12)
+            assert states[-1] == KazooState.CONNECTED, states
+            assert client.client_id == session
+            assert client.exists("/") is not None
+        finally:
+            client.stop()
+            client.close()

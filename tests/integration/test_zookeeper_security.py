@@ -23,7 +23,10 @@ def _connect(zookeeper, user: str | None) -> object:
     return zkmeta.connect(zookeeper.connect_string, security=ZkSecurity.of(auth=auth, acl=ACL if user else None))
 
 
-def test_only_the_listed_identities_change_the_cluster_znodes(zookeeper, cluster_root, capsys, tmp_path):
+def test_only_the_listed_identities_change_the_cluster_znodes(zookeeper, zk, cluster_root, capsys, tmp_path):
+    # the parent that other tests share exists, open, before the cluster's own znodes get the ACL (created by
+    # `cluster create`, it would take the cluster's ACL, and tests run after this one could not use it)
+    zk.ensure_path(cluster_root.rsplit("/", 1)[0])
     config = tmp_path / "cli.yaml"
     config.write_text(
         yaml.safe_dump(

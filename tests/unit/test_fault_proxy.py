@@ -101,3 +101,15 @@ def test_throttle_limits_the_rate(proxy: FaultProxy) -> None:
         assert echo(sock, b"t" * 100_000) == b"t" * 100_000
         took = time.monotonic() - started
     assert took >= 0.45, took  # 100 kB each way at 200 kB/s, both ways at once
+
+
+def test_swallow_next_hangs_that_many_new_connections_and_no_other(proxy: FaultProxy) -> None:
+    with connect(proxy) as before:
+        assert echo(before, b"open") == b"open"  # the proxy has taken this one up
+        proxy.swallow_next(1)
+        assert echo(before, b"still") == b"still"  # connections made earlier go on
+        with connect(proxy, timeout=1.0) as hung, connect(proxy) as after:
+            hung.sendall(b"anyone?")
+            with pytest.raises(TimeoutError):  # neither answered nor closed
+                hung.recv(16)
+            assert echo(after, b"next") == b"next"

@@ -11,6 +11,9 @@ busy the test's loop is. Faults apply to the connections open now and to those m
 - ``delay(seconds)``: each chunk is forwarded that long after it arrived (order kept);
 - ``throttle(bytes_per_second)``: each direction of each connection at most that rate;
 - ``heal()``: back to passing everything at once.
+
+Apart from those, ``swallow_next(n)`` makes the next n connections hang: accepted, then never read, answered
+or closed (as a server that accepts a connection and forgets it; ZooKeeper 3.8 does so at its start).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 CHUNK = 64 * 1024
@@ -53,6 +57,8 @@ class FaultProxy:
         self._server: asyncio.base_events.Server | None = None
         self._links: set[_Link] = set()
         self._changed: asyncio.Event | None = None
+        self._to_swallow = 0
+        self._swallowed: list[asyncio.StreamWriter] = []
         self.connections_made = 0
 
     # lifecycle (from the test's thread)
@@ -121,16 +127,19 @@ class FaultProxy:
     def heal(self) -> None:
         self._set(Faults())
 
+    def swallow_next(self, count: int = 1) -> None:
+        """The next count connections are accepted and then left hanging until the proxy stops."""
+
+        def apply() -> None:
+            self._to_swallow = count
+
+        self._on_loop(apply)
+
     @property
     def faults(self) -> Faults:
         return self._faults
 
     def _set(self, faults: Faults) -> None:
-        loop = self._loop
-        if loop is None:
-            raise RuntimeError(f"{self.name} is not running")
-        done = threading.Event()
-
         def apply() -> None:
             self._faults = faults
             if faults.cut:
@@ -139,9 +148,23 @@ class FaultProxy:
             assert self._changed is not None
             self._changed.set()
             self._changed = asyncio.Event()
-            done.set()
 
-        loop.call_soon_threadsafe(apply)
+        self._on_loop(apply)
+
+    def _on_loop(self, change: Callable[[], None]) -> None:
+        """Run change on the proxy's loop, and return once it has run."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError(f"{self.name} is not running")
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                change()
+            finally:
+                done.set()
+
+        loop.call_soon_threadsafe(run)
         done.wait(10)
 
     # the proxy's loop
@@ -156,6 +179,8 @@ class FaultProxy:
             self._server.close()
         for link in list(self._links):
             link.reset()
+        for writer in self._swallowed:
+            _reset(writer)
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
@@ -165,6 +190,10 @@ class FaultProxy:
         self.connections_made += 1
         if self._faults.cut:
             _reset(writer)
+            return
+        if self._to_swallow > 0:
+            self._to_swallow -= 1
+            self._swallowed.append(writer)  # held: neither read nor closed
             return
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
