@@ -19,17 +19,20 @@ from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 
 FAST = {"client.longWaitThreshold": 500, "client.mountTimeout": 60, "client.requestTimeout": 60}
+# the restarted server gets its partitions back once the killed one's ZooKeeper session has expired
+SHORT_SESSION = {"zookeeper.sessionTimeout": 6000}
 pytestmark = pytest.mark.skipif(promtool() is None, reason="promtool is missing: scripts/bootstrap installs it")
 
 
 @pytest.fixture(scope="module")
 def cluster(zookeeper: ZooKeeperProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("metrics-cluster"), storage_nodes=3, servers=1, partitions=2,
-                      cluster_root=f"/test/{uuid.uuid4().hex[:12]}", zookeeper=zookeeper.connect_string) as c:
+                      cluster_root=f"/test/{uuid.uuid4().hex[:12]}", zookeeper=zookeeper.connect_string,
+                      server_overrides=SHORT_SESSION) as c:
         yield c
 
 
-@pytest.mark.slow  # the restarted server takes its partitions back after its old ZooKeeper session ends
+@pytest.mark.slow  # the restarted server takes its partitions back after its old ZooKeeper session ends (6 s)
 def test_metrics_through_a_server_kill_and_restart(cluster: LocalCluster) -> None:
     registry = CollectorRegistry()
     server = cluster.servers[0]

@@ -24,7 +24,9 @@ def cluster(zookeeper: ZooKeeperProcess, tmp_path_factory: pytest.TempPathFactor
     root = f"/test/{uuid.uuid4().hex[:12]}"
     workdir: Path = tmp_path_factory.mktemp("client-cluster")
     with local_cluster.LocalCluster(
-        workdir, storage_nodes=3, servers=1, partitions=2, cluster_root=root, zookeeper=zookeeper.connect_string
+        workdir, storage_nodes=3, servers=1, partitions=2, cluster_root=root, zookeeper=zookeeper.connect_string,
+        # the last test kills the server: the restarted one gets its partitions back once the old session expired
+        server_overrides={"zookeeper.sessionTimeout": 6000},
     ) as c:
         yield c
 
