@@ -45,18 +45,22 @@ def run(workdir: Path, quick: bool) -> str:
                 (result,) = run_clients([job], sampler, window)
                 lat = list(result.latencies)
                 p50, p99, p999 = (percentile(lat, q) for q in (0.5, 0.99, 0.999))
-                cpu = (sum(window.cpu.values()) + result.cpu_s) * 1000 / max(result.committed, 1)
+                per_1000 = 1000 / max(result.committed, 1)
+                split = [result.cpu_s * per_1000, window.of("server") * per_1000, window.of("storage") * per_1000]
+                cpu = (sum(window.cpu.values()) + result.cpu_s) * per_1000
                 target = f"p99 <= 10 ms: {verdict(p99 <= TARGET_P99_S)}" if rate == 5000 else ""
                 rows.append([f"{rate:,}/s offered", result.committed / seconds, p50 * 1e3, p99 * 1e3, p999 * 1e3,
-                             p50 / storage_p50, result.errors, cpu, target])
+                             p50 / storage_p50, result.errors, cpu, *split, target])
                 load.mark(f"after {rate:,}/s")
-    head = ["", "achieved/s", "p50 ms", "p99 ms", "p99.9 ms", "p50 / storage p50", "errors", "CPU s/1000", "target"]
+    head = ["", "achieved/s", "p50 ms", "p99 ms", "p99.9 ms", "p50 / storage p50", "errors", "CPU s/1000",
+            "client", "server", "3 storage", "target"]
     return "\n".join([
         load.line(), "",
         f"baselines (same run): raw gRPC echo p50 {echo_p50 * 1e3:.2f} ms; storage node alone, 1-record append "
         f"p50 {storage_p50 * 1e3:.2f} ms",
         f"open loop, 512 B appends, {seconds:g} s each after {warmup:g} s warmup "
-        "(latency from the scheduled time; CPU: every process, per 1,000 committed)",
+        "(latency from the scheduled time; CPU: every process, per 1,000 committed, then the client's, the "
+        "server's and the storage nodes')",
         table(head, rows),
     ])
 
