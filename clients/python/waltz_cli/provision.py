@@ -4,7 +4,8 @@ This is what the Helm chart's provisioning Job runs on every install, upgrade an
 the cluster when it is missing, registers the storage nodes not registered yet (each in its own replica
 group, numbered by its position in the list), assigns replicas only while no partition has any (a first
 install: moving replicas onto new nodes copies data and stays the operator's decision, `waltz storage
-recover-partition`), then creates on each listed node the partitions ZooKeeper assigns it.
+recover-partition`). It creates on each listed node the partitions assigned to it before it publishes
+the assignments, so that no server meets a replica that lacks its partition.
 A declared shape that contradicts the cluster (another partition count, another admin port) is refused
 with exit code 2, so a retrying caller can tell it from a node that is not up yet (exit code 1).
 """
@@ -142,14 +143,20 @@ def provision_cmd(ctx: Context, args: argparse.Namespace) -> Result:
             changes = plan(read_state(ctx.zk, ctx.paths), args.partitions, nodes, args.replicas)
     for node in changes.add_nodes:
         cluster_admin.add_storage_node(ctx.zk, ctx.paths, node.connect_string, node.admin_port, node.group)
+    # The partitions on the nodes first, the assignments in ZooKeeper after: a server opens a store session
+    # with every replica ZooKeeper lists, and a node without the partition yet refuses it (UNKNOWN_PARTITION),
+    # so the server backs off from that replica (up to storage.maxRetryInterval) after it is created.
+    assigned = cluster_admin.replica_assignments(ctx.zk, ctx.paths)
+    synced = {} if args.no_sync else {
+        n.connect_string: storage.sync_node(
+            ctx, n.connect_string, {*assigned.get(n.connect_string, []), *changes.assign.get(n.connect_string, [])},
+            False,
+        )[0]
+        for n in nodes
+    }
     for connect_string, pids in changes.assign.items():
         if pids:
             cluster_admin.assign_partitions(ctx.zk, ctx.paths, connect_string, pids)
-    assigned = cluster_admin.replica_assignments(ctx.zk, ctx.paths)
-    synced = {} if args.no_sync else {
-        n.connect_string: storage.sync_node(ctx, n.connect_string, set(assigned.get(n.connect_string, [])), False)[0]
-        for n in nodes
-    }
     data = {
         "root": ctx.paths.root,
         "created": changes.create,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.cli.helpers import waltz
+from waltz_cli import storage
 from waltz_common import cluster_admin
 from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import BIN, StorageNode, free_port
@@ -31,7 +32,17 @@ def nodes(tmp_path, zookeeper, cluster_root):
         node.stop()
 
 
-def test_provision_install_rerun_and_scale_out(zookeeper, zk, cluster_root, nodes, capsys):
+def test_provision_install_rerun_and_scale_out(zookeeper, zk, cluster_root, nodes, capsys, monkeypatch):
+    paths = zkmeta.ZkPaths(cluster_root)
+    listed_at_sync: dict[str, dict[str, list[int]]] = {}
+    sync_node = storage.sync_node
+
+    def recording_sync(ctx, node, want, *args, **kwargs):
+        listed_at_sync[node] = cluster_admin.replica_assignments(zk, paths)  # what servers could see then
+        return sync_node(ctx, node, want, *args, **kwargs)
+
+    monkeypatch.setattr(storage, "sync_node", recording_sync)
+
     def provision(count: int, *extra: str):
         node_args = [a for n in nodes[:count] for a in ("--node", f"{n.connect_string}:{n.admin_port}")]
         return waltz(
@@ -43,12 +54,16 @@ def test_provision_install_rerun_and_scale_out(zookeeper, zk, cluster_root, node
     first = provision(3)
     assert first.code == 1, first.out
     assert "unreachable" in first.err or "not listening" in first.err or "storage node" in first.err
-    paths = zkmeta.ZkPaths(cluster_root)
-    assert cluster_admin.replica_assignments(zk, paths) == {n.connect_string: [0, 1, 2] for n in nodes[:3]}
+    # nothing assigned yet: the nodes could not be given the partitions first
+    assert cluster_admin.replica_assignments(zk, paths) == {}
     for node in nodes[:3]:
         node.start()
     again = provision(3)
     assert again.code == 0, again.err
+    assert again.json()["assigned"] == {n.connect_string: [0, 1, 2] for n in nodes[:3]}
+    assert cluster_admin.replica_assignments(zk, paths) == {n.connect_string: [0, 1, 2] for n in nodes[:3]}
+    # each node had its partitions before ZooKeeper listed any replica
+    assert listed_at_sync == {n.connect_string: {} for n in nodes[:3]}
     assert again.json()["created"] is False
     assert again.json()["created_partitions"] == {n.connect_string: [0, 1, 2] for n in nodes[:3]}
 
