@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,10 +63,13 @@ def on_cluster(
     tls: bool = False,
     servers: int = 2,
     proxied: bool = False,
+    **server_overrides: Any,
 ) -> None:
     """Run the scenario on a fresh cluster (mutual TLS on every channel if tls); once it stopped, compare the
     replicas' data files."""
-    with chaos_cluster(workdir, zookeeper.connect_string, cluster_root, servers, proxied, tls) as cluster:
+    with chaos_cluster(
+        workdir, zookeeper.connect_string, cluster_root, servers, proxied, tls, **server_overrides
+    ) as cluster:
         run(lambda: scenario(cluster))
     for pid in range(PARTITIONS):
         bodies = segment_bodies(cluster, pid)

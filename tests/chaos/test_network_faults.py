@@ -27,11 +27,14 @@ from tests.chaos.cluster import PARTITIONS, assignment, healthy_owners, servers_
 from tests.chaos.test_faults import STEP, check_run, on_cluster, report
 from tests.chaos.test_zookeeper_faults import writing_from
 from tests.chaos.timed import timed_fault
+from waltz.v1 import server_pb2, server_pb2_grpc
+from waltz_common import tls
 from waltz_common.testing.fault_proxy import FaultProxy
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 
 HOLD_S = 6.0  # how long a fault that stops appends is held
+KEEPALIVE = {"storage.keepaliveTime": 1000}
 SESSION_TIMEOUT_S = 4.0  # tests/chaos/cluster.SERVER_OVERRIDES["zookeeper.sessionTimeout"]
 
 
@@ -196,3 +199,43 @@ def test_a_server_cut_off_from_zookeeper_past_its_session_timeout(
         await check_run(cluster, load.writers, name)
 
     on_cluster(zookeeper, cluster_root, tmp_path, scenario, proxied=True)
+
+
+async def storage_links(cluster: LocalCluster) -> dict[str, bool]:
+    """The first server's connections to the storage nodes as it reports them: connect string -> connected."""
+    async with tls.aio_channel(cluster.servers[0].address, cluster.tls_files("operator")) as channel:
+        stub = server_pb2_grpc.WaltzServerStub(channel)
+        answer = await stub.CheckStorageConnectivity(server_pb2.StorageConnectivityRequest(), timeout=10)
+    return {n.connect_string: n.connected for n in answer.nodes}
+
+
+def test_a_server_notices_an_idle_storage_link_that_went_dead(zookeeper: ZooKeeperProcess, cluster_root: str,
+                                                              tmp_path: Path) -> None:
+    """A storage node's host gone without a reset (power lost, a partition) while no append is in flight: the
+    server's keepalive pings go unanswered and it gives the connection up within about twice
+    storage.keepaliveTime (before, an idle link stayed 'connected' until the next request timed out), then
+    reconnects once the link is back."""
+
+    async def scenario(cluster: LocalCluster) -> None:
+        await healthy_owners(cluster)
+        [link] = proxies(cluster, 1)
+        node = cluster.storage[-1].connect_string
+        assert (await storage_links(cluster))[node]
+        link.blackhole()
+        dead = time.monotonic()
+        links: dict[str, bool] = {}
+        while time.monotonic() - dead < 10:
+            links = await storage_links(cluster)
+            if not links[node]:
+                break
+            await asyncio.sleep(0.2)
+        noticed = time.monotonic() - dead
+        report("idle storage link blackholed", f"given up {noticed:.1f} s after the link went dead")
+        assert not links[node], f"still connected after {noticed:.1f} s: {links}"
+        link.heal()
+        deadline = time.monotonic() + 30
+        while not (await storage_links(cluster))[node]:
+            assert time.monotonic() < deadline, "not connected again within 30 s of the heal"
+            await asyncio.sleep(0.2)
+
+    on_cluster(zookeeper, cluster_root, tmp_path, scenario, servers=1, proxied=True, **KEEPALIVE)

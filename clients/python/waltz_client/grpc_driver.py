@@ -107,6 +107,7 @@ class GrpcDriver(Driver):
             channel = tls.aio_channel(endpoint, files, [
                 ("grpc.keepalive_time_ms", self.config.keepalive_time_ms),
                 ("grpc.keepalive_timeout_ms", 20000),
+                ("grpc.http2.ping_timeout_ms", 20000),  # what bounds a keepalive ping (gRPC 1.85: 60 s without it)
                 ("grpc.http2.max_pings_without_data", 0),
                 ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
                 ("grpc.max_reconnect_backoff_ms", backoff_ms),

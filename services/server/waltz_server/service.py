@@ -226,6 +226,7 @@ async def start_grpc_server(
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.http2.ping_timeout_ms", 10_000),  # what bounds a keepalive ping (gRPC 1.85: 60 s without it)
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
     ]

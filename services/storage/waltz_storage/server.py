@@ -64,7 +64,16 @@ def _message_options(node: StorageNode) -> list[tuple[str, int]]:
     # Twice the batch limit, so an oversized batch still arrives and gets a clear INVALID_REQUEST.
     size = 2 * node.limits.max_batch_bytes + _MIB
     # No SO_REUSEPORT: a second process on the same port must fail to start, not share the traffic.
-    return [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size), ("grpc.so_reuseport", 0)]
+    # Servers ping idle connections every storage.keepaliveTime (their key, not ours): accept pings at any rate,
+    # as gRPC's default answers a ping more often than every 5 minutes without data with GOAWAY too_many_pings.
+    return [
+        ("grpc.max_receive_message_length", size),
+        ("grpc.max_send_message_length", size),
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 0),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
 
 
 async def _serve(

@@ -245,7 +245,8 @@ class StorageConnection:
             await asyncio.sleep(backoff.next_delay())
 
     async def _serve_stream(self) -> None:
-        channel = tls.aio_channel(self.connect_string, tls.process_files(), self._channel_options)
+        options = (*self._channel_options, *self._settings.keepalive_options())
+        channel = tls.aio_channel(self.connect_string, tls.process_files(), options)
         call = channel.stream_stream(
             _SESSION_METHOD,
             request_serializer=lambda data: data,

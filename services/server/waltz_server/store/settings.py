@@ -17,6 +17,9 @@ STORE_KEYS: tuple[Key, ...] = (
     Key("storage.replicaLagTimeout", int, 5000,
         "milliseconds a replica may stay behind a batch a quorum acknowledged before the store session ends "
         "without it (it catches up in the next); bounds how long a hung replica holds appends back"),
+    Key("storage.keepaliveTime", int, 5000,
+        "milliseconds without data on a storage connection before the server pings the node; a ping not answered "
+        "within as long again ends the connection (a node gone without a reset is noticed while idle too)"),
 )
 
 
@@ -30,6 +33,7 @@ class StoreSettings:
     request_timeout_s: float = 30.0
     catch_up_batch_size: int = 500
     replica_lag_timeout_s: float = 5.0
+    keepalive_time_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.initial_retry_interval_s <= 0 or self.max_retry_interval_s < self.initial_retry_interval_s:
@@ -39,10 +43,11 @@ class StoreSettings:
             or self.catch_up_batch_size < 1
             or self.request_timeout_s <= 0
             or self.replica_lag_timeout_s <= 0
+            or self.keepalive_time_s <= 0
         ):
             raise ValueError(
-                "storage.checkpointInterval, catchUpBatchSize, requestTimeoutSeconds and replicaLagTimeout must be "
-                "positive"
+                "storage.checkpointInterval, catchUpBatchSize, requestTimeoutSeconds, replicaLagTimeout and "
+                "keepaliveTime must be positive"
             )
 
     @staticmethod
@@ -54,6 +59,21 @@ class StoreSettings:
             request_timeout_s=config["storage.requestTimeoutSeconds"],
             catch_up_batch_size=config["storage.catchUpBatchSize"],
             replica_lag_timeout_s=config["storage.replicaLagTimeout"] / 1000.0,
+            keepalive_time_s=config["storage.keepaliveTime"] / 1000.0,
+        )
+
+    def keepalive_options(self) -> tuple[tuple[str, int], ...]:
+        """gRPC channel options: ping after keepalive_time_s without data, give up after as long again without
+        an answer, and go on pinging an idle stream (gRPC stops after two pings without data by default). In
+        gRPC 1.85 the ping's own timeout, grpc.http2.ping_timeout_ms (60 s by default), is what bounds the wait
+        for its answer; keepalive_timeout_ms alone did not."""
+        ms = max(1, round(self.keepalive_time_s * 1000))
+        return (
+            ("grpc.keepalive_time_ms", ms),
+            ("grpc.keepalive_timeout_ms", ms),
+            ("grpc.http2.ping_timeout_ms", ms),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
         )
 
 
