@@ -17,6 +17,7 @@ from waltz_client.driver import ClusterInfo, Driver, ServerStream, Topology
 from waltz_client.errors import StreamClosedError, WaltzError
 from waltz_common import tls
 from waltz_common import zk as zkmeta
+from waltz_common.grpc_env import keepalive_options
 from waltz_common.topology import ZkTopologyWatcher, take_client_id
 
 log = logging.getLogger(__name__)
@@ -105,9 +106,7 @@ class GrpcDriver(Driver):
             # an outage (a restart: its GOAWAY starts the backoff) is reached only many seconds later.
             backoff_ms = int(MAX_RECONNECT_DELAY_S * 1000)
             channel = tls.aio_channel(endpoint, files, [
-                ("grpc.keepalive_time_ms", self.config.keepalive_time_ms),
-                ("grpc.keepalive_timeout_ms", 20000),
-                ("grpc.http2.ping_timeout_ms", 20000),  # what bounds a keepalive ping (gRPC 1.85: 60 s without it)
+                *keepalive_options(self.config.keepalive_time_ms, 20000),
                 ("grpc.http2.max_pings_without_data", 0),
                 ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
                 ("grpc.max_reconnect_backoff_ms", backoff_ms),

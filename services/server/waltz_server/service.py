@@ -14,6 +14,7 @@ from grpc_reflection.v1alpha import reflection
 
 from waltz.v1 import server_pb2, server_pb2_grpc
 from waltz_common import tls
+from waltz_common.grpc_env import keepalive_options
 from waltz_server.client_stream import ClientStream, StreamAborted
 from waltz_server.config import PartitionSettings
 from waltz_server.discovery import ClusterView
@@ -46,23 +47,18 @@ class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
         self._queue_size = stream_queue_size
         self._connectivity = connectivity
         self._streams: set[ClientStream] = set()
-        self._stopping: asyncio.Event | None = None
+        self._stopping = asyncio.Event()
 
     def end_streams(self) -> None:
         """Shutting down: every client Stream writes out what is queued for it (the NOT_READY answers of
         the closed partitions), then ends with UNAVAILABLE, and new ones are refused likewise, so that
         the gRPC server's stop does not wait out its grace for clients that keep their streams open."""
-        self._stopping_event().set()
-
-    def _stopping_event(self) -> asyncio.Event:
-        if self._stopping is None:
-            self._stopping = asyncio.Event()
-        return self._stopping
+        self._stopping.set()
 
     async def Stream(
         self, request_iterator: AsyncIterator[server_pb2.ClientMessage], context: grpc.aio.ServicerContext
     ) -> None:
-        stopping = self._stopping_event()
+        stopping = self._stopping
         if stopping.is_set():
             await _abort(context, grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN)
         stream = ClientStream(self._manager, self._server_id(), self._queue_size, 4 * self._settings.feed_batch_size)
@@ -224,9 +220,7 @@ async def start_grpc_server(
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.http2.ping_timeout_ms", 10_000),  # what bounds a keepalive ping (gRPC 1.85: 60 s without it)
+        *keepalive_options(30_000, 10_000),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
     ]

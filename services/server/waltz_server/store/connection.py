@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 from waltz.v1 import storage_pb2
 from waltz_common import tls
 from waltz_common import zk as zkmeta
+from waltz_common.grpc_env import keepalive_options
 from waltz_common.zk import ZkPaths
 from waltz_server.store.events import first_to_end
 from waltz_server.store.settings import Backoff, StoreSettings
@@ -245,7 +246,15 @@ class StorageConnection:
             await asyncio.sleep(backoff.next_delay())
 
     async def _serve_stream(self) -> None:
-        options = (*self._channel_options, *self._settings.keepalive_options())
+        # Ping after storage.keepaliveTime without data, give up after as long again without an answer, and go
+        # on pinging an idle stream (gRPC stops after two pings without data by default).
+        ms = max(1, round(self._settings.keepalive_time_s * 1000))
+        options = (
+            *self._channel_options,
+            *keepalive_options(ms, ms),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        )
         channel = tls.aio_channel(self.connect_string, tls.process_files(), options)
         call = channel.stream_stream(
             _SESSION_METHOD,

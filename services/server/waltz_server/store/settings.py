@@ -62,20 +62,6 @@ class StoreSettings:
             keepalive_time_s=config["storage.keepaliveTime"] / 1000.0,
         )
 
-    def keepalive_options(self) -> tuple[tuple[str, int], ...]:
-        """gRPC channel options: ping after keepalive_time_s without data, give up after as long again without
-        an answer, and go on pinging an idle stream (gRPC stops after two pings without data by default). In
-        gRPC 1.85 the ping's own timeout, grpc.http2.ping_timeout_ms (60 s by default), is what bounds the wait
-        for its answer; keepalive_timeout_ms alone did not."""
-        ms = max(1, round(self.keepalive_time_s * 1000))
-        return (
-            ("grpc.keepalive_time_ms", ms),
-            ("grpc.keepalive_timeout_ms", ms),
-            ("grpc.http2.ping_timeout_ms", ms),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.max_pings_without_data", 0),
-        )
-
 
 class Backoff:
     """Exponential retry delays from the initial to the max interval; reset after a success."""
