@@ -134,6 +134,7 @@ class Limits(_message.Message):
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     MAX_TRANSACTION_BYTES_FIELD_NUMBER: _builtins.int
     MAX_BATCH_APPENDS_FIELD_NUMBER: _builtins.int
+    MAX_LOCKS_PER_APPEND_FIELD_NUMBER: _builtins.int
     max_message_bytes: _builtins.int
     """The largest gRPC message the server accepts or sends: a ClientMessage (an AppendBatch with all
     its appends) above it ends the whole stream with RESOURCE_EXHAUSTED. Split batches below it.
@@ -147,16 +148,21 @@ class Limits(_message.Message):
     server.appendQueueSize): more appends in flight per partition gain nothing. An AppendBatch may
     hold any number of appends as long as the message fits max_message_bytes.
     """
+    max_locks_per_append: _builtins.int
+    """ADDITION: the most write, read and append locks one AppendRequest may carry together
+    (server.maxLocksPerAppend); one with more gets AppendRejected INVALID.
+    """
     def __init__(
         self,
         *,
         max_message_bytes: _builtins.int = ...,
         max_transaction_bytes: _builtins.int = ...,
         max_batch_appends: _builtins.int = ...,
+        max_locks_per_append: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_batch_appends", b"max_batch_appends", "max_message_bytes", b"max_message_bytes", "max_transaction_bytes", b"max_transaction_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_batch_appends", b"max_batch_appends", "max_locks_per_append", b"max_locks_per_append", "max_message_bytes", b"max_message_bytes", "max_transaction_bytes", b"max_transaction_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

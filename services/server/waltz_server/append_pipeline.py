@@ -27,6 +27,8 @@ class QueuedAppend(Generic[T]):
     locks: LockRequest
     size: int
     origin: T
+    ticket: int = 0
+    """Its place among its client's appends offered to the partition (ClientPending.offered)."""
 
     @property
     def all_locks(self) -> tuple[int, ...]:
@@ -48,45 +50,67 @@ class Resolved(Generic[T]):
 class ClientPending(Generic[T]):
     """Per client, its unresolved queued appends and the flushes waiting for them.
 
-    A client's queued appends resolve in the order they were offered (the core never lets one
-    pass an earlier one of the same client), so a flush only needs the count offered before it.
+    Each offered append gets the client's next ticket. A client's appends usually resolve in the order they were
+    offered, but not always: a later append with locks may fail its lock check at once while an earlier one without
+    locks is still at the store. So a waiter (a flush, a mount, a re-sent append) waits until every append offered
+    before it resolved, whatever the order in which they did: counting resolutions would answer a flush while an
+    earlier append can still commit, and the client would execute that one again (issue 24's double commit).
     """
 
     def __init__(self) -> None:
-        self._offered: dict[int, int] = {}
-        self._resolved: dict[int, int] = {}
+        self._offered: dict[int, int] = {}  # client -> the next ticket
+        self._low: dict[int, int] = {}  # client -> every ticket below it resolved
+        self._ahead: dict[int, set[int]] = {}  # client -> tickets resolved at or above its low mark
         self._waiters: dict[int, list[tuple[int, T]]] = {}
 
-    def offered(self, client_id: int) -> None:
-        self._offered[client_id] = self._offered.get(client_id, 0) + 1
+    def offered(self, client_id: int) -> int:
+        """One more append of the client is queued; returns its ticket (for resolved)."""
+        ticket = self._offered.get(client_id, 0)
+        self._offered[client_id] = ticket + 1
+        return ticket
 
     def pending(self, client_id: int) -> int:
-        return self._offered.get(client_id, 0) - self._resolved.get(client_id, 0)
+        ahead = self._ahead.get(client_id)
+        return self._offered.get(client_id, 0) - self._low.get(client_id, 0) - (len(ahead) if ahead else 0)
 
     def add_waiter(self, client_id: int, waiter: T) -> bool:
-        """Wait for the client's appends offered so far; True when there are none (done already)."""
-        if self.pending(client_id) == 0:
+        """Wait for every append of the client offered so far; True when they all resolved (done already)."""
+        target = self._offered.get(client_id, 0)
+        if self._low.get(client_id, 0) >= target:
             return True
-        self._waiters.setdefault(client_id, []).append((self._offered[client_id], waiter))
+        self._waiters.setdefault(client_id, []).append((target, waiter))
         return False
 
-    def resolved(self, client_id: int, count: int = 1) -> list[T]:
-        """count more appends of the client resolved; returns the waiters that are now done."""
-        done = self._resolved.get(client_id, 0) + count
-        self._resolved[client_id] = done
-        waiters = self._waiters.get(client_id)
+    def resolved(self, client_id: int, ticket: int) -> list[T]:
+        """The client's append with this ticket resolved; returns the waiters that are now done."""
+        low = self._low.get(client_id, 0)
+        if ticket != low:
+            if ticket > low:  # an earlier one is still unresolved
+                self._ahead.setdefault(client_id, set()).add(ticket)
+            return []
+        low += 1
+        ahead = self._ahead.get(client_id)
+        if ahead:
+            while low in ahead:
+                ahead.remove(low)
+                low += 1
+            if not ahead:
+                del self._ahead[client_id]
         reached: list[T] = []
+        waiters = self._waiters.get(client_id)
         if waiters:
-            reached = [w for target, w in waiters if target <= done]
+            reached = [w for target, w in waiters if target <= low]
             if reached:
-                kept = [(t, w) for t, w in waiters if t > done]
+                kept = [(t, w) for t, w in waiters if t > low]
                 if kept:
                     self._waiters[client_id] = kept
                 else:
                     del self._waiters[client_id]
-        if done == self._offered.get(client_id):
+        if low == self._offered.get(client_id):  # nothing outstanding: tickets start again from 0
             del self._offered[client_id]
-            del self._resolved[client_id]
+            self._low.pop(client_id, None)
+        else:
+            self._low[client_id] = low
         return reached
 
     def drop_waiters(self) -> list[T]:

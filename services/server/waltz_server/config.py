@@ -8,6 +8,7 @@ from typing import Any
 from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key
 from waltz_common.tls import TLS_KEYS
 from waltz_server.store.settings import STORE_KEYS
+from waltz_server.validation import DEFAULT_MAX_LOCKS_PER_APPEND
 
 DEFAULT_CACHE_BUDGET = 134217728
 
@@ -22,6 +23,9 @@ SERVER_KEYS = (
         "plaintext port serving only grpc.health.v1, for probes that cannot present a client certificate "
         "(kubelet's) when TLS is on; 0: none (health is on server.port as always)"),
     Key("server.optimisticLockTableSize", int, 30000, "slots of each partition's hashed lock table"),
+    Key("server.maxLocksPerAppend", int, DEFAULT_MAX_LOCKS_PER_APPEND,
+        "write, read and append locks one append may carry together; one with more is rejected INVALID (clients "
+        "learn it from GetClusterInfo's limits)"),
     Key("server.appendQueueSize", int, 2000, "appends queued per partition before clients are held back"),
     Key("server.maxTransactionBytes", int, 1048576, "largest transaction data accepted, bytes"),
     Key("server.resendWindow", int, 10000,
@@ -69,6 +73,7 @@ class PartitionSettings:
     max_batches_in_flight: int = 1
     read_batch_size: int = 500
     resend_window: int = 10000
+    max_locks_per_append: int = DEFAULT_MAX_LOCKS_PER_APPEND
 
     def __post_init__(self) -> None:
         small = [name for name, value in self._sizes() if value < 1]
@@ -89,6 +94,7 @@ class PartitionSettings:
             ("storage.maxBatchesInFlight", self.max_batches_in_flight),
             ("server.readBatchSize", self.read_batch_size),
             ("server.resendWindow", self.resend_window),
+            ("server.maxLocksPerAppend", self.max_locks_per_append),
         ]
 
     @staticmethod
@@ -107,4 +113,5 @@ class PartitionSettings:
             max_batches_in_flight=c["storage.maxBatchesInFlight"],
             read_batch_size=c["server.readBatchSize"],
             resend_window=c["server.resendWindow"],
+            max_locks_per_append=c["server.maxLocksPerAppend"],
         )

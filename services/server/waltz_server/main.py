@@ -90,6 +90,7 @@ async def _serve(
         max_message_bytes=max_message,
         max_transaction_bytes=settings.max_transaction_bytes,
         max_batch_appends=settings.append_queue_size,
+        max_locks_per_append=settings.max_locks_per_append,
     )
     view = ClusterView(zk, paths, ClusterInfo(cluster_name, params.num_partitions, limits))
     await view.start()  # a watch only: stopped with the ZooKeeper session if what follows fails

@@ -245,6 +245,7 @@ class Partition(MountedRequests):
                 self._reject(_Origin(stream, request, arrived), Reason.PARTITION_NOT_READY, message)
             return
         generation, stream_id, max_bytes = self.generation, stream.stream_id, self.settings.max_transaction_bytes
+        max_locks, hwm = self.settings.max_locks_per_append, self.feeds.high_water_mark
         mounted: dict[int, bool] = {}  # client id -> this stream holds its current mount
         offer, offered, last_seq = pipeline.offer, self._pending.offered, self._sequences.last
         for request in requests:
@@ -267,6 +268,9 @@ class Partition(MountedRequests):
                 continue
             data = request.data
             problem = data_problem(request, data, max_bytes)
+            client_hwm = request.client_high_water_mark
+            if not -1 <= client_hwm <= hwm and problem is None:
+                problem = self._client_mark_problem(client_hwm, hwm)
             locks = _NO_LOCKS
             write, read, append = request.write_locks, request.read_locks, request.append_locks
             if problem is None and (
@@ -277,13 +281,22 @@ class Partition(MountedRequests):
                 or request.read_lock_request_length
                 or request.append_lock_request_length
             ):
-                problem = lock_problem(request, write, read, append)
+                problem = lock_problem(request, write, read, append, max_locks)
                 locks = LockRequest(tuple(write), tuple(read), tuple(append))
             if problem is not None:
                 self._reject(origin, Reason.INVALID, f"partition {self.partition_id}: {problem}")
                 continue
-            offered(client_id)
-            offer(QueuedAppend(client_id, request.client_high_water_mark, locks, len(data), origin))
+            offer(QueuedAppend(client_id, client_hwm, locks, len(data), origin, offered(client_id)))
+
+    def _client_mark_problem(self, client_hwm: int, hwm: int) -> str:
+        """An append's client high-water mark outside -1 .. the partition's: its lock check would be meaningless
+        (a mark above the log passes every check), so it is refused, never committed unchecked."""
+        if client_hwm < -1:
+            return f"client_high_water_mark {client_hwm} is below -1"
+        return (
+            f"client_high_water_mark {client_hwm} is above the partition's high-water mark {hwm}: the client claims "
+            "transactions the log does not hold (a client ahead of the log: check its state, see CLIENT_AHEAD)"
+        )
 
     def _not_current(self, origin: _Origin, client_id: int) -> None:
         if self._mounts.is_known(client_id):  # a stale network client: a newer stream of the client mounted it
@@ -423,19 +436,18 @@ class Partition(MountedRequests):
             m.appends["ok"].inc(len(committed))
             m.appends["failed"].inc(len(resolved.failed))
             m.commit_latency.observe_many([committed_at - item.origin.arrived for item, _ in committed])
-        per_client: dict[int, int] = {}  # a client's appends resolve in order: count them, resolve once
+        resolve = self._pending.resolved
         for item, _ in committed:
-            per_client[item.client_id] = per_client.get(item.client_id, 0) + 1
+            for waiter in resolve(item.client_id, item.ticket):
+                waiter()
         for item in resolved.failed:
-            per_client[item.client_id] = per_client.get(item.client_id, 0) + 1
-        for client_id, count in per_client.items():
-            for waiter in self._pending.resolved(client_id, count):
+            for waiter in resolve(item.client_id, item.ticket):
                 waiter()
         self._room.set()
         self._update_gauges()
 
     def _resolved(self, item: QueuedAppend[_Origin]) -> None:
-        for waiter in self._pending.resolved(item.client_id):
+        for waiter in self._pending.resolved(item.client_id, item.ticket):
             waiter()
 
     def _answer_lock_failures(self, failures: list[tuple[QueuedAppend[_Origin], int]]) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from waltz.v1 import server_pb2
+
 from .fakes import Failure, FakeStream
 from .harness import opened, run, settle
-from .helpers import append, mount
+from .helpers import append, mount, req
 
 
 async def mounted(*client_ids: int):
@@ -119,6 +121,34 @@ def test_a_waiting_append_keeps_its_clients_later_appends_behind_it():
         await s[2].wait_for(lambda st: len(st.fed()) == 2)
         assert s[2].of("lock_failure")[0].req_id.seq_num == 1
         assert s[2].fed() == [(0, 1), (1, 2)]  # client 2's second append went only after its first resolved
+        await partition.close()
+
+    run(scenario)
+
+
+def test_a_flush_is_not_answered_before_an_earlier_append_at_the_store_when_a_later_one_fails_its_locks():
+    """Issue 24's double commit after a ZooKeeper restart. The server held a client's appends while its connection
+    was suspended and took them in one burst when it came back: one without locks went to the store; a later one
+    with a lock failed its check at once; the client's flush (sent while it waited) came between them. The flush
+    was answered when that lock failure made the count of resolved appends reach it, with the append at the store
+    not yet committed: the client took it for failed, executed it again, and the log held it twice."""
+
+    async def scenario():
+        partition, store, s = await mounted(1, 2)
+        await partition.submit(s[2], [append(2, 1, write=(7,))])
+        await s[2].wait_for(lambda st: len(st.fed()) == 1)  # transaction 0 holds lock 7
+        store.gate.clear()
+        await partition.submit(s[1], [append(1, 1, data=b"at the store")])
+        await settle()
+        partition.flush(s[1], server_pb2.FlushRequest(req_id=req(1, 1)))
+        await partition.submit(s[1], [append(1, 2, write=(7,), hwm=-1)])  # a stale read of lock 7
+        await s[1].wait_for(lambda st: st.of("lock_failure"))
+        await settle(50)
+        assert not s[1].of("flush"), "a flush answered while an earlier append of the client was at the store"
+        store.gate.set()
+        await s[1].wait_for(lambda st: st.of("flush"))
+        [flushed] = s[1].of("flush")
+        assert flushed.transaction_id == 1 and (1, 1) in s[1].fed()
         await partition.close()
 
     run(scenario)

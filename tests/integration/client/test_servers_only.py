@@ -61,6 +61,7 @@ def test_any_server_tells_the_cluster_and_hands_out_client_ids(cluster: Any, no_
         assert all(p.address == address and p.generation >= 1 for p in info.partitions)
         assert info.limits.max_message_bytes >= 16 * 1024 * 1024
         assert info.limits.max_transaction_bytes == 1048576 and info.limits.max_batch_appends == 2000
+        assert info.limits.max_locks_per_append == 256
         async with grpc.aio.insecure_channel(address) as channel:
             stub = server_pb2_grpc.WaltzServerStub(channel)
             ids = [(await stub.GetClientId(server_pb2.ClientIdRequest(), timeout=10)).client_id for _ in range(3)]

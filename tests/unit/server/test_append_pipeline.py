@@ -128,15 +128,14 @@ def test_drop_removes_waiting_and_batched_but_not_in_flight():
 def test_client_pending_flush_waiters_fire_in_order():
     pending: ClientPending[str] = ClientPending()
     assert pending.add_waiter(1, "nothing pending") is True
-    pending.offered(1)
-    pending.offered(1)
+    first, second = pending.offered(1), pending.offered(1)
     assert pending.add_waiter(1, "after two") is False
-    pending.offered(1)
+    third = pending.offered(1)
     assert pending.add_waiter(1, "after three") is False
-    assert pending.resolved(1) == []
-    assert pending.resolved(1) == ["after two"]
+    assert pending.resolved(1, first) == []
+    assert pending.resolved(1, second) == ["after two"]
     assert pending.pending(1) == 1
-    assert pending.resolved(1) == ["after three"]
+    assert pending.resolved(1, third) == ["after three"]
     assert pending.pending(1) == 0
     pending.offered(1)
     assert pending.add_waiter(1, "again") is False
@@ -145,16 +144,43 @@ def test_client_pending_flush_waiters_fire_in_order():
 
 def test_client_pending_resolves_several_appends_at_once():
     pending: ClientPending[str] = ClientPending()
-    for _ in range(5):
-        pending.offered(1)
+    tickets = [pending.offered(1) for _ in range(5)]
     assert pending.add_waiter(1, "after five") is False
-    pending.offered(2)
+    other = pending.offered(2)
     assert pending.add_waiter(2, "client two") is False
-    assert pending.resolved(1, 3) == []
+    assert [w for t in tickets[:3] for w in pending.resolved(1, t)] == []
     assert pending.pending(1) == 2
-    assert pending.resolved(1, 2) == ["after five"]
+    assert [w for t in tickets[3:] for w in pending.resolved(1, t)] == ["after five"]
     assert pending.pending(1) == 0 and pending.pending(2) == 1
-    assert pending.resolved(2, 1) == ["client two"]
+    assert pending.resolved(2, other) == ["client two"]
+
+
+def test_a_flush_waits_for_an_earlier_append_when_a_later_one_resolves_first():
+    """Issue 24: a later append with locks fails its lock check at once while an earlier one without locks is at the
+    store. Counting resolutions answered the flush between them then: the client took the earlier append for failed
+    (not in the feed up to the flush's high-water mark) and executed it again, and both attempts committed."""
+    pending: ClientPending[str] = ClientPending()
+    at_the_store = pending.offered(7)
+    assert pending.add_waiter(7, "flush") is False
+    lock_failed = pending.offered(7)
+    assert pending.add_waiter(7, "flush after both") is False
+    assert pending.resolved(7, lock_failed) == []  # the lock failure, answered before the batch commits
+    assert pending.pending(7) == 1
+    assert pending.resolved(7, at_the_store) == ["flush", "flush after both"]
+    assert pending.pending(7) == 0
+    assert pending.add_waiter(7, "nothing pending") is True
+
+
+def test_client_pending_tickets_resolved_in_any_order():
+    pending: ClientPending[str] = ClientPending()
+    tickets = [pending.offered(3) for _ in range(4)]
+    assert pending.add_waiter(3, "all four") is False
+    for ticket in (tickets[3], tickets[1], tickets[2]):
+        assert pending.resolved(3, ticket) == []
+    assert pending.pending(3) == 1
+    assert pending.resolved(3, tickets[0]) == ["all four"]
+    assert pending.pending(3) == 0
+    assert pending.offered(3) == 0  # nothing outstanding: the tickets start again
 
 
 def test_batches_in_flight_are_bounded_and_resolve_oldest_first() -> None:
