@@ -11,9 +11,14 @@ from waltz_common.types import ReqId
 T = TypeVar("T")
 
 SUPERSEDED = "a later append from this client committed first"
-REMOUNTED = "still pending when the partition was mounted"
 FLUSHED = "not in the feed up to the flush high-water mark"
 CLEARED = "monitor cleared"
+
+FINAL_FOR_A_RESEND = frozenset({"SEQUENCE_NOT_INCREASING", "INVALID"})
+"""The rejections that prove an append sent more than once can never commit: the server saw its sequence number
+(or a later one) and holds no commit of it, or the request itself is malformed. Any other rejection of a re-sent
+append (the partition not ready, not mounted, another generation) is about that one send only: an earlier send of
+the same sequence number may still be decided by a recovery, so the append stays pending and is sent again."""
 
 
 class OutcomeKind(Enum):
@@ -84,12 +89,13 @@ class TransactionMonitor(Generic[T]):
         fire its outcomes (a commit's onCompletion before applyTransaction), apply the
         transaction, then `on_client_high_water_mark(txn_id)`. For SKIP_DUPLICATE call only
         `on_feed` (the record proves the commit); for GAP call nothing (it is fed again).
-      - MountResponse READY (after the catch-up feed was applied): `on_mount_complete()`.
+      - MountResponse READY (after the catch-up feed was applied): `take_resends(now)`, send those tokens again
+        with their sequence numbers (before any new append), then `on_mount_complete()`.
       - LockFailure: `on_lock_failure(req_id, txn_id)`.
       - FlushResponse: `on_flush_response(req_id, hwm, client_hwm)`; the monitor remembers it
         and resolves it when a later `on_client_high_water_mark` reaches hwm (calling again
         with the same response is harmless).
-      - append refused by the server before enqueueing: `on_rejected(req_id, reason)`.
+      - append refused by the server before enqueueing: `on_rejected(req_id, reason, transaction_id)`.
       - timer: if `oldest_pending_age(now)` exceeds the long-wait threshold, send a
         FlushRequest with the ReqId `flush_target()`.
       - close: `clear()`.
@@ -97,6 +103,14 @@ class TransactionMonitor(Generic[T]):
     A lock-failed entry stays registered (and counts against capacity) until the client
     hwm reaches the conflicting transaction (feed, mount and flush events leave it alone),
     so a retry runs against state at least that fresh.
+
+    The rule for FAILED (the shell then executes the transaction again, under a new sequence number): only on the
+    server's proof that the append can never commit: a flush answered after every earlier append of the client
+    was decided, a later append of the client committed (a client's sequence numbers are admitted in increasing
+    order only), a rejection naming the append (for an append sent more than once, only FINAL_FOR_A_RESEND), or a
+    lock failure. A remount proves nothing: entries still waiting then are sent again with the same sequence
+    numbers (take_resends), and the server answers ALREADY_COMMITTED for one that committed after all. Entries
+    are matched by client, partition and sequence number: sequence numbers never repeat, whatever the generation.
     """
 
     def __init__(self, max_concurrent: int = 5, client_high_water_mark: int = -1) -> None:
@@ -109,6 +123,7 @@ class TransactionMonitor(Generic[T]):
         self._entries: dict[int, tuple[T, float, ReqIdFields]] = {}
         self._flushes: list[tuple[ReqIdFields, int]] = []  # (up to ReqId, hwm) not yet reached
         self._lock_failures: dict[int, int] = {}  # sequence number -> the transaction it conflicted with
+        self._resent: set[int] = set()  # sequence numbers sent again since they were registered
 
     @property
     def client_high_water_mark(self) -> int:
@@ -149,11 +164,13 @@ class TransactionMonitor(Generic[T]):
         token (nothing older can fail); otherwise change nothing and return None (then call on_feed)."""
         entries = self._entries
         entry = entries.get(seq_num)
-        if entry is None or entry[2].generation != generation or next(iter(entries)) != seq_num:
+        if entry is None or next(iter(entries)) != seq_num:
             return None
         del entries[seq_num]
         if self._lock_failures:
             self._lock_failures.pop(seq_num, None)
+        if self._resent:
+            self._resent.discard(seq_num)
         return entry[0]
 
     def on_feed(self, req_id: ReqIdFields, transaction_id: int) -> list[tuple[T, Outcome]]:
@@ -172,11 +189,22 @@ class TransactionMonitor(Generic[T]):
         resolved.append(self._resolve(seq_num, Outcome.committed(transaction_id)))
         return resolved
 
+    def take_resends(self, now: float) -> list[T]:
+        """A mount completed (its catch-up feed applied): the entries still waiting for the server (not lock-failed),
+        oldest first, to send again with their sequence numbers. They stay registered (registered again at now)."""
+        tokens = []
+        lock_failures = self._lock_failures
+        for seq, (token, _, req_id) in list(self._entries.items()):
+            if seq not in lock_failures:
+                self._entries[seq] = (token, now, req_id)
+                self._resent.add(seq)
+                tokens.append(token)
+        return tokens
+
     def on_mount_complete(self) -> list[tuple[T, Outcome]]:
-        """The server holds no request of ours any more: every waiting entry failed."""
+        """Flush answers heard under the earlier mount are forgotten (nothing waits for them any more)."""
         self._flushes.clear()
-        waiting = [seq for seq in self._entries if seq not in self._lock_failures]
-        return [self._resolve(seq, Outcome.failed(REMOUNTED)) for seq in waiting] + self._release()
+        return self._release()
 
     def on_flush_response(
         self, up_to_req_id: ReqIdFields, high_water_mark: int, client_high_water_mark: int
@@ -199,11 +227,20 @@ class TransactionMonitor(Generic[T]):
         self._client_hwm = max(self._client_hwm, high_water_mark)
         return self._release()
 
-    def on_rejected(self, req_id: ReqIdFields, reason: str) -> list[tuple[T, Outcome]]:
-        """The server refused the append without enqueueing it."""
+    def on_rejected(self, req_id: ReqIdFields, reason: str, transaction_id: int = -1) -> list[tuple[T, Outcome]]:
+        """The server refused the append without enqueueing it (reason: the AppendRejected.Reason's name).
+        ALREADY_COMMITTED (a re-send of an append that committed as transaction_id) is no failure: COMMITTED if
+        the client applied that transaction already, else nothing (the feed brings it)."""
         if self._find(req_id) is None:
             return []
-        return [self._resolve(req_id.seq_num, Outcome.failed(f"rejected: {reason}"))]
+        seq_num = req_id.seq_num
+        if reason == "ALREADY_COMMITTED":
+            if 0 <= transaction_id <= self._client_hwm:
+                return [self._resolve(seq_num, Outcome.committed(transaction_id))]
+            return []
+        if seq_num in self._resent and reason not in FINAL_FOR_A_RESEND:
+            return []
+        return [self._resolve(seq_num, Outcome.failed(f"rejected: {reason}"))]
 
     def oldest_pending_age(self, now: float) -> float | None:
         """Age of the oldest entry still waiting for the server (not lock-failed), if any."""
@@ -219,7 +256,7 @@ class TransactionMonitor(Generic[T]):
         return r if type(r) is ReqId else ReqId(r.client_id, r.generation, r.partition_id, r.seq_num)
 
     def clear(self) -> list[tuple[T, Outcome]]:
-        """Fail every entry (the client is closing) and forget pending flushes."""
+        """End every entry (the client is closing: their outcome is unknown) and forget pending flushes."""
         self._flushes.clear()
         return [self._resolve(seq, Outcome.failed(CLEARED)) for seq in list(self._entries)]
 
@@ -228,14 +265,15 @@ class TransactionMonitor(Generic[T]):
         if entry is None:
             return None
         mine = entry[2]
-        same = (mine.client_id == req_id.client_id and mine.generation == req_id.generation
-                and mine.partition_id == req_id.partition_id)
+        same = mine.client_id == req_id.client_id and mine.partition_id == req_id.partition_id
         return entry if same else None
 
     def _resolve(self, seq_num: int, outcome: Outcome) -> tuple[T, Outcome]:
         entry = self._entries.pop(seq_num)
         if self._lock_failures:
             self._lock_failures.pop(seq_num, None)
+        if self._resent:
+            self._resent.discard(seq_num)
         return entry[0], outcome
 
     def _release(self) -> list[tuple[T, Outcome]]:

@@ -127,7 +127,7 @@ class ClientPartition:
         for (builder, token), seq_num in zip(appends, state.next_seq_nums(count), strict=True):
             token.seq_num = seq_num
             token.client_id, token.generation, token.partition_id = client_id, generation, partition_id
-            token.data, token.error, token.ended, token.sent_at = builder.data, None, False, now
+            token.data, token.error, token.ended, token.sent_at, token.sent = builder.data, None, False, now, builder
             tokens.append(token)
         self.monitor.register_all(tokens, now)
         fill_append_requests(conn.new_appends(count), appends)
@@ -265,9 +265,10 @@ class ClientPartition:
                 req_id, message.flush.transaction_id, self.client_high_water_mark))
         elif kind == "append_rejected":
             rejected = message.append_rejected
-            log.warning("partition %d: append rejected: %s", self.partition_id, rejected.message)
             reason = server_pb2.AppendRejected.Reason.Name(rejected.reason)
-            outcomes = self.monitor.on_rejected(req_id_from_proto(rejected.req_id), reason)
+            level = logging.INFO if rejected.reason == server_pb2.AppendRejected.ALREADY_COMMITTED else logging.WARNING
+            log.log(level, "partition %d: append rejected: %s", self.partition_id, rejected.message)
+            outcomes = self.monitor.on_rejected(req_id_from_proto(rejected.req_id), reason, rejected.transaction_id)
             if rejected.reason == server_pb2.AppendRejected.INVALID:
                 for token, _ in outcomes:
                     token.error = TransactionRejectedError(f"partition {self.partition_id}: {rejected.message}")
@@ -305,10 +306,24 @@ class ClientPartition:
             raise ClientAheadError(self.partition_id, self.client_high_water_mark, response.high_water_mark)
         self.mounts += 1
         self._heard_high_water_mark(response.high_water_mark)
-        # reconnect procedure step 5: the server holds nothing of ours any more
+        # reconnect procedure step 5: the server decided every append of ours it had; those still pending are sent
+        # again with their sequence numbers, before any new one (a remount proves nothing about them: see
+        # TransactionMonitor), and the server answers ALREADY_COMMITTED for any that committed after all
+        self._resend(self.monitor.take_resends(_monotonic()))
         await self._fire(self.monitor.on_mount_complete())
         self._notify()  # step 6: appends are unblocked; the server's feed goes on from here
         return None
+
+    def _resend(self, tokens: list[PendingAppend]) -> None:
+        conn = self.conn
+        if not tokens or conn is None:
+            return
+        generation, now = self.state.generation, _monotonic()
+        for token in tokens:
+            token.generation, token.sent_at = generation, now
+        fill_append_requests(conn.new_appends(len(tokens)), [(token.sent, token) for token in tokens])
+        log.info("partition %d: sending %d pending appends again after the mount, with their sequence numbers "
+                 "(%d..%d)", self.partition_id, len(tokens), tokens[0].seq_num, tokens[-1].seq_num)
 
     async def _on_feed(self, entries: Sequence[server_pb2.FeedData]) -> _Verdict | None:
         """Apply a feed batch in order: the decisions here, the application's side in one callback-thread call."""
@@ -450,6 +465,10 @@ class ClientPartition:
             if outcome.kind is OutcomeKind.LOCK_FAILED:
                 self.env.stats.lock_failures += 1
                 await self._hook(token.context.on_lock_failure, -1)
+            elif outcome.kind is OutcomeKind.COMMITTED and outcome.transaction_id is not None:
+                # committed as a transaction the client applied already (ALREADY_COMMITTED to a re-send)
+                self.env.stats.committed += 1
+                await self._hook(token.context.on_completion, outcome.transaction_id, True)
         self._resolve([(t, o) for t, o in outcomes if o.is_final])
 
     def _resolve(self, outcomes: list[tuple[PendingAppend, Outcome]]) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from waltz_client.api import TransactionContext, WaltzClientCallbacks
+from waltz_client.api import TransactionBuilder, TransactionContext, WaltzClientCallbacks
 from waltz_client.config import ClientConfig
 from waltz_client.connection import ConnectionManager
 from waltz_client.driver import Ownership
@@ -23,11 +23,14 @@ class PendingAppend:
     It also holds the ReqId of the append sent last, as its four fields (no ReqId object is made per
     append): the monitor takes the token itself as the entry's ReqId."""
 
-    __slots__ = ("client_id", "context", "data", "ended", "error", "generation", "partition_id", "sent_at", "seq_num")
+    __slots__ = (
+        "client_id", "context", "data", "ended", "error", "generation", "partition_id", "sent", "sent_at", "seq_num"
+    )
     client_id: int
     data: bytes
     generation: int
     partition_id: int
+    sent: TransactionBuilder  # what was sent last: sent again as it is after a remount
     sent_at: float  # the loop's clock when it was sent last (for the append latency metric)
     seq_num: int
 

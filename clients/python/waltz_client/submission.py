@@ -183,6 +183,8 @@ class _Submission(PendingAppend, Job):
                     f"partition {partition.partition_id}: gave up after {self.attempts} failed attempts "
                     f"(client.maxRetries={max_retries}); last: {outcome.reason}")
             self.submitter.stats.retries += 1
+            log.info("partition %d: the attempt with sequence number %d failed (%s); executing it again",
+                     partition.partition_id, self.seq_num, outcome.reason)
             await partition.acquire_slot()
         except Exception as exc:
             await self._fail(exc)

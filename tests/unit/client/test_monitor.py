@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 from waltz_client.monitor import (
     CLEARED,
     FLUSHED,
-    REMOUNTED,
     SUPERSEDED,
     CapacityError,
     Outcome,
@@ -59,17 +58,20 @@ def test_interleaving_with_other_clients() -> None:
 
 def test_feed_entries_are_matched_on_every_req_id_field_also_as_protobuf_messages() -> None:
     monitor = monitor_with(1, 2)
-    for stranger in (rid(1, OTHER), ReqId(ME, 1, 0, 1), ReqId(ME, 0, 3, 1)):  # same sequence number only
+    assert monitor.on_feed(ReqId(ME, 1, 0, 9), 5) == []  # another sequence number
+    # the generation does not matter: sequence numbers never repeat (an append sent again after a remount may
+    # carry a newer generation)
+    for stranger in (rid(1, OTHER), ReqId(ME, 0, 3, 1)):  # same sequence number only
         assert monitor.on_feed(stranger, 5) == []
         assert monitor.on_feed(req_id_to_proto(stranger), 5) == []
-    assert monitor.on_lock_failure(rid(2, OTHER), 5) == [] and monitor.on_rejected(ReqId(ME, 1, 0, 2), "x") == []
+    assert monitor.on_lock_failure(rid(2, OTHER), 5) == [] and monitor.on_rejected(ReqId(ME, 1, 3, 2), "x") == []
     assert monitor.pending_count() == 2
     assert monitor.on_feed(req_id_to_proto(rid(2)), 6) == [failed("t1", SUPERSEDED), ("t2", Outcome.committed(6))]
 
 
 def test_commit_oldest_is_on_feed_for_the_oldest_pending_append_and_changes_nothing_otherwise() -> None:
     monitor = monitor_with(1, 2, 3)
-    for not_oldest in (rid(2), ReqId(ME, 1, 0, 1), rid(9)):  # the caller matched the client and partition
+    for not_oldest in (rid(2), rid(9)):  # the caller matched the client and partition
         assert monitor.commit_oldest(not_oldest.seq_num, not_oldest.generation) is None
     assert monitor.pending_count() == 3
     assert monitor.commit_oldest(1, 0) == "t1"
@@ -78,11 +80,29 @@ def test_commit_oldest_is_on_feed_for_the_oldest_pending_append_and_changes_noth
     assert monitor.commit_oldest(4, 0) is None  # empty
 
 
-def test_mount_complete_fails_everything_still_pending() -> None:
-    monitor = monitor_with(1, 2, 3)
+def test_a_remount_fails_nothing_its_pending_appends_are_sent_again() -> None:
+    """Issue 24's rule: a remount proves nothing about what was pending; the same sequence numbers go again and the
+    server's answer decides."""
+    monitor = monitor_with(1, 2, 3, 4)
     assert monitor.on_feed(rid(1), 0) == [("t1", Outcome.committed(0))]  # catch-up feed
-    assert monitor.on_mount_complete() == [failed("t2", REMOUNTED), failed("t3", REMOUNTED)]
-    assert monitor.pending_count() == 0
+    assert monitor.on_lock_failure(rid(4), 7) == [("t4", Outcome.lock_failed(7))]
+    assert monitor.take_resends(now=5.0) == ["t2", "t3"]  # not the lock-failed one: it waits for its conflict
+    assert monitor.on_mount_complete() == []
+    assert monitor.pending_count() == 3 and monitor.oldest_pending_age(6.0) == 1.0
+    # a rejection of a re-send that proves nothing leaves it pending; SEQUENCE_NOT_INCREASING is final
+    assert monitor.on_rejected(rid(2), "PARTITION_NOT_READY") == []
+    assert monitor.on_rejected(rid(2), "SEQUENCE_NOT_INCREASING") == [
+        failed("t2", "rejected: SEQUENCE_NOT_INCREASING")
+    ]
+    # ALREADY_COMMITTED: the feed brings it (after the client's mark) or it is committed (at or before the mark)
+    assert monitor.on_rejected(rid(3), "ALREADY_COMMITTED", 9) == []
+    assert monitor.on_client_high_water_mark(6) == []
+    assert monitor.on_rejected(rid(3), "ALREADY_COMMITTED", 6) == [("t3", Outcome.committed(6))]
+
+
+def test_a_first_send_rejected_fails_at_once() -> None:
+    monitor = monitor_with(1)
+    assert monitor.on_rejected(rid(1), "PARTITION_NOT_READY") == [failed("t1", "rejected: PARTITION_NOT_READY")]
 
 
 def test_flush_fails_unfed_appends_once_client_catches_up() -> None:
@@ -141,7 +161,8 @@ def test_lock_failure_already_caught_up_aborts_at_once() -> None:
 def test_lock_failed_entry_survives_remount_until_hwm() -> None:
     monitor = monitor_with(1, 2, hwm=2)
     monitor.on_lock_failure(rid(1), 3)
-    assert monitor.on_mount_complete() == [failed("t2", REMOUNTED)]
+    assert monitor.take_resends(now=10.0) == ["t2"] and monitor.on_mount_complete() == []
+    assert monitor.on_feed(rid(2), 3) == [("t2", Outcome.committed(3))]  # the re-send committed
     assert monitor.oldest_pending_age(10.0) is None and monitor.flush_target() is None
     assert [t for t, _ in monitor.on_client_high_water_mark(3)] == ["t1"]
 
@@ -235,6 +256,7 @@ def test_every_entry_is_resolved_exactly_once(events: list[tuple[str, int, int]]
             record(monitor.on_feed(target if d >= 0 else rid(i, OTHER), next_txn))
             next_txn += 1
         elif kind == "o":
+            monitor.take_resends(now=0.0)
             record(monitor.on_mount_complete())
         elif kind == "m":
             record(monitor.on_flush_response(target, hwm + d, hwm))
@@ -244,7 +266,7 @@ def test_every_entry_is_resolved_exactly_once(events: list[tuple[str, int, int]]
             hwm += max(d, 0)
             record(monitor.on_client_high_water_mark(hwm))
         elif kind == "x":
-            record(monitor.on_rejected(target, "refused"))
+            record(monitor.on_rejected(target, ("refused", "SEQUENCE_NOT_INCREASING", "ALREADY_COMMITTED")[i % 3], hwm))
         elif kind == "c":
             record(monitor.clear())
         assert monitor.pending_count() == len(registered) - len(finals)

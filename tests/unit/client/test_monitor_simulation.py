@@ -22,6 +22,7 @@ class Simulation:
         self.outbox: deque[tuple[str, ReqId, int]] = deque()  # server -> client, in order
         self.feed: deque[tuple[str, ReqId, int]] = deque()  # in order, but may lag the outbox
         self.hwm = -1
+        self.last_seq = 0  # the highest sequence number the server admitted
         self.req_ids: list[ReqId] = []
         self.outcomes: dict[int, list[tuple[Outcome, int]]] = {}
         self.now = 0.0
@@ -62,14 +63,23 @@ class Simulation:
                 self.outbox.append(("flushed", req, len(self.log) - 1))
             return
         self.inbox.popleft()
+        if choice == 1:
+            return  # lost on the way: the server never saw it
+        if req.seq_num <= self.last_seq:  # a re-send: answered from the log, never committed twice
+            committed = [txn for txn, r in enumerate(self.log) if r.seq_num == req.seq_num]
+            if committed:
+                self.outbox.append(("already", req, committed[0]))
+            else:
+                self.outbox.append(("refused", req, 0))
+            return
+        if choice == 3:
+            self.outbox.append(("rejected", req, 0))  # refused before its sequence number was admitted
+            return
+        self.last_seq = req.seq_num
         if choice == 0 or (choice == 2 and not self.log):
             self.pipeline.append(req)
-        elif choice == 1:
-            pass  # lost
-        elif choice == 2:
-            self.outbox.append(("lock", req, len(self.log) // 2))
         else:
-            self.outbox.append(("rejected", req, 0))
+            self.outbox.append(("lock", req, len(self.log) // 2))
 
     def commit(self) -> None:
         req = self.pipeline.popleft()
@@ -88,8 +98,12 @@ class Simulation:
             self.record(self.monitor.on_lock_failure(req, value))
         elif kind == "flushed":
             self.record(self.monitor.on_flush_response(req, value, self.hwm))
+        elif kind == "already":
+            self.record(self.monitor.on_rejected(req, "ALREADY_COMMITTED", value))
+        elif kind == "refused":
+            self.record(self.monitor.on_rejected(req, "SEQUENCE_NOT_INCREASING"))
         else:
-            self.record(self.monitor.on_rejected(req, "refused"))
+            self.record(self.monitor.on_rejected(req, "PARTITION_NOT_READY"))
 
     def remount(self, commit: int) -> None:
         """Reconnect: the old stream's messages are gone, the server settles its in-flight appends."""
@@ -104,13 +118,18 @@ class Simulation:
         for txn in range(self.hwm + 1, len(self.log)):
             self.deliver("feed", self.log[txn], txn)
         assert self.state.on_mount_response(mount, MountResult.READY)
+        for token in self.monitor.take_resends(self.now):  # sent again with their sequence numbers
+            self.inbox.append(("append", self.req_ids[token]))
         self.record(self.monitor.on_mount_complete())
 
     def finish(self) -> None:
-        while self.inbox or self.pipeline or self.outbox or self.feed:
-            for action, choice in ((1, 0), (2, 0), (4, 0), (4, 1)):
-                self.step(action, choice)
-        self.remount(commit=0)
+        while True:
+            while self.inbox or self.pipeline or self.outbox or self.feed:
+                for action, choice in ((1, 0), (2, 0), (4, 0), (4, 1)):
+                    self.step(action, choice)
+            self.remount(commit=0)
+            if not self.inbox:
+                return
 
 
 # Actions weighted so that a run has several appends in flight between remounts.
@@ -125,6 +144,8 @@ def test_outcomes_match_the_log(steps: list[tuple[int, int]]) -> None:
         sim.step(action, choice)
     sim.finish()
     assert sim.monitor.pending_count() == 0
+    seqs = [req.seq_num for req in sim.log]
+    assert len(seqs) == len(set(seqs)), "an append committed twice"
     committed_at = {req: txn for txn, req in enumerate(sim.log)}
     for token, req in enumerate(sim.req_ids):
         outcomes = sim.outcomes[token]
