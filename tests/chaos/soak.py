@@ -3,18 +3,20 @@
     scripts/soak --minutes 30 [--seed N] [--dir DIR] [--keep]
 
 ZooKeeper, 3 storage nodes and 2 servers run as processes, with a FaultProxy in front of each storage node's data
-port, each server's client port and each server's ZooKeeper link (LocalCluster(proxied=True)). Two clients of two
-submitters each append unique payloads (tests/chaos/cluster.Writer) the whole time. Meanwhile the soak picks a fault
-at random (FAULTS), inflicts it, holds it for a random time, heals it, waits until every partition is healthy at its
-owner and appends are acknowledged again, and goes on to the next. At the end it stops the load, heals everything and
-runs the history checker (tests/chaos/test_faults.check_run: nothing acknowledged lost, nothing committed twice,
-nothing reported failed that committed, ids dense, replicas identical).
+port, each server's client port and each server's ZooKeeper link (LocalCluster(proxied=True)). Three client processes
+of 20 concurrent submitters each (tests/chaos/load_process.py; a third of the submissions under a write lock) append
+unique payloads the whole time. Meanwhile the soak picks a fault at random (choose), inflicts it, holds it for a random
+time, heals it, waits until every partition is healthy at its owner and appends are acknowledged again, and goes on
+to the next. At the end it stops the load, heals everything and runs the history checker
+(tests/chaos/load_history.py: nothing committed twice, nothing acknowledged lost, nothing reported failed that
+committed, every lock's chain of writers unbroken, ids dense, replicas identical).
 
 It prints a line per fault and a summary: appends acknowledged, faults done by kind, and per kind the median and max
 time from the fault and from its healing to the next acknowledged append, and the longest stretch without one
 (tests/chaos/timing.py). A run with a violation, or one that stalled, keeps its directory (ZooKeeper's and every
 process's logs and data, history.jsonl: every submission and its outcome, faults.jsonl, summary.txt) and names it;
-a clean run removes it unless --keep.
+a clean run removes it unless --keep. The servers' ZooKeeper sessions are 4 s (tests/chaos/cluster.py): a ZooKeeper
+kill -9 or SIGSTOP held 1-8 s ends within or past them.
 """
 
 from __future__ import annotations
@@ -34,16 +36,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tests.chaos.cluster import PARTITIONS, healthy_owners
-from tests.chaos.test_faults import check_run, report
-from tests.chaos.test_zookeeper_faults import Writers, on_own_zookeeper, writing_from
+from tests.chaos.load_history import LoadProcesses, check_load_run
+from tests.chaos.test_faults import report
+from tests.chaos.test_zookeeper_faults import on_own_zookeeper
 from tests.chaos.timed import timed_fault
 from tests.chaos.timing import Recovery, table
 from waltz_common.testing.local_cluster import LocalCluster, ManagedProcess
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 
-CLIENTS = 2
-SUBMITTERS = 2
-PACE_S = 0.1  # each submitter's pause between appends: ~40 appends/s offered, a log the final check reads in minutes
+PROCESSES = 3
+SUBMITTERS = 20
+PACE_S = 0.2  # each submitter's pause between appends: well under 300 appends/s, a log the final check reads in minutes
 STEADY = 20  # acknowledged appends after each healing before the next fault
 RECOVERY_TIMEOUT_S = 120.0  # healthy and acknowledging again after a healing, or the run has stalled
 
@@ -81,6 +84,8 @@ def choose(rng: random.Random, zookeeper: ZooKeeperProcess, cluster: LocalCluste
             "server SIGSTOP", server.name, _signal(server, signal.SIGSTOP), _signal(server, signal.SIGCONT), hold(1, 8)
         ),
         Fault("zookeeper kill -9", "zookeeper", zookeeper.kill, zookeeper.start, hold(1, 8)),
+        Fault("zookeeper SIGSTOP", "zookeeper", zookeeper.pause, zookeeper.resume, hold(1, 8)),
+        Fault("rolling restart", "every process", lambda: rolling_restart(zookeeper, cluster), lambda: None, 0.0),
         Fault("storage link cut", node.name, storage_link.cut, storage_link.heal, hold(0.5, 6)),
         Fault("storage link blackhole", node.name, storage_link.blackhole, storage_link.heal, hold(1, 8)),
         Fault("storage link delay", node.name, lambda: storage_link.delay(0.1), storage_link.heal, hold(2, 8)),
@@ -91,12 +96,24 @@ def choose(rng: random.Random, zookeeper: ZooKeeperProcess, cluster: LocalCluste
     return rng.choice(faults)
 
 
+def rolling_restart(zookeeper: ZooKeeperProcess, cluster: LocalCluster) -> None:
+    """Each storage node, then each server, then ZooKeeper: SIGTERM and a start on the same data, one at a time,
+    each once the one before is back (a deployment's rolling restart)."""
+    for process in [*cluster.storage, *cluster.servers]:
+        process.stop()
+        process.start()
+    zookeeper.stop()
+    zookeeper.start()
+
+
 @dataclass
 class Outcome:
     seed: int
     seconds: float = 0.0
     submitted: int = 0
     acknowledged: int = 0
+    resent: int = 0  # submissions executed more than once (an attempt proven failed)
+    failed: int = 0  # submissions reported failed (every attempt proven failed: client.maxRetries lock failures)
     faults: list[dict[str, object]] = field(default_factory=list)
     recoveries: list[Recovery] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
@@ -105,7 +122,8 @@ class Outcome:
         done = Counter(r.kind for r in self.recoveries)
         lines = [
             f"soak: {self.seconds / 60:.1f} min, seed {self.seed}; {self.acknowledged} appends acknowledged of "
-            f"{self.submitted} submitted; {len(self.recoveries)} faults: "
+            f"{self.submitted} submitted ({self.failed} reported failed, {self.resent} executed again); "
+            f"{len(self.recoveries)} faults: "
             + ", ".join(f"{kind} {n}" for kind, n in sorted(done.items())),
             "recovery (seconds to the next acknowledged append; gap: the longest stretch without one):",
             *table(self.recoveries),
@@ -116,26 +134,33 @@ class Outcome:
 
 
 async def soak(
-    zookeeper: ZooKeeperProcess, cluster: LocalCluster, seconds: float, rng: random.Random, outcome: Outcome
-) -> Writers:
-    """Faults at random for `seconds` under load, then the history check; violations go into outcome."""
+    zookeeper: ZooKeeperProcess, cluster: LocalCluster, directory: Path, seconds: float, rng: random.Random,
+    outcome: Outcome,
+) -> list[dict[str, object]]:
+    """Faults at random for `seconds` under load; every submission's record (violations go into outcome)."""
     started = time.monotonic()
     await healthy_owners(cluster)
-    async with writing_from(cluster, CLIENTS, SUBMITTERS, PACE_S, limit=10**9) as load:
-        await load.acknowledged_at_least(STEADY, "before the first fault")
+    config = {**cluster.client_config(), "client.maxConcurrentTransactions": 100}
+    load = LoadProcesses(directory / "load", config, PROCESSES, SUBMITTERS, ("--pace", str(PACE_S)))
+    try:
+        await load.acknowledged_at_least(STEADY, "before the first fault", timeout=RECOVERY_TIMEOUT_S)
         try:
             while time.monotonic() - started < seconds:
                 await through(cluster, load, choose(rng, zookeeper, cluster), outcome)
                 await asyncio.sleep(rng.uniform(0.5, 3))
         except AssertionError as exc:  # stalled: no recovery in time
             outcome.violations.append(f"stalled: {exc}")
-    outcome.seconds = time.monotonic() - started
-    outcome.submitted = sum(len(w.appends) for w in load.writers)
-    outcome.acknowledged = load.acknowledged
-    return load
+        outcome.seconds = time.monotonic() - started
+        await asyncio.to_thread(heal_everything, zookeeper, cluster)
+        submissions = await load.stop(timeout=300)
+    finally:
+        load.kill()
+    outcome.submitted = len(submissions)
+    outcome.acknowledged = sum(1 for s in submissions if s["outcome"] == "committed")
+    return submissions
 
 
-async def through(cluster: LocalCluster, load: Writers, fault: Fault, outcome: Outcome) -> None:
+async def through(cluster: LocalCluster, load: LoadProcesses, fault: Fault, outcome: Outcome) -> None:
     """Inflict, hold, heal; wait for healthy owners and STEADY acknowledgements; record the recovery."""
     found, _ = await timed_fault(
         load,
@@ -161,6 +186,8 @@ def heal_everything(zookeeper: ZooKeeperProcess, cluster: LocalCluster) -> None:
         proxy.heal()
     if zookeeper.pid is None:
         zookeeper.start()
+    else:
+        zookeeper.resume()
     for process in [*cluster.storage, *cluster.servers]:
         if process.running:
             assert process.process is not None
@@ -175,15 +202,17 @@ def run_soak(directory: Path, seconds: float, seed: int) -> Outcome:
     outcome = Outcome(seed)
 
     async def scenario(zookeeper: ZooKeeperProcess, cluster: LocalCluster) -> None:
-        load: Writers | None = None
+        submissions: list[dict[str, object]] | None = None
         try:
-            load = await soak(zookeeper, cluster, seconds, rng, outcome)
+            submissions = await soak(zookeeper, cluster, directory, seconds, rng, outcome)
         finally:
             await asyncio.to_thread(heal_everything, zookeeper, cluster)
-        if load is not None:
-            keep_history(directory, load)
+        if submissions is not None:
+            keep_history(directory, submissions)
             try:
-                await check_run(cluster, load.writers, "soak", read_timeout=600)
+                verdict = await check_load_run(cluster, submissions, "soak", read_timeout=600)
+                outcome.resent = verdict.resent
+                outcome.failed = verdict.failed
             except AssertionError as exc:
                 found = exc.args[0] if exc.args else "the history check failed"
                 outcome.violations.extend(str(p) for p in (found if isinstance(found, list) else [found]))
@@ -197,14 +226,10 @@ def run_soak(directory: Path, seconds: float, seed: int) -> Outcome:
     return outcome
 
 
-def keep_history(directory: Path, load: Writers) -> None:
+def keep_history(directory: Path, submissions: list[dict[str, object]]) -> None:
     with (directory / "history.jsonl").open("w") as out:
-        for writer in load.writers:
-            for a in writer.appends:
-                outcome = a.outcome if isinstance(a.outcome, bool | None) else repr(a.outcome)
-                record = {"run": writer.run_id, "seq": a.seq, "partition": a.partition, "outcome": outcome}
-                record |= {"executions": a.executions, "acked_at": a.acked_at, "data": a.data.decode()}
-                out.write(json.dumps(record) + "\n")
+        for submission in submissions:
+            out.write(json.dumps(submission) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,7 @@ from tests.chaos.cluster import (
 from tests.chaos.history import check, compare_replicas
 from waltz_common.testing.local_cluster import LocalCluster, ServerNode
 from waltz_common.testing.zookeeper import ZooKeeperProcess
+from waltz_common.types import Record
 
 SLOW = os.environ.get("WALTZ_SLOW") == "1"
 STEP = 500 if SLOW else 100  # acknowledged appends between one event of a scenario and the next
@@ -93,7 +94,11 @@ async def check_run(
         assert not each.fed.problems, each.fed.problems
         for pid, records in each.fed.log.items():
             assert records == log[pid][: len(records)], f"partition {pid}: the writer was fed other records"
-    # a restarted replica catches up in the background: wait until all three hold exactly the log
+    await identical_replicas(cluster, log)
+
+
+async def identical_replicas(cluster: LocalCluster, log: dict[int, list[Record]]) -> None:
+    """Wait until every replica holds exactly the log (a restarted one catches up in the background)."""
     problems: list[str] = []
 
     def identical() -> bool:

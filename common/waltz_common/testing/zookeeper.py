@@ -57,6 +57,20 @@ class ZooKeeperProcess:
             time.sleep(0.02)
         (self.directory / "zookeeper.pid").unlink(missing_ok=True)
 
+    def pause(self) -> None:
+        """SIGSTOP: frozen, its connections open and silent (a stop-the-world pause, a hung machine)."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after pause()."""
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        pid = self.pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
     @property
     def pid(self) -> int | None:
         pidfile = self.directory / "zookeeper.pid"
