@@ -49,18 +49,14 @@ class LockState(WaltzClientCallbacks):
         return self.applied.get(partition_id, -1)
 
     def apply_transaction(self, transaction: Transaction) -> None:
+        """The header names the lock a transaction wrote (lock + 1; 0: none): no data to fetch."""
         pid, tid = transaction.partition_id, transaction.transaction_id
         with self._lock:
             if tid != self.applied.get(pid, -1) + 1:
                 self.problems.append(f"partition {pid}: applied {tid} after {self.applied.get(pid, -1)}")
             self.applied[pid] = tid
-            try:
-                payload = json.loads(transaction.data())
-            except ValueError:
-                return
-            lock = payload.get("lock")
-            if lock is not None:
-                self.last_writer[(pid, lock)] = tid
+            if transaction.header:
+                self.last_writer[(pid, transaction.header - 1)] = tid
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exc: BaseException) -> None:
         self.problems.append(f"partition {partition_id} transaction {transaction_id}: {exc!r}")
@@ -89,6 +85,7 @@ class Submission(TransactionContext):
             payload["lock"] = self.lock
             payload["prev"] = self.state.last_writer.get((self.partition, self.lock), -1)
             builder.set_write_locks([PartitionLocalLock(LOCK_NAME, self.lock)])
+            builder.set_header(self.lock + 1)
         builder.set_data(json.dumps(payload, separators=(",", ":")).encode())
         return True
 

@@ -46,7 +46,7 @@ from waltz_common.testing.zookeeper import ZooKeeperProcess
 
 PROCESSES = 3
 SUBMITTERS = 20
-PACE_S = 0.2  # each submitter's pause between appends: well under 300 appends/s, a log the final check reads in minutes
+PACE_S = 0.5  # each submitter's pause between appends: at most 120 appends/s, a log the final check reads in minutes
 STEADY = 20  # acknowledged appends after each healing before the next fault
 RECOVERY_TIMEOUT_S = 120.0  # healthy and acknowledging again after a healing, or the run has stalled
 
@@ -210,7 +210,7 @@ def run_soak(directory: Path, seconds: float, seed: int) -> Outcome:
         if submissions is not None:
             keep_history(directory, submissions)
             try:
-                verdict = await check_load_run(cluster, submissions, "soak", read_timeout=600)
+                verdict = await check_load_run(cluster, submissions, "soak", read_timeout=max(600.0, seconds))
                 outcome.resent = verdict.resent
                 outcome.failed = verdict.failed
             except AssertionError as exc:
