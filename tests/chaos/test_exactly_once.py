@@ -67,6 +67,7 @@ async def zookeeper_restart_under_load(
     return {p: after[p] - before[p] for p in after}
 
 
+@pytest.mark.timeout(300 * RUNS)
 @pytest.mark.parametrize("discovery", ["zookeeper", "servers"])
 def test_zookeeper_kill_and_restart_within_the_session_timeout_commits_nothing_twice(
     tmp_path: Path, discovery: str
@@ -88,6 +89,7 @@ def test_zookeeper_kill_and_restart_within_the_session_timeout_commits_nothing_t
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300 * RUNS)
 @pytest.mark.parametrize("discovery", ["zookeeper", "servers"])
 def test_zookeeper_down_past_the_session_timeout_commits_nothing_twice(tmp_path: Path, discovery: str) -> None:
     """ZooKeeper down 15 s, the servers' sessions 6 s: sessions expire, partitions move, nothing committed twice."""
