@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from kazoo.exceptions import NoAuthError
@@ -24,7 +26,8 @@ def _connect(zookeeper, user: str | None) -> object:
     return zkmeta.connect(zookeeper.connect_string, security=ZkSecurity.of(auth=auth, acl=ACL if user else None))
 
 
-def test_only_the_listed_identities_change_the_cluster_znodes(zookeeper, zk, cluster_root, capsys, tmp_path):
+def _operator_config(zookeeper, zk, cluster_root: str, tmp_path: Path) -> Path:
+    """The CLI file of an operator who creates the cluster with ACL."""
     # the parent that other tests share exists, open, before the cluster's own znodes get the ACL (created by
     # `cluster create`, it would take the cluster's ACL, and tests run after this one could not use it)
     zk.ensure_path(cluster_root.rsplit("/", 1)[0])
@@ -39,6 +42,11 @@ def test_only_the_listed_identities_change_the_cluster_znodes(zookeeper, zk, clu
             }
         )
     )
+    return config
+
+
+def test_only_the_listed_identities_change_the_cluster_znodes(zookeeper, zk, cluster_root, capsys, tmp_path):
+    config = _operator_config(zookeeper, zk, cluster_root, tmp_path)
     created = waltz(capsys, "-c", str(config), "cluster", "create", "-n", "secure", "-p", "2")
     assert created.code == 0, created.err
     assert "warning" not in created.err
@@ -88,18 +96,7 @@ def test_every_znode_is_created_with_the_acl_and_nothing_later_is_open(zookeeper
     # issue 25: <root>/ids/client was created open to the world by the first process that took an id, even on a
     # cluster created with zookeeper.acl: an anonymous write of 2^31-1 stopped every new client, a lower value
     # handed out duplicate ids
-    zk.ensure_path(cluster_root.rsplit("/", 1)[0])
-    config = tmp_path / "cli.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "zookeeper.connectString": zookeeper.connect_string,
-                "cluster.root": cluster_root,
-                "zookeeper.auth": "digest:operator:operator-secret",
-                "zookeeper.acl": ACL,
-            }
-        )
-    )
+    config = _operator_config(zookeeper, zk, cluster_root, tmp_path)
     assert waltz(capsys, "-c", str(config), "cluster", "create", "-n", "secure", "-p", "2").code == 0
     paths = zkmeta.ZkPaths(cluster_root)
     for znode in paths.every_znode(2):
