@@ -11,6 +11,7 @@ from kazoo.security import Permissions, make_digest_acl_credential
 
 from tests.unit.cli.helpers import waltz
 from waltz.v1 import metadata_pb2
+from waltz_client import WaltzError, grpc_driver
 from waltz_common import devcerts
 from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import free_port
@@ -109,6 +110,8 @@ def test_every_znode_is_created_with_the_acl_and_nothing_later_is_open(zookeeper
             anonymous.set(paths.client_ids, b"2147483647")
         with pytest.raises(NoAuthError):
             take_client_id(anonymous, paths)
+        with pytest.raises(WaltzError, match=r"set client\.servers to take client ids from the servers"):
+            grpc_driver._client_id(anonymous, paths)  # a client configured with ZooKeeper is told what to do
         with pytest.raises(NoAuthError):
             anonymous.create(paths.client_binding(1), b"")
         with pytest.raises(NoAuthError):
