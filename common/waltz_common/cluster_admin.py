@@ -7,11 +7,12 @@ from collections.abc import Iterable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
+from kazoo.security import ACL, Permissions
 
 from waltz.v1 import metadata_pb2
 from waltz_common import zk as zkmeta
 from waltz_common.zk import MetadataError, ZkPaths
-from waltz_common.zk_security import creatable_by_anyone
+from waltz_common.zk_security import WORLD
 
 
 def parse_partitions(text: str, num_partitions: int | None = None) -> list[int]:
@@ -58,12 +59,36 @@ def create_cluster(zk: KazooClient, paths: ZkPaths, name: str, num_partitions: i
     tx.create(paths.connection_metadata, metadata_pb2.ConnectionMetadata().SerializeToString())
     tx.create(paths.servers, b"")
     tx.create(paths.server_assignment, metadata_pb2.ServerAssignment().SerializeToString())
-    tx.create(f"{paths.root}/ids", b"", acl=creatable_by_anyone(zk.default_acl))  # applications take ids
+    # the id counters and the client id bindings, now and with the cluster's ACL: made later by the first
+    # process that asked, they were open to the world (an anonymous write could exhaust or rewind the counter)
+    tx.create(f"{paths.root}/ids", b"")
+    tx.create(paths.client_ids, b"0")
+    tx.create(paths.server_ids, b"0")
+    tx.create(paths.client_bindings, b"")
     results = tx.commit()
     failures = [r for r in results if isinstance(r, Exception)]
     if failures:
         raise MetadataError(f"could not create the cluster at {paths.root}: {failures[0]!r}")
     return key
+
+
+def acl_warning(acl: Iterable[ACL] | None) -> str | None:
+    """What `waltz cluster create` warns about the ACL the cluster's znodes get (the creator's zookeeper.acl):
+    None when only the listed identities may change them; otherwise who else can and what that allows."""
+    entries = list(acl or ())
+    if not entries:
+        return (
+            "the cluster was created without zookeeper.acl: anyone who reaches ZooKeeper can change its znodes "
+            "(partition ownership and metadata, the client id counter and bindings); production clusters set "
+            "zookeeper.acl and zookeeper.auth (docs/security.md)"
+        )
+    world = max((a.perms for a in entries if a.id == WORLD), default=0)
+    if world & ~Permissions.READ:
+        return (
+            "zookeeper.acl lets anyone (world:anyone) do more than read the cluster's znodes: anyone who reaches "
+            "ZooKeeper can change them (docs/security.md)"
+        )
+    return None
 
 
 def delete_cluster(zk: KazooClient, paths: ZkPaths, force: bool = False) -> None:

@@ -66,9 +66,11 @@ def issue(
     *,
     not_before: datetime.datetime | None = None,
     not_after: datetime.datetime | None = None,
+    common_name: str | None = None,
 ) -> tuple[bytes, bytes]:
     """(certificate PEM, key PEM) carrying role as a spiffe://waltz/role/<role> URI and hosts as DNS/IP names;
-    valid as a TLS server and client certificate."""
+    valid as a TLS server and client certificate. Its subject is CN=<common_name> (default 'waltz <role>'),
+    O=waltz: two applications with different names are different client identities."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
     key = ec.generate_private_key(ec.SECP256R1())
@@ -81,7 +83,7 @@ def issue(
             names.append(x509.DNSName(host))
     cert = (
         x509.CertificateBuilder()
-        .subject_name(_name(f"waltz {role}"))
+        .subject_name(_name(common_name or f"waltz {role}"))
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())

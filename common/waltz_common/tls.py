@@ -151,6 +151,20 @@ def roles_of(pem: bytes) -> frozenset[str]:
     return frozenset(u[len(ROLE_URI_PREFIX) :] for u in uris if u.startswith(ROLE_URI_PREFIX))
 
 
+@lru_cache(maxsize=256)
+def subject_of(pem: bytes) -> str:
+    """The subject distinguished name of a PEM certificate (RFC 4514), e.g. 'CN=billing,O=example'."""
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificate(pem).subject.rfc4514_string()
+
+
+def peer_pem(context: grpc.aio.ServicerContext) -> bytes | None:
+    """The certificate the peer of a call presented (mutual TLS); None on a plaintext port."""
+    pems = context.auth_context().get("x509_pem_cert") or []
+    return pems[0] if pems else None
+
+
 def role_uri(role: str) -> str:
     return f"{ROLE_URI_PREFIX}{role}"
 
@@ -174,8 +188,8 @@ class RoleCheck(grpc.aio.ServerInterceptor):
         self.allowed = frozenset(allowed)
 
     async def _check(self, context: grpc.aio.ServicerContext) -> None:
-        pems = context.auth_context().get("x509_pem_cert") or []
-        held = roles_of(pems[0]) if pems else frozenset()
+        pem = peer_pem(context)
+        held = roles_of(pem) if pem is not None else frozenset()
         message = refusal(self.port, self.allowed, held)
         if message is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, message)

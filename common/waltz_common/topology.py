@@ -31,10 +31,11 @@ Topology = Mapping[int, Ownership]
 
 
 def take_client_id(zk: KazooClient, paths: zkmeta.ZkPaths) -> int:
-    """A new cluster-unique client id from the counter at <root>/ids/client; ValueError when it is exhausted."""
-    counter = zk.Counter(paths.client_ids)
-    counter += 1
-    client_id = int(counter.post_value)
+    """A new cluster-unique client id from the counter at <root>/ids/client; ValueError when it is exhausted.
+
+    On a cluster created with zookeeper.acl only the listed identities may take one here (kazoo's NoAuthError):
+    applications take theirs from a server (GetClientId, client.servers)."""
+    client_id = zkmeta.increment(zk, paths.client_ids)
     if client_id > INT32_MAX:
         raise ValueError(f"the client id counter {paths.client_ids} is exhausted")
     return client_id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -12,6 +13,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.protocol.connection import ConnectionHandler
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
+from kazoo.security import ACL
 
 from waltz.v1 import metadata_pb2
 from waltz_common.zk_security import ZkSecurity
@@ -82,6 +84,34 @@ class ZkPaths:
     def server_ids(self) -> str:
         return f"{self.root}/ids/server"
 
+    @property
+    def client_bindings(self) -> str:
+        return f"{self.root}/ids/binding"
+
+    def client_binding(self, client_id: int) -> str:
+        """Who may use a client id under mutual TLS (a ClientIdentity, written once)."""
+        return f"{self.root}/ids/binding/{client_id}"
+
+    def every_znode(self, num_partitions: int) -> list[str]:
+        """Every persistent znode of a cluster, parents first: what `waltz cluster create` makes, with the
+        cluster's ACL. Nothing else is created later but the servers' registrations (ephemeral, under
+        servers) and the client id bindings (under ids/binding), which take the ACL of their parent."""
+        return [
+            self.cluster,
+            self.store,
+            self.store_partitions,
+            *(self.partition_metadata(pid) for pid in range(num_partitions)),
+            self.replica_assignments,
+            self.group_descriptor,
+            self.connection_metadata,
+            self.servers,
+            self.server_assignment,
+            f"{self.root}/ids",
+            self.client_ids,
+            self.server_ids,
+            self.client_bindings,
+        ]
+
 
 RECONNECT_MAX_DELAY_S = 1.0
 """The longest wait between two attempts to reach ZooKeeper once the connection is lost. kazoo's default doubles
@@ -149,8 +179,65 @@ def write(zk: KazooClient, path: str, message: Message, version: int = -1) -> Zn
     return zk.set(path, message.SerializeToString(), version=version)
 
 
-def create(zk: KazooClient, path: str, message: Message, ephemeral: bool = False) -> None:
-    zk.create(path, message.SerializeToString(), makepath=True, ephemeral=ephemeral)
+def acl_for(zk: KazooClient, path: str) -> list[ACL] | None:
+    """The ACL of a znode this process creates at path: its own (zookeeper.acl) when it has one, else that of
+    the nearest existing ancestor, so that nothing created after `waltz cluster create` is more open than the
+    cluster (kazoo's default would open it to the world). None (world-open) only when no ancestor has an ACL."""
+    if zk.default_acl:
+        return list(zk.default_acl)
+    parent = path
+    while parent not in ("", "/"):
+        parent = parent.rsplit("/", 1)[0]
+        try:
+            acl, _ = zk.get_acls(parent or "/")
+        except NoNodeError:
+            continue
+        return list(acl)
+    return None
+
+
+def create(zk: KazooClient, path: str, message: Message | bytes, ephemeral: bool = False) -> None:
+    """Create path (and any missing parent) with acl_for's ACL; NodeExistsError when it exists."""
+    data = message if isinstance(message, bytes) else message.SerializeToString()
+    zk.create(path, data, acl=acl_for(zk, path), makepath=True, ephemeral=ephemeral)
+
+
+def counter(zk: KazooClient, path: str) -> int:
+    """The value of the counter at path (see increment); 0 when it does not exist."""
+    try:
+        data, _ = zk.get(path)
+    except NoNodeError:
+        return 0
+    return _counter_value(path, data)
+
+
+def _counter_value(path: str, data: bytes) -> int:
+    try:
+        return int(data.decode("ascii") or "0")
+    except (UnicodeDecodeError, ValueError):
+        raise MetadataError(f"counter {path} holds {data[:40]!r}, not a number") from None
+
+
+def increment(zk: KazooClient, path: str, retries: int = 1000) -> int:
+    """Add one to the counter at path and return the new value (compare-and-set, retried on a concurrent change).
+
+    The value is ASCII decimal, empty meaning 0: kazoo's Counter format, so counters written by earlier versions
+    go on. `waltz cluster create` makes the counters with the cluster's ACL; one missing (a cluster created by an
+    earlier version) is created with its parent's ACL, never open to the world by the first process that asks."""
+    for _ in range(retries):
+        try:
+            data, stat = zk.get(path)
+        except NoNodeError:
+            with contextlib.suppress(NodeExistsError):
+                create(zk, path, b"0")
+            continue
+        value = _counter_value(path, data) + 1
+        try:
+            zk.set(path, str(value).encode("ascii"), version=stat.version)
+        except BadVersionError:
+            continue
+        return value
+    raise MetadataError(f"could not increment {path}: {retries} concurrent changes in a row")
 
 
 def update(zk: KazooClient, path: str, cls: type[M], change: Callable[[M], M | None], retries: int = 100) -> M:

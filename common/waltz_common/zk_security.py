@@ -71,16 +71,6 @@ class ZkSecurity:
         return args
 
 
-def creatable_by_anyone(acl: list[ACL] | None) -> list[ACL] | None:
-    """The ACL for a znode under which anyone may create children (the id counters, which applications take
-    from): acl with the world's READ widened to READ and CREATE; None (the default) when acl is None."""
-    if not acl:
-        return None
-    kept = [a for a in acl if a.id != WORLD]
-    world = max((a.perms for a in acl if a.id == WORLD), default=0)
-    return [*kept, ACL(world | Permissions.READ | Permissions.CREATE, WORLD)]
-
-
 def _auth(text: str, source: str) -> tuple[str, str]:
     scheme, sep, credential = text.partition(":")
     if not sep or not scheme or not credential:

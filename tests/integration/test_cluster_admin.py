@@ -55,3 +55,24 @@ def test_partition_ranges(text, expected):
 def test_bad_partition_ranges(text):
     with pytest.raises(ValueError):
         admin.parse_partitions(text, num_partitions=8)
+
+
+def test_create_makes_every_znode_of_the_cluster_and_the_counters_count(zk, cluster_root):
+    paths = zkmeta.ZkPaths(cluster_root)
+    admin.create_cluster(zk, paths, "test", 3)
+
+    def tree(path: str) -> list[str]:
+        return [path, *(z for child in zk.get_children(path) for z in tree(f"{path}/{child}"))]
+
+    assert sorted(tree(paths.root)) == sorted(paths.every_znode(3))
+    assert zkmeta.counter(zk, paths.client_ids) == 0
+    assert [zkmeta.increment(zk, paths.client_ids) for _ in range(3)] == [1, 2, 3]
+    written_by_kazoo = zk.Counter(paths.server_ids)  # as an earlier version did: the count goes on
+    written_by_kazoo += 5
+    assert zkmeta.increment(zk, paths.server_ids) == 6
+    zk.delete(paths.server_ids)  # a cluster created before the counters were
+    assert zkmeta.increment(zk, paths.server_ids) == 1
+    zk.set(paths.client_ids, b"junk")
+    with pytest.raises(zkmeta.MetadataError, match="not a number"):
+        zkmeta.increment(zk, paths.client_ids)
+

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from kazoo.exceptions import NoAuthError
-from kazoo.security import make_digest_acl_credential
+from kazoo.security import Permissions, make_digest_acl_credential
 
 from tests.unit.cli.helpers import waltz
 from waltz.v1 import metadata_pb2
+from waltz_client import WaltzError, grpc_driver
 from waltz_common import devcerts
 from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import free_port
 from waltz_common.testing.zookeeper import ZooKeeperProcess
-from waltz_common.zk_security import ZkSecurity
+from waltz_common.topology import take_client_id
+from waltz_common.zk_security import WORLD, ZkSecurity
 
 ACL = "; ".join(f"digest:{make_digest_acl_credential(user, user + '-secret')}" for user in ("operator", "server"))
 
@@ -23,7 +27,8 @@ def _connect(zookeeper, user: str | None) -> object:
     return zkmeta.connect(zookeeper.connect_string, security=ZkSecurity.of(auth=auth, acl=ACL if user else None))
 
 
-def test_only_the_listed_identities_change_the_cluster_znodes(zookeeper, zk, cluster_root, capsys, tmp_path):
+def _operator_config(zookeeper, zk, cluster_root: str, tmp_path: Path) -> Path:
+    """The CLI file of an operator who creates the cluster with ACL."""
     # the parent that other tests share exists, open, before the cluster's own znodes get the ACL (created by
     # `cluster create`, it would take the cluster's ACL, and tests run after this one could not use it)
     zk.ensure_path(cluster_root.rsplit("/", 1)[0])
@@ -38,8 +43,14 @@ def test_only_the_listed_identities_change_the_cluster_znodes(zookeeper, zk, clu
             }
         )
     )
+    return config
+
+
+def test_only_the_listed_identities_change_the_cluster_znodes(zookeeper, zk, cluster_root, capsys, tmp_path):
+    config = _operator_config(zookeeper, zk, cluster_root, tmp_path)
     created = waltz(capsys, "-c", str(config), "cluster", "create", "-n", "secure", "-p", "2")
     assert created.code == 0, created.err
+    assert "warning" not in created.err
     paths = zkmeta.ZkPaths(cluster_root)
     partition = paths.partition_metadata(0)
     anonymous, server, operator = (_connect(zookeeper, u) for u in (None, "server", "operator"))
@@ -51,9 +62,7 @@ def test_only_the_listed_identities_change_the_cluster_znodes(zookeeper, zk, clu
             anonymous.delete(paths.root, recursive=True)
         zkmeta.write(server, partition, metadata_pb2.PartitionMetadata(generation=1, session_id=3))
         assert zkmeta.require(operator, partition, metadata_pb2.PartitionMetadata)[0].session_id == 3
-        counter = anonymous.Counter(paths.client_ids)  # an application takes a client id
-        counter += 1
-        assert counter.value == 1
+        assert take_client_id(server, paths) == 1  # a server hands out client ids (GetClientId)
         assert waltz(capsys, "-c", str(config), "storage", "add-node", "-s", "127.0.0.1:7000", "-a", "7001").code == 0
         refused = waltz(
             capsys,
@@ -73,6 +82,62 @@ def test_only_the_listed_identities_change_the_cluster_znodes(zookeeper, zk, clu
         for client in (anonymous, server, operator):
             client.stop()
             client.close()
+
+
+def _world_may_write(zk, path: str) -> list[str]:
+    """The znodes at and under path whose ACL lets anyone do more than read."""
+    acl, _ = zk.get_acls(path)
+    found = [path] if any(a.id == WORLD and a.perms & ~Permissions.READ for a in acl) else []
+    for child in zk.get_children(path):
+        found += _world_may_write(zk, f"{path}/{child}")
+    return found
+
+
+def test_every_znode_is_created_with_the_acl_and_nothing_later_is_open(zookeeper, zk, cluster_root, capsys, tmp_path):
+    # issue 25: <root>/ids/client was created open to the world by the first process that took an id, even on a
+    # cluster created with zookeeper.acl: an anonymous write of 2^31-1 stopped every new client, a lower value
+    # handed out duplicate ids
+    config = _operator_config(zookeeper, zk, cluster_root, tmp_path)
+    assert waltz(capsys, "-c", str(config), "cluster", "create", "-n", "secure", "-p", "2").code == 0
+    paths = zkmeta.ZkPaths(cluster_root)
+    for znode in paths.every_znode(2):
+        assert zk.exists(znode) is not None, znode
+    anonymous = _connect(zookeeper, None)
+    # a server that authenticates but sets no zookeeper.acl of its own: what it creates takes its parent's ACL
+    server = zkmeta.connect(zookeeper.connect_string, security=ZkSecurity.of(auth="digest:server:server-secret"))
+    try:
+        with pytest.raises(NoAuthError):
+            anonymous.set(paths.client_ids, b"2147483647")
+        with pytest.raises(NoAuthError):
+            take_client_id(anonymous, paths)
+        with pytest.raises(WaltzError, match=r"set client\.servers to take client ids from the servers"):
+            grpc_driver._client_id(anonymous, paths)  # a client configured with ZooKeeper is told what to do
+        with pytest.raises(NoAuthError):
+            anonymous.create(paths.client_binding(1), b"")
+        with pytest.raises(NoAuthError):
+            anonymous.set(paths.server_ids, b"-5")
+        assert take_client_id(server, paths) == 1
+        assert zkmeta.increment(server, paths.server_ids) == 1
+        zkmeta.create(server, paths.server(1), metadata_pb2.ServerDescriptor(server_id=1), ephemeral=True)
+        zkmeta.create(server, paths.client_binding(1), metadata_pb2.ClientIdentity(subject="CN=a"))
+        assert _world_may_write(zk, paths.root) == []
+        with pytest.raises(NoAuthError):
+            anonymous.set(paths.client_binding(1), b"")
+        with pytest.raises(NoAuthError):
+            anonymous.set(paths.server(1), b"")
+    finally:
+        for client in (anonymous, server):
+            client.stop()
+            client.close()
+
+
+def test_a_cluster_created_without_an_acl_says_so(zookeeper, cluster_root, capsys):
+    created = waltz(
+        capsys, "--zookeeper", zookeeper.connect_string, "--root", cluster_root, "cluster", "create", "-n", "open",
+        "-p", "1",
+    )
+    assert created.code == 0, created.err
+    assert "waltz: warning: the cluster was created without zookeeper.acl" in created.err
 
 
 @pytest.fixture

@@ -270,3 +270,14 @@ def test_additions_are_marked_in_the_proto_sources():
         index = text.find(addition)
         assert index >= 0, addition
     assert text.count("ADDITION") >= 15
+
+
+def test_permission_denied_answers_and_the_client_identity_binding():
+    # issue 25: clients in other languages match these numbers (docs/protocol.md, sections 2, 4 and 9)
+    assert server_pb2.MountResponse.PartitionState.Value("PERMISSION_DENIED") == 6
+    assert server_pb2.AppendRejected.Reason.Value("PERMISSION_DENIED") == 9
+    assert {f.name for f in server_pb2.MountResponse.DESCRIPTOR.fields} >= {"state", "message"}
+    assert {f.name for f in server_pb2.AppendRejected.DESCRIPTOR.fields} >= {"reason", "message"}
+    fields = metadata_pb2.ClientIdentity.DESCRIPTOR.fields_by_name
+    assert fields["role_uris"].is_repeated and fields["role_uris"].type == FieldDescriptor.TYPE_STRING
+    assert fields["subject"].type == FieldDescriptor.TYPE_STRING

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from waltz.v1 import metadata_pb2, server_pb2
@@ -44,6 +45,10 @@ def create_cmd(ctx: Context, args: argparse.Namespace) -> Result:
         raise UsageError("--partitions must be at least 1")
     key = cluster_admin.create_cluster(ctx.zk, ctx.paths, args.name, args.partitions)
     data = {"root": ctx.paths.root, "name": args.name, "partitions": args.partitions, "cluster_key": key}
+    warning = cluster_admin.acl_warning(ctx.zk.default_acl)
+    if warning is not None:
+        print(f"waltz: warning: {warning}", file=sys.stderr)
+        data["warning"] = warning
     return Result(data, f"created cluster {args.name!r} at {ctx.paths.root}: {args.partitions} partitions, key {key}")
 
 

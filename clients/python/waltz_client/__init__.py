@@ -13,6 +13,7 @@ from waltz_client.client import AsyncWaltzClient
 from waltz_client.config import CLIENT_KEYS
 from waltz_client.errors import (
     ClientAheadError,
+    ClientIdDeniedError,
     RetriesExhaustedError,
     TransactionDataError,
     TransactionRejectedError,
@@ -27,6 +28,7 @@ __all__ = [
     "CLIENT_KEYS",
     "AsyncWaltzClient",
     "ClientAheadError",
+    "ClientIdDeniedError",
     "JsonSerializer",
     "MockServer",
     "PartitionLocalLock",

@@ -125,7 +125,7 @@ class AsyncWaltzClient:
 
     async def wait_mounted(self) -> None:
         """Wait until every partition this client uses is mounted (WaltzTimeoutError after
-        client.mountTimeout; ClientAheadError for a partition that cannot be)."""
+        client.mountTimeout; ClientAheadError or ClientIdDeniedError for a partition that cannot be)."""
         self._check_open()
         await asyncio.gather(*(p.wait_mounted() for p in self._partitions.values()))
 
@@ -138,7 +138,7 @@ class AsyncWaltzClient:
 
         The future ends True (committed and applied), False (execute declined), or with the
         exception on_exception got. Raises here when no slot frees in time (WaltzTimeoutError),
-        the partition is unusable (ClientAheadError) or the client is closed.
+        the partition is unusable (ClientAheadError, ClientIdDeniedError) or the client is closed.
         """
         if not self._usable:
             self._check_open()

@@ -32,6 +32,16 @@ class ClientAheadError(WaltzError):
         self.partition_high_water_mark = partition_high_water_mark
 
 
+class ClientIdDeniedError(WaltzError):
+    """The server refused this client's client id (mutual TLS): it belongs to another identity, another
+    certificate's role and subject. Not something a retry fixes: the partition stays unusable."""
+
+    def __init__(self, partition_id: int, client_id: int, message: str) -> None:
+        super().__init__(f"partition {partition_id}: client id {client_id} refused: {message}")
+        self.partition_id = partition_id
+        self.client_id = client_id
+
+
 class RetriesExhaustedError(WaltzError):
     """A transaction context failed client.maxRetries + 1 times and was given up."""
 

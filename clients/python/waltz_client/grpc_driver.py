@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
 
 from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_client.config import ClientConfig
@@ -149,6 +150,12 @@ def _client_id(zk: KazooClient, paths: zkmeta.ZkPaths) -> int:
         return take_client_id(zk, paths)
     except ValueError as exc:
         raise WaltzError(str(exc)) from None
+    except NoAuthError:
+        raise WaltzError(
+            f"ZooKeeper refused this client a client id from {paths.client_ids} (NoAuth): the cluster's znodes carry "
+            "an ACL (zookeeper.acl); set client.servers to take client ids from the servers, or add this client's "
+            "ZooKeeper identity (zookeeper.auth) to the ACL"
+        ) from None
 
 
 def _stop_zk(zk: KazooClient) -> None:

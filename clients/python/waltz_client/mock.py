@@ -41,7 +41,9 @@ class MockServer:
     live feed after a mount; a mount's catch-up is always sent), end_feeds, restart_partition,
     hold_requests / release_requests (requests wait unprocessed), disconnect (cut streams,
     dropping what is in flight either way), set_partition_available (mounts answer NOT_READY),
-    bump_generation (a failover), corrupt_next_data (a bad checksum from GetTransactionData).
+    bump_generation (a failover), corrupt_next_data (a bad checksum from GetTransactionData),
+    deny_client_id (its mounts and appends answered PERMISSION_DENIED, as a mutual TLS server answers another
+    identity's).
     """
 
     def __init__(self, num_partitions: int = 1, cluster_name: str = "mock") -> None:
@@ -64,6 +66,7 @@ class MockServer:
         self._feed_suspended = False
         self._random = random.Random(0)
         self.append_batch_sizes: list[int] = []  # appends per AppendBatch message, for batching tests
+        self._denied: set[int] = set()
 
     def driver(self) -> MockDriver:
         """A driver for one client of this server."""
@@ -82,6 +85,11 @@ class MockServer:
     def corrupt_next_data(self, count: int = 1) -> None:
         with self._lock:
             self._corrupt_data += count
+
+    def deny_client_id(self, client_id: int) -> None:
+        """Answer the client id's mounts and appends PERMISSION_DENIED from now on."""
+        with self._lock:
+            self._denied.add(client_id)
 
     def set_fault_rate(self, rate: float) -> None:
         """Drop this fraction of appends silently (seeded, so runs repeat)."""
@@ -218,7 +226,9 @@ class MockServer:
         partition = self._partitions[pid]
         stream.cursors.pop(pid, None)
         state = server_pb2.MountResponse.READY
-        if not partition.available or request.req_id.generation != partition.generation:
+        if request.req_id.client_id in self._denied:
+            state = server_pb2.MountResponse.PERMISSION_DENIED
+        elif not partition.available or request.req_id.generation != partition.generation:
             state = server_pb2.MountResponse.NOT_READY
         elif request.client_high_water_mark > partition.high_water_mark:
             state = server_pb2.MountResponse.CLIENT_AHEAD
@@ -227,7 +237,8 @@ class MockServer:
             self._send_feed(stream, partition.log[request.client_high_water_mark + 1:])
         stream.deliver(server_pb2.ServerMessage(mount=server_pb2.MountResponse(
             req_id=request.req_id, partition_ready=state == server_pb2.MountResponse.READY, state=state,
-            high_water_mark=partition.high_water_mark)))
+            high_water_mark=partition.high_water_mark,
+            message="client id belongs to another identity" if request.req_id.client_id in self._denied else "")))
         if state == server_pb2.MountResponse.READY:
             stream.cursors[pid] = len(partition.log)  # the feed goes on after the mount
             stream.mounts[pid] = request.req_id
@@ -244,6 +255,8 @@ class MockServer:
             stream.deliver(server_pb2.ServerMessage(lock_failure=server_pb2.LockFailure(
                 req_id=request.req_id, transaction_id=txn_id)))
 
+        if request.req_id.client_id in self._denied:
+            return reject(server_pb2.AppendRejected.PERMISSION_DENIED, "client id belongs to another identity")
         if partition.mounts.get(stream.client_id) is not stream:
             return reject(server_pb2.AppendRejected.NOT_MOUNTED, f"partition {pid} is not mounted on this stream")
         if request.req_id.generation != partition.generation:

@@ -13,7 +13,13 @@ from waltz.v1 import server_pb2
 from waltz_client.api import FedTransaction, Transaction, TransactionBuilder
 from waltz_client.connection import ServerConnection
 from waltz_client.driver import Ownership
-from waltz_client.errors import ClientAheadError, StreamClosedError, TransactionRejectedError, WaltzTimeoutError
+from waltz_client.errors import (
+    ClientAheadError,
+    ClientIdDeniedError,
+    StreamClosedError,
+    TransactionRejectedError,
+    WaltzTimeoutError,
+)
 from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
 from waltz_client.partition_env import PartitionEnv, PendingAppend
 from waltz_client.partition_env import Stats as Stats  # where it was before partition_env.py
@@ -31,7 +37,9 @@ _MOUNT_RESULTS = {
     server_pb2.MountResponse.READY: MountResult.READY,
     server_pb2.MountResponse.NOT_READY: MountResult.NOT_READY,
     server_pb2.MountResponse.CLIENT_AHEAD: MountResult.CLIENT_AHEAD,
+    server_pb2.MountResponse.PERMISSION_DENIED: MountResult.PERMISSION_DENIED,
 }
+_FINAL_REJECTIONS = {server_pb2.AppendRejected.INVALID, server_pb2.AppendRejected.PERMISSION_DENIED}
 _REMOUNT_REJECTIONS = {
     server_pb2.AppendRejected.WRONG_GENERATION,
     server_pb2.AppendRejected.PARTITION_NOT_READY,
@@ -182,7 +190,7 @@ class ClientPartition:
     # ---- server side --------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Mount, serve, and remount after every loss, until shut down or CLIENT_AHEAD."""
+        """Mount, serve, and remount after every loss, until shut down, CLIENT_AHEAD or PERMISSION_DENIED."""
         try:
             hwm = await self.env.call(self.env.callbacks.get_client_high_water_mark, self.partition_id)
             self.monitor.on_client_high_water_mark(hwm)
@@ -192,7 +200,7 @@ class ClientPartition:
                 if verdict is _Verdict.NOT_READY:
                     self.env.refresh_topology()
                     await asyncio.sleep(NOT_READY_RETRY_S)
-        except ClientAheadError as exc:
+        except (ClientAheadError, ClientIdDeniedError) as exc:
             log.error("%s", exc)
             self.shutdown(exc)
         except Exception as exc:
@@ -269,7 +277,7 @@ class ClientPartition:
             level = logging.INFO if rejected.reason == server_pb2.AppendRejected.ALREADY_COMMITTED else logging.WARNING
             log.log(level, "partition %d: append rejected: %s", self.partition_id, rejected.message)
             outcomes = self.monitor.on_rejected(req_id_from_proto(rejected.req_id), reason, rejected.transaction_id)
-            if rejected.reason == server_pb2.AppendRejected.INVALID:
+            if rejected.reason in _FINAL_REJECTIONS:  # retrying cannot help
                 for token, _ in outcomes:
                     token.error = TransactionRejectedError(f"partition {self.partition_id}: {rejected.message}")
             await self._fire(outcomes)
@@ -304,6 +312,8 @@ class ClientPartition:
             return _Verdict.NOT_READY
         if result is MountResult.CLIENT_AHEAD:
             raise ClientAheadError(self.partition_id, self.client_high_water_mark, response.high_water_mark)
+        if result is MountResult.PERMISSION_DENIED:
+            raise ClientIdDeniedError(self.partition_id, self.env.client_id, response.message)
         self.mounts += 1
         self._heard_high_water_mark(response.high_water_mark)
         # reconnect procedure step 5: the server decided every append of ours it had; those still pending are sent

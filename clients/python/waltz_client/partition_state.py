@@ -13,6 +13,7 @@ class MountState(Enum):
     MOUNTING = "mounting"
     MOUNTED = "mounted"
     CLIENT_AHEAD = "client_ahead"  # client hwm above the partition's: a configuration error
+    PERMISSION_DENIED = "permission_denied"  # the client id belongs to another identity (mutual TLS)
 
 
 class MountResult(Enum):
@@ -21,6 +22,7 @@ class MountResult(Enum):
     READY = "ready"
     NOT_READY = "not_ready"
     CLIENT_AHEAD = "client_ahead"
+    PERMISSION_DENIED = "permission_denied"
 
 
 class FeedDecision(Enum):
@@ -45,7 +47,7 @@ class ClientPartitionState:
          GAP -> the state is now UNMOUNTED, start again at 1.
       3. MountResponse: `on_mount_response(req_id, result)`; False means stale, ignore it.
          READY -> MOUNTED (then call the monitor's `on_mount_complete()`); NOT_READY ->
-         UNMOUNTED (retry after a delay); CLIENT_AHEAD -> sticky error, surface it. A later
+         UNMOUNTED (retry after a delay); CLIENT_AHEAD, PERMISSION_DENIED -> sticky error, surface it. A later
          NOT_READY for the mount that was answered READY (the server ended the feed) also
          unmounts: retry after a delay.
       4. Each append: `req = next_req_id()`, register it with the monitor, send it.
@@ -112,7 +114,8 @@ class ClientPartitionState:
         return True
 
     def begin_mount(self) -> ReqId:
-        """Start mounting from UNMOUNTED (or retry after CLIENT_AHEAD); returns the mount ReqId."""
+        """Start mounting from UNMOUNTED (or retry after CLIENT_AHEAD or PERMISSION_DENIED); returns the mount
+        ReqId."""
         if self._mount_state in (MountState.MOUNTING, MountState.MOUNTED):
             raise RuntimeError(f"cannot mount partition {self.partition_id}: {self._mount_state.value}")
         self._mount_req_id = self.next_req_id()
@@ -139,12 +142,13 @@ class ClientPartitionState:
             MountResult.READY: MountState.MOUNTED,
             MountResult.NOT_READY: MountState.UNMOUNTED,
             MountResult.CLIENT_AHEAD: MountState.CLIENT_AHEAD,
+            MountResult.PERMISSION_DENIED: MountState.PERMISSION_DENIED,
         }[result])
         return True
 
     def on_disconnect(self) -> None:
         """The connection to the partition's server is gone (or unusable): block appends."""
-        if self._mount_state is not MountState.CLIENT_AHEAD:
+        if self._mount_state not in _STICKY:
             self._enter(MountState.UNMOUNTED)
         self._mount_req_id = self._mounted_by = None
 
@@ -156,6 +160,9 @@ class ClientPartitionState:
             return FeedDecision.APPLY
         self.on_disconnect()
         return FeedDecision.GAP
+
+
+_STICKY = (MountState.CLIENT_AHEAD, MountState.PERMISSION_DENIED)
 
 
 def _made_since(mount: ReqId, req_id: ReqId) -> bool:

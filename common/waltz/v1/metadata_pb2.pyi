@@ -14,6 +14,7 @@ relative to the cluster root (config key `cluster.root`):
   <root>/servers/<server id>        ServerDescriptor (ephemeral: a live server)
   <root>/partitions                 ServerAssignment (which server owns which partition)
   <root>/ids/client, <root>/ids/server   counters handing out client and server ids
+  <root>/ids/binding/<client id>    ClientIdentity (mutual TLS: who may use the client id)
 """
 
 from collections import abc as _abc
@@ -442,3 +443,35 @@ class PartitionOwnership(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PartitionOwnership: _TypeAlias = PartitionOwnership  # noqa: Y015
+
+@_typing.final
+class ClientIdentity(_message.Message):
+    """ADDITION: the identity a client id is bound to (<root>/ids/binding/<client id>), written once,
+    create-if-absent, by the server that hands the id out (GetClientId) or that first sees it
+    mounted, with mutual TLS on; never changed. Mount and Append under the id from any other
+    identity are refused PERMISSION_DENIED (docs/security.md, "Client identity").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_URIS_FIELD_NUMBER: _builtins.int
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    subject: _builtins.str
+    """The certificate's subject distinguished name (RFC 4514), e.g. "CN=billing,O=example"."""
+    @_builtins.property
+    def role_uris(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The certificate's Waltz role URIs (spiffe://waltz/role/<role>), sorted."""
+
+    def __init__(
+        self,
+        *,
+        role_uris: _abc.Iterable[_builtins.str] | None = ...,
+        subject: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["role_uris", b"role_uris", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientIdentity: _TypeAlias = ClientIdentity  # noqa: Y015

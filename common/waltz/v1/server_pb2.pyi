@@ -363,6 +363,12 @@ class MountResponse(_message.Message):
         info's partition count); a bug in the client, not a retry. Only that request is refused: the
         stream and its other partitions go on.
         """
+        PERMISSION_DENIED: MountResponse._PartitionState.ValueType  # 6
+        """ADDITION: with mutual TLS, the request's client_id is bound to another identity (the role
+        and subject of the certificate that took it), or was never handed out; message says which.
+        Not a retry: take a client id of your own with GetClientId. Only this request is refused:
+        the stream, its other partitions and the id's owner go on undisturbed.
+        """
 
     class PartitionState(_PartitionState, metaclass=_PartitionStateEnumTypeWrapper): ...
     PARTITION_STATE_UNSPECIFIED: MountResponse.PartitionState.ValueType  # 0
@@ -379,6 +385,12 @@ class MountResponse(_message.Message):
     """ADDITION: the request's partition_id does not exist in this cluster (0 <= id < the cluster
     info's partition count); a bug in the client, not a retry. Only that request is refused: the
     stream and its other partitions go on.
+    """
+    PERMISSION_DENIED: MountResponse.PartitionState.ValueType  # 6
+    """ADDITION: with mutual TLS, the request's client_id is bound to another identity (the role
+    and subject of the certificate that took it), or was never handed out; message says which.
+    Not a retry: take a client id of your own with GetClientId. Only this request is refused:
+    the stream, its other partitions and the id's owner go on undisturbed.
     """
 
     REQ_ID_FIELD_NUMBER: _builtins.int
@@ -853,6 +865,11 @@ class AppendRejected(_message.Message):
         """This ReqId (client id, partition, sequence number: the generation is not compared) already
         committed, as transaction_id: the re-sent append is not committed again. Success.
         """
+        PERMISSION_DENIED: AppendRejected._Reason.ValueType  # 9
+        """ADDITION: with mutual TLS, the ReqId's client_id is bound to another identity (the
+        certificate that took it), or was never handed out: the append never commits and changes
+        nothing of that client's (its sequence numbers included). Not a retry.
+        """
 
     class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper): ...
     REASON_UNSPECIFIED: AppendRejected.Reason.ValueType  # 0
@@ -878,6 +895,11 @@ class AppendRejected(_message.Message):
     ALREADY_COMMITTED: AppendRejected.Reason.ValueType  # 8
     """This ReqId (client id, partition, sequence number: the generation is not compared) already
     committed, as transaction_id: the re-sent append is not committed again. Success.
+    """
+    PERMISSION_DENIED: AppendRejected.Reason.ValueType  # 9
+    """ADDITION: with mutual TLS, the ReqId's client_id is bound to another identity (the
+    certificate that took it), or was never handed out: the append never commits and changes
+    nothing of that client's (its sequence numbers included). Not a retry.
     """
 
     REQ_ID_FIELD_NUMBER: _builtins.int

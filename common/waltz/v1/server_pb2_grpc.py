@@ -137,6 +137,8 @@ class WaltzServerServicer:
         """ADDITION: a new client id, unique in the cluster (the server takes it from the cluster's
         counter in ZooKeeper, the same one <root>/ids/client that ZooKeeper clients use). Take one per
         client process and keep it for the process' life: sequence numbers are per client id.
+        With mutual TLS the id is bound to the caller's identity (its certificate's role and
+        subject): Mount and Append under it from any other identity are refused PERMISSION_DENIED.
         UNAVAILABLE when the server cannot reach ZooKeeper: ask another server.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -11,6 +11,7 @@ import grpc
 
 from waltz.v1 import common_pb2, server_pb2
 from waltz_server.feed import mount_response
+from waltz_server.identity import BindingUnavailable, ClientIdentities, ClientIdentity
 from waltz_server.ownership import PartitionManager
 from waltz_server.partition import rejected
 
@@ -110,13 +111,26 @@ class StreamAborted(Exception):
 class ClientStream:
     """The server side of one client's Stream; partitions see it as a StreamPort."""
 
-    def __init__(self, manager: PartitionManager, server_id: int, queue_size: int, max_feed_entries: int) -> None:
+    def __init__(
+        self,
+        manager: PartitionManager,
+        server_id: int,
+        queue_size: int,
+        max_feed_entries: int,
+        identity: ClientIdentity | None = None,
+        identities: ClientIdentities | None = None,
+    ) -> None:
+        """identity: the peer's (mutual TLS), checked against the client ids it mounts and appends under by
+        identities; None (or no identities): nothing is checked."""
         self.stream_id = next(_stream_ids)
         self._manager = manager
         self._server_id = server_id
         self.outbound = Outbound(queue_size)
         self._max_feed_entries = max_feed_entries
         self._mounted: set[int] = set()
+        self._identities = identities if identity is not None else None
+        self._identity = identity
+        self._permitted_ids: set[int] = set()  # client ids this stream's identity may use (checked once)
 
     # StreamPort
 
@@ -164,6 +178,8 @@ class ClientStream:
             pid = message.mount.req_id.partition_id
             if not self._exists(message.mount.req_id):
                 return
+            if self._identities is not None and not await self._may_mount(message.mount.req_id):
+                return
             partition = self._manager.get(pid)
             if partition is None or not partition.ready:
                 state = server_pb2.MountResponse.NOT_READY
@@ -189,6 +205,8 @@ class ClientStream:
                 self.send_control(mount_response(message.flush.req_id, server_pb2.MountResponse.NOT_READY, -1))
 
     async def _appends(self, requests: Iterable[server_pb2.AppendRequest]) -> None:
+        if self._identities is not None:
+            requests = await self._permitted(requests)
         by_partition: dict[int, list[server_pb2.AppendRequest]] = {}
         for request in requests:
             by_partition.setdefault(request.req_id.partition_id, []).append(request)
@@ -203,6 +221,49 @@ class ClientStream:
                 reason, text = Reason.INVALID, self._no_such(pid)
             for request in batch:
                 self.send_control(rejected(request.req_id, reason, text))
+
+    # client identity (mutual TLS): a client id is used only by the identity it is bound to
+
+    async def _refusal(self, client_id: int) -> tuple[str, bool] | None:
+        """None when this stream's identity may use client_id; else (why, whether for good: False when the binding
+        could not be checked, a retry may do)."""
+        if client_id in self._permitted_ids:
+            return None
+        assert self._identities is not None
+        try:
+            denied = await self._identities.check(client_id, self._identity)
+        except BindingUnavailable as exc:
+            return f"cannot check which identity client id {client_id} belongs to: {exc}; retry shortly", False
+        if denied is None:
+            self._permitted_ids.add(client_id)
+            return None
+        return denied, True
+
+    async def _may_mount(self, req_id: common_pb2.ReqId) -> bool:
+        """Whether the mount may go on; if not it is answered (PERMISSION_DENIED, or NOT_READY to retry), and
+        the client id's real owner, mounted or not, hears nothing of it."""
+        refusal = await self._refusal(req_id.client_id)
+        if refusal is None:
+            return True
+        text, final = refusal
+        state = server_pb2.MountResponse.PERMISSION_DENIED if final else server_pb2.MountResponse.NOT_READY
+        self.send_control(mount_response(req_id, state, -1, f"partition {req_id.partition_id}: {text}"))
+        return False
+
+    async def _permitted(self, requests: Iterable[server_pb2.AppendRequest]) -> list[server_pb2.AppendRequest]:
+        """The appends this stream's identity may make; the others are answered (PERMISSION_DENIED, or
+        PARTITION_NOT_READY to remount and retry) and change nothing of the client id's."""
+        kept: list[server_pb2.AppendRequest] = []
+        permitted = self._permitted_ids
+        for request in requests:
+            client_id = request.req_id.client_id
+            if client_id in permitted or (refusal := await self._refusal(client_id)) is None:
+                kept.append(request)  # the common case costs a set lookup: the id was checked at its mount
+                continue
+            text, final = refusal
+            reason = Reason.PERMISSION_DENIED if final else Reason.PARTITION_NOT_READY
+            self.send_control(rejected(request.req_id, reason, f"partition {request.req_id.partition_id}: {text}"))
+        return kept
 
     def _exists(self, req_id: common_pb2.ReqId) -> bool:
         """Whether the request's partition exists; if not, it is answered NO_SUCH_PARTITION (the stream goes on)."""

@@ -134,9 +134,7 @@ class ClusterMembership:
     # ZooKeeper calls (run in a worker thread)
 
     def _take_id(self) -> int:
-        counter = self.zk.Counter(self.paths.server_ids)
-        counter += 1
-        return int(counter.post_value)
+        return zkmeta.increment(self.zk, self.paths.server_ids)
 
     def _register(self) -> None:
         descriptor = metadata_pb2.ServerDescriptor(

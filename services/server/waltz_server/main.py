@@ -25,6 +25,7 @@ from waltz_server.cluster import ClusterMembership
 from waltz_server.config import PartitionSettings, all_keys
 from waltz_server.discovery import ClusterInfo, ClusterView
 from waltz_server.health import PartitionHealth, server_verdicts
+from waltz_server.identity import ClientIdentities, ZkBindingStore
 from waltz_server.metrics import ServerMetrics
 from waltz_server.ownership import PartitionManager
 from waltz_server.service import WaltzServerService, partition_status, start_grpc_server
@@ -83,6 +84,7 @@ async def _serve(
         settings,
         config["server.streamQueueSize"],
         connections.check_connectivity,
+        ClientIdentities(ZkBindingStore(zk, paths)),
     )
     host = config["server.host"]
     max_message = max(16 * 1024 * 1024, 2 * settings.max_transaction_bytes + 65536)

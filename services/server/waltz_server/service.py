@@ -18,6 +18,7 @@ from waltz_common.grpc_env import keepalive_options
 from waltz_server.client_stream import ClientStream, StreamAborted
 from waltz_server.config import PartitionSettings
 from waltz_server.discovery import ClusterView
+from waltz_server.identity import ClientIdentities, ClientIdentity
 from waltz_server.ownership import PartitionManager
 from waltz_server.partition import Partition
 from waltz_server.store.api import StoreUnavailable
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 Connectivity = Callable[[], Awaitable[dict[str, tuple[bool, str]]]]
 SHUTTING_DOWN = "the server is shutting down: its partitions are elsewhere now"
+CLAIM_ATTEMPTS = 100  # ids taken in a row that another identity had bound already (never more than a few)
 
 
 class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
@@ -40,7 +42,10 @@ class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
         settings: PartitionSettings,
         stream_queue_size: int = 64,
         connectivity: Connectivity | None = None,
+        identities: ClientIdentities | None = None,
     ) -> None:
+        """identities: whose client ids are whose, checked on the streams of mutual TLS peers (None: not at all)."""
+        self._identities = identities
         self._manager = manager
         self._server_id = server_id
         self._settings = settings
@@ -61,7 +66,15 @@ class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
         stopping = self._stopping
         if stopping.is_set():
             await _abort(context, grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN)
-        stream = ClientStream(self._manager, self._server_id(), self._queue_size, 4 * self._settings.feed_batch_size)
+        pem = tls.peer_pem(context) if self._identities is not None else None
+        stream = ClientStream(
+            self._manager,
+            self._server_id(),
+            self._queue_size,
+            4 * self._settings.feed_batch_size,
+            ClientIdentity.of_certificate(pem) if pem is not None else None,
+            self._identities,
+        )
         self._streams.add(stream)
         aborted: StreamAborted | None = None
         try:
@@ -155,11 +168,22 @@ class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
     ) -> server_pb2.ClientIdResponse:
         if self._discovery is None:
             await _abort(context, grpc.StatusCode.UNAVAILABLE, "this server is not registered in the cluster yet")
+        pem = tls.peer_pem(context) if self._identities is not None else None
         try:
-            client_id = await self._discovery.take_client_id()
+            client_id = await self._take_client_id(ClientIdentity.of_certificate(pem) if pem is not None else None)
         except Exception as exc:  # ZooKeeper unreachable, or the counter exhausted: another server may do
             await _abort(context, grpc.StatusCode.UNAVAILABLE, f"cannot take a client id: {exc}")
         return server_pb2.ClientIdResponse(client_id=client_id)
+
+    async def _take_client_id(self, caller: ClientIdentity | None) -> int:
+        """A new client id, bound to caller (mutual TLS) before anyone else may mount under it."""
+        assert self._discovery is not None
+        for _ in range(CLAIM_ATTEMPTS):
+            client_id = await self._discovery.take_client_id()
+            if caller is None or self._identities is None or await self._identities.claim(client_id, caller):
+                return client_id
+            log.warning("client id %d was bound before it was handed out; taking another", client_id)
+        raise RuntimeError(f"{CLAIM_ATTEMPTS} client ids in a row were bound already")
 
     async def _partition(self, pid: int, context: grpc.aio.ServicerContext) -> Partition:
         if not 0 <= pid < self._manager.num_partitions:

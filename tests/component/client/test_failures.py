@@ -9,6 +9,7 @@ import pytest
 from tests.component.client.helpers import Ctx, MemoryCallbacks, client, eventually, payloads, run
 from waltz_client import (
     ClientAheadError,
+    ClientIdDeniedError,
     MockServer,
     PartitionLocalLock,
     RetriesExhaustedError,
@@ -184,6 +185,24 @@ def test_client_ahead_is_an_error_not_a_retry() -> None:
         async with client(server, MemoryCallbacks(start={0: 5})) as c:
             with pytest.raises(ClientAheadError, match="high-water mark is -1"):
                 await c.submit(Ctx(b"x"))
+
+    run(main())
+
+
+def test_a_client_id_denied_is_an_error_not_a_retry() -> None:
+    # mutual TLS: a server answers PERMISSION_DENIED when the client id belongs to another certificate (issue 25)
+    async def main() -> None:
+        server = MockServer(1)
+        server.deny_client_id(1)  # the first client's id: its mount is refused
+        async with client(server) as c:
+            assert c.client_id == 1
+            with pytest.raises(ClientIdDeniedError, match="client id 1 refused: client id belongs to another"):
+                await c.submit(Ctx(b"x"))
+        async with client(server) as c:
+            assert await (await c.submit(Ctx(b"ok"))) is True
+            server.deny_client_id(c.client_id)  # an append refused: for good, not retried
+            with pytest.raises(TransactionRejectedError, match="belongs to another identity"):
+                await (await c.submit(Ctx(b"refused")))
 
     run(main())
 

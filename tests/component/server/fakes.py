@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from waltz.v1 import common_pb2
 from waltz_common.types import Record, RecordHeader
+from waltz_server.identity import ClientIdentity
 from waltz_server.store.api import AppendFailed, PendingRecord, StoreStatus, StoreUnavailable
 from waltz_server.validation import req_id_of
 from waltz_storage.protocol import record_to_proto
@@ -197,3 +198,30 @@ class FakeStream:
                 await self._changed.wait()
 
         await asyncio.wait_for(loop(), timeout)
+
+
+class MemoryBindings:
+    """Client id bindings in a dict (identity.BindingStore), counting the calls; fail makes every call raise."""
+
+    def __init__(self, issued: int = 100) -> None:
+        self.bindings: dict[int, ClientIdentity] = {}
+        self.issued = issued
+        self.calls = 0
+        self.fail = False
+
+    async def bound(self, client_id: int) -> ClientIdentity | None:
+        self._call()
+        return self.bindings.get(client_id)
+
+    async def bind(self, client_id: int, identity: ClientIdentity) -> ClientIdentity:
+        self._call()
+        return self.bindings.setdefault(client_id, identity)
+
+    async def issued_up_to(self) -> int:
+        self._call()
+        return self.issued
+
+    def _call(self) -> None:
+        self.calls += 1
+        if self.fail:
+            raise ConnectionError("ZooKeeper is gone")

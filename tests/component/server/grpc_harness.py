@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from waltz.v1 import server_pb2, server_pb2_grpc
+from waltz_common import tls
 from waltz_server.ownership import PartitionManager
 from waltz_server.service import WaltzServerService, start_grpc_server
 
@@ -26,10 +27,19 @@ class Served:
     channel: grpc.aio.Channel
     streams: list = field(default_factory=list)
 
-    def open_stream(self) -> ClientStreamHandle:
-        handle = ClientStreamHandle(self.stub.Stream())
+    extra_channels: list = field(default_factory=list)
+    service: WaltzServerService | None = None
+
+    def open_stream(self, stub: server_pb2_grpc.WaltzServerStub | None = None) -> ClientStreamHandle:
+        handle = ClientStreamHandle((stub or self.stub).Stream())
         self.streams.append(handle)
         return handle
+
+    def stub_as(self, files: tls.TlsFiles) -> server_pb2_grpc.WaltzServerStub:
+        """A stub on a channel of its own that presents files' certificate (a served(tls_files=...) server)."""
+        channel = tls.aio_channel(f"127.0.0.1:{self.port}", files)
+        self.extra_channels.append(channel)
+        return server_pb2_grpc.WaltzServerStub(channel)
 
 
 class ClientStreamHandle:
@@ -61,7 +71,17 @@ class ClientStreamHandle:
 
 
 @asynccontextmanager
-async def served(owned=(0, 1), num_partitions: int = 4, generation: int = 1, settings=SMALL, connectivity=None):
+async def served(
+    owned=(0, 1),
+    num_partitions: int = 4,
+    generation: int = 1,
+    settings=SMALL,
+    connectivity=None,
+    tls_files: tls.TlsFiles | None = None,
+    identities=None,
+):
+    """tls_files: the server's certificate (mutual TLS; the default stub then presents it too, use stub_as for
+    another); identities: the service's ClientIdentities."""
     stores: dict[int, FakeStore] = {}
 
     def factory(pid: int) -> FakeStore:
@@ -72,12 +92,15 @@ async def served(owned=(0, 1), num_partitions: int = 4, generation: int = 1, set
     await manager.apply({pid: generation for pid in owned})
     for partition in manager.all():
         await partition.wait_ready(10)
-    service = WaltzServerService(manager, lambda: 7, settings, connectivity=connectivity)
-    server, port, health = await start_grpc_server(service, "127.0.0.1", 0)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    service = WaltzServerService(manager, lambda: 7, settings, connectivity=connectivity, identities=identities)
+    server, port, health = await start_grpc_server(service, "127.0.0.1", 0, files=tls_files)
+    channel = tls.aio_channel(f"127.0.0.1:{port}", tls_files)
+    result = Served(manager, stores, server_pb2_grpc.WaltzServerStub(channel), health, port, channel, service=service)
     try:
-        yield Served(manager, stores, server_pb2_grpc.WaltzServerStub(channel), health, port, channel)
+        yield result
     finally:
+        for extra in result.extra_channels:
+            await extra.close()
         await channel.close()
         await server.stop(0)
         await manager.close_all()

@@ -72,6 +72,13 @@ def test_client_ahead_is_sticky_until_mounted_again() -> None:
     assert state.on_mount_response(state.begin_mount(), MountResult.READY)
 
 
+def test_permission_denied_is_sticky_like_client_ahead() -> None:
+    state = ClientPartitionState(client_id=3, partition_id=2)
+    assert state.on_mount_response(state.begin_mount(), MountResult.PERMISSION_DENIED)
+    state.on_disconnect()
+    assert state.mount_state is MountState.PERMISSION_DENIED and not state.appends_allowed
+
+
 def test_newer_generation_forces_remount_and_keeps_sequence() -> None:
     state = mounted(generation=4)
     before = state.next_req_id()
