@@ -14,11 +14,12 @@ SUPERSEDED = "a later append from this client committed first"
 FLUSHED = "not in the feed up to the flush high-water mark"
 CLEARED = "monitor cleared"
 
-FINAL_FOR_A_RESEND = frozenset({"SEQUENCE_NOT_INCREASING", "INVALID"})
+FINAL_FOR_A_RESEND = frozenset({"SEQUENCE_NOT_INCREASING", "INVALID", "PERMISSION_DENIED"})
 """The rejections that prove an append sent more than once can never commit: the server saw its sequence number
-(or a later one) and holds no commit of it, or the request itself is malformed. Any other rejection of a re-sent
-append (the partition not ready, not mounted, another generation) is about that one send only: an earlier send of
-the same sequence number may still be decided by a recovery, so the append stays pending and is sent again."""
+(or a later one) and holds no commit of it, the request itself is malformed, or its client id belongs to another
+identity. Any other rejection of a re-sent append (the partition not ready, not mounted, another generation) is about
+that one send only: an earlier send of the same sequence number may still be decided by a recovery, so the append
+stays pending and is sent again."""
 
 
 class OutcomeKind(Enum):
