@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from waltz_client.config import CLIENT_KEYS
+from waltz_client.config import CLIENT_KEYS, env_name
 from waltz_common.config import ZOOKEEPER_KEYS, Key
 from waltz_server.config import all_keys as server_keys
 from waltz_storage.config import STORAGE_KEYS
@@ -48,6 +48,8 @@ def _default(key: Key) -> str:
     if key.required:
         return "required"
     value = key.default
+    if value is None:
+        return "unset"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if isinstance(value, str):
@@ -55,13 +57,33 @@ def _default(key: Key) -> str:
     return f"`{value}`"
 
 
-def _table(keys: Iterable[Key]) -> list[str]:
-    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+def _table(keys: Iterable[Key], environment: bool = False) -> list[str]:
+    """The keys as a Markdown table; environment: with a column naming each key's WALTZ_* variable."""
+    extra = " environment |" if environment else ""
+    lines = ["| key | type | default | meaning |" + extra, "|---|---|---|---|" + ("---|" if environment else "")]
     for key in keys:
         kind = getattr(key.kind, "__name__", str(key.kind))
         doc = key.doc.replace("|", "\\|")
-        lines.append(f"| `{key.name}` | {kind} | {_default(key)} | {doc} |")
+        variable = f" `{env_name(key.name)}` |" if environment else ""
+        lines.append(f"| `{key.name}` | {kind} | {_default(key)} | {doc} |{variable}")
     return lines
+
+
+CLIENT_INTRO = """\
+`waltz_client.config.CLIENT_KEYS`, besides the ZooKeeper keys (needed only without `client.servers`) and the
+`tls.*` keys; the configuration is a YAML file's path or a dict of the same keys. Durations are in seconds.
+
+Every client key can also come from the environment: `WALTZ_` and the key in upper snake case (the last
+column; the ZooKeeper and TLS keys likewise, e.g. `WALTZ_ZOOKEEPER_CONNECT_STRING`, `WALTZ_CLUSTER_ROOT`,
+`WALTZ_TLS_CA_FILE`). Precedence: a key set in the configuration passed to the client wins; a variable fills
+in a key the configuration leaves out; the default applies when neither sets it. So
+`WALTZ_CLIENT_SERVERS=host:port` with `WaltzClient(callbacks)` and no configuration at all is a complete
+client. A `WALTZ_CLIENT_*`, `WALTZ_TLS_*` or `WALTZ_ZOOKEEPER_*` variable that names no key is a
+`ConfigError` (with a "did you mean"), as an unknown key in the file is.
+
+Deprecated: `client.discoveryInterval`, `client.longWaitThreshold` and `client.keepaliveTime` were in
+milliseconds; they are still accepted, with a `DeprecationWarning` and a log warning, and converted to the
+seconds keys that replace them (setting both an old key and its replacement is a `ConfigError`)."""
 
 
 def render() -> str:
@@ -76,13 +98,11 @@ def render() -> str:
         ("Server (`waltz-server CONFIG`)",
          "`waltz_server.config.SERVER_KEYS` and the store's `STORE_KEYS`, besides the ZooKeeper keys.",
          [k for k in server_keys() if k.name not in zookeeper]),
-        ("Client (`WaltzClient(callbacks, config)`)",
-         "`waltz_client.config.CLIENT_KEYS`, besides the ZooKeeper keys; the configuration is a YAML file's "
-         "path or a dict of the same keys.", CLIENT_KEYS),
+        ("Client (`WaltzClient(callbacks, config)`)", CLIENT_INTRO, CLIENT_KEYS),
     ]
     out = [HEADER]
     for title, intro, keys in sections:
-        out += [f"## {title}", "", intro, "", *_table(keys), ""]
+        out += [f"## {title}", "", intro, "", *_table(keys, environment=keys is CLIENT_KEYS), ""]
     out.append(FOOTER)
     return "\n".join(out)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,10 @@ class Config:
         flat = _flatten(values)
         unknown = sorted(set(flat) - set(self._keys))
         if unknown:
-            raise ConfigError(f"{source}: unknown configuration key(s): {', '.join(unknown)}")
+            named = ", ".join(f"{name}{did_you_mean(name, self._keys)}" for name in unknown)
+            raise ConfigError(f"{source}: unknown configuration key(s): {named}")
+        self.given = frozenset(name for name, value in flat.items() if value is not None)
+        """The keys the values set (not None), as opposed to those left at their defaults."""
         self._values: dict[str, Any] = {}
         for name, key in self._keys.items():
             if name in flat and flat[name] is not None:
@@ -81,6 +85,14 @@ class Config:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self._values)
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """' (did you mean client.mountTimeout?)' for a misspelled key (case or a few letters off), else ''."""
+    known = list(known)
+    by_case = {k.lower(): k for k in known}
+    close = [by_case[name.lower()]] if name.lower() in by_case else difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def load(path: str | Path, keys: Iterable[Key], overrides: Mapping[str, Any] | None = None) -> Config:

@@ -1,6 +1,7 @@
 """Who owns each partition, as ZooKeeper says: a watcher of the assignment and the servers, and client ids.
 
-Used by the servers (to answer GetClusterInfo and GetClientId) and by clients that still read ZooKeeper.
+Used by the servers (to answer GetClusterInfo and GetClientId) and by clients that still read ZooKeeper. Imports
+nothing of kazoo until it is used: clients of client.servers import Ownership and Topology from here without it.
 """
 
 from __future__ import annotations
@@ -8,14 +9,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from typing import TYPE_CHECKING, Any
 
 from waltz.v1 import metadata_pb2
-from waltz_common import zk as zkmeta
 from waltz_common.types import INT32_MAX
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+    from waltz_common import zk as zkmeta
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,8 @@ class ZkTopologyWatcher:
         return self._publish()
 
     def _on_servers(self, children: list[str]) -> bool:
+        from kazoo.exceptions import NoNodeError
+
         servers: dict[int, str] = {}
         for child in children:
             try:

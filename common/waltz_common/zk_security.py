@@ -1,17 +1,22 @@
 """ZooKeeper's own TLS, authentication and ACLs for Waltz's kazoo clients (the zookeeper.tls.*, zookeeper.auth
-and zookeeper.acl keys; docs/security.md)."""
+and zookeeper.acl keys; docs/security.md).
+
+kazoo is imported only when an ACL is built: a client that finds the cluster through client.servers reads these
+keys (all unset) without kazoo installed."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from kazoo.security import ACL, Id, Permissions
+from typing import TYPE_CHECKING, Any
 
 from waltz_common.config import Config, ConfigError
 from waltz_common.tls import TlsFiles
 
-WORLD = Id("world", "anyone")
+if TYPE_CHECKING:
+    from kazoo.security import ACL
+
+WORLD = ("world", "anyone")
+"""The (scheme, id) of everyone (kazoo's Id is a namedtuple of the two, so it compares equal)."""
 KEY_NAMES = (
     "zookeeper.tls.certFile",
     "zookeeper.tls.keyFile",
@@ -81,6 +86,8 @@ def _auth(text: str, source: str) -> tuple[str, str]:
 def parse_acl(text: str, source: str = "zookeeper.acl") -> tuple[ACL, ...]:
     """'digest:operator:HASH; x509:CN=waltz server,O=waltz' -> every permission for each, READ for anyone else.
     Entries are separated by semicolons (x509 ids hold commas)."""
+    from kazoo.security import ACL, Id, Permissions
+
     entries: list[ACL] = []
     for item in (part.strip() for part in text.split(";") if part.strip()):
         scheme, sep, ident = item.partition(":")
@@ -88,5 +95,11 @@ def parse_acl(text: str, source: str = "zookeeper.acl") -> tuple[ACL, ...]:
             raise ConfigError(f"{source}: zookeeper.acl entry {item!r} is not scheme:id (e.g. digest:server:HASH)")
         entries.append(ACL(Permissions.ALL, Id(scheme, ident)))
     if not any(e.id == WORLD for e in entries):
-        entries.append(ACL(Permissions.READ, WORLD))
+        entries.append(ACL(Permissions.READ, _world()))
     return tuple(entries)
+
+
+def _world() -> Any:
+    from kazoo.security import Id
+
+    return Id(*WORLD)

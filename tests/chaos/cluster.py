@@ -32,7 +32,7 @@ SERVER_OVERRIDES = {
     "storage.maxRetryInterval": 1000,
     "storage.maxBatchesInFlight": 3,  # faults land with several batches at the replicas
 }
-CLIENT = {"client.longWaitThreshold": 500, "client.mountTimeout": 120, "client.requestTimeout": 120}
+CLIENT = {"client.longWaitThresholdSeconds": 0.5, "client.mountTimeout": 120, "client.requestTimeout": 120}
 DEADLINE_S = 240.0
 
 

@@ -1,4 +1,8 @@
-"""Waltz Python client: WaltzClient, transaction contexts and callbacks."""
+"""Waltz Python client: WaltzClient, transaction contexts and callbacks.
+
+Every exception it raises is a WaltzError (ConfigError, UnavailableError, WaltzTimeoutError, ...), each with a
+``retriable`` attribute: see waltz_client.errors.
+"""
 
 from waltz_client.api import (
     JsonSerializer,
@@ -14,9 +18,11 @@ from waltz_client.config import CLIENT_KEYS
 from waltz_client.errors import (
     ClientAheadError,
     ClientIdDeniedError,
+    ConfigError,
     RetriesExhaustedError,
     TransactionDataError,
     TransactionRejectedError,
+    UnavailableError,
     WaltzClosedError,
     WaltzError,
     WaltzTimeoutError,
@@ -29,6 +35,7 @@ __all__ = [
     "AsyncWaltzClient",
     "ClientAheadError",
     "ClientIdDeniedError",
+    "ConfigError",
     "JsonSerializer",
     "MockServer",
     "PartitionLocalLock",
@@ -39,6 +46,7 @@ __all__ = [
     "TransactionContext",
     "TransactionDataError",
     "TransactionRejectedError",
+    "UnavailableError",
     "WaltzClient",
     "WaltzClientCallbacks",
     "WaltzClosedError",

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from waltz_client.api import TransactionContext, WaltzClientCallbacks
 from waltz_client.client import AsyncWaltzClient, ConfigSource
-from waltz_client.errors import WaltzError
+from waltz_client.errors import WaltzError, WaltzTimeoutError
 from waltz_client.partition_env import Stats
 
 R = TypeVar("R")
@@ -78,6 +78,17 @@ class WaltzClient:
             return result
 
         return self._call(submit(), self._limit)
+
+    def submit_and_wait(self, context: TransactionContext, timeout: float | None = None) -> bool:
+        """Submit and wait for the outcome, as AsyncWaltzClient.submit_and_wait: True committed and applied, False
+        declined; WaltzTimeoutError when timeout (seconds; None: no limit) passes first (the transaction goes on)."""
+        future = self.submit(context)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            if future.done():
+                raise
+            raise WaltzTimeoutError(f"the transaction did not end within {timeout:g} s; it goes on") from None
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every submitted transaction has ended (WaltzTimeoutError after timeout)."""

@@ -153,6 +153,25 @@ class AsyncWaltzClient:
             await partition.acquire_slot()
         return self._submitter.start(context, partition)
 
+    async def submit_and_wait(self, context: TransactionContext, timeout: float | None = None) -> bool:
+        """Submit and wait for the outcome, the common case in one call (instead of
+        ``await (await client.submit(context))``): True once committed and applied, False when execute declined.
+
+        Raises what submit raises, what the transaction ended with, or WaltzTimeoutError when timeout (seconds;
+        None: no limit beyond the client's own) passes first: the transaction then still goes on, and the
+        application's callbacks see its outcome as usual.
+        """
+        future = await self.submit(context)
+        if timeout is None:
+            return await future
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(future)
+        except TimeoutError:
+            if future.done():
+                raise
+            raise WaltzTimeoutError(f"the transaction did not end within {timeout:g} s; it goes on") from None
+
     def has_pending_transactions(self) -> bool:
         return self._submitter.pending > 0
 
@@ -340,8 +359,9 @@ def _make_driver(driver: Any, config: ClientConfig) -> Driver:
 
         return ServersDriver(config)
     if driver is None:
-        from waltz_client.grpc_driver import GrpcDriver
+        from waltz_client.grpc_driver import GrpcDriver, require_zookeeper
 
+        require_zookeeper()
         return GrpcDriver(config)
     from waltz_client.mock import MockServer
 

@@ -1,47 +1,127 @@
-"""Client configuration keys (YAML, dotted or nested names) with documented defaults."""
+"""Client configuration keys (YAML, dotted or nested names) with documented defaults.
+
+Durations are in seconds (floats). Three keys used to be in milliseconds and are still accepted under their old
+names, with a DeprecationWarning and a log warning: DEPRECATED_MS_KEYS maps each to its seconds-named replacement.
+
+Every key can also come from the environment: ``WALTZ_`` and the key's name in upper snake case
+(``client.servers`` -> ``WALTZ_CLIENT_SERVERS``, ``client.mountTimeout`` -> ``WALTZ_CLIENT_MOUNT_TIMEOUT``,
+``tls.caFile`` -> ``WALTZ_TLS_CA_FILE``; env_name()). A key the configuration passed to the client sets wins over
+its variable; a variable fills in a key the configuration leaves out; the default applies when neither sets it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import logging
+import os
+import re
+import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key, address_list, boolean, load
+from waltz_client.errors import ConfigError
+from waltz_common.config import ZOOKEEPER_KEYS, Config, Key, address_list, boolean, did_you_mean, load
+from waltz_common.config import ConfigError as CommonConfigError
 from waltz_common.tls import TLS_KEYS, TlsFiles
 from waltz_common.zk_security import ZkSecurity
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "WALTZ_"
 
 CLIENT_KEYS = (
     Key("client.servers", address_list, (),
         "host:port of one or more Waltz servers (comma-separated or a list): the client learns the cluster "
         "(partitions, owners, limits) and its client id from them and needs no ZooKeeper; empty: use "
         "zookeeper.connectString and cluster.root instead"),
-    Key("client.discoveryInterval", int, 2000,
-        "with client.servers: ms between GetClusterInfo polls that learn of partition moves (a NOT_READY from "
-        "a server asks at once)"),
+    Key("client.discoveryIntervalSeconds", float, 2.0,
+        "with client.servers: seconds between GetClusterInfo polls that learn of partition moves (a NOT_READY "
+        "from a server asks at once)"),
     Key("client.maxConcurrentTransactions", int, 5,
         "pending appends per partition; submit waits for capacity (original default)"),
-    Key("client.longWaitThreshold", int, 5000,
-        "ms an append may stay pending before the client sends a flush to detect its loss"),
+    Key("client.longWaitThresholdSeconds", float, 5.0,
+        "seconds an append may stay pending before the client sends a flush to detect its loss"),
     Key("client.mountTimeout", float, 10.0,
         "seconds submit waits for a partition to be mounted before WaltzTimeoutError"),
     Key("client.requestTimeout", float, 30.0,
-        "seconds for capacity waits, unary calls, flush() and unanswered mounts"),
+        "seconds for capacity waits, unary calls, flush(), unanswered mounts, and for finding a server at start "
+        "(UnavailableError)"),
     Key("client.autoMount", boolean, True,
         "mount every partition at start; false: only those named in mount_partitions()"),
     Key("client.maxRetries", int, -1,
         "re-executions of a context after a failed append or lock failure; -1: unlimited, as the original"),
     Key("client.maxBatchSize", int, 100, "appends per AppendBatch stream message"),
-    Key("client.keepaliveTime", int, 60000,
-        "ms between gRPC keepalive pings on an idle stream (the server must permit this rate)"),
+    Key("client.keepaliveTimeSeconds", float, 60.0,
+        "seconds between gRPC keepalive pings on an idle stream (the server must permit this rate)"),
     Key("client.callbackThread", boolean, True,
         "run application callbacks and context hooks on the client's own thread; false: on its event loop, "
         "which saves two thread hops per batch of them, but then a callback that blocks (I/O, a lock, sleep, "
         "Transaction.data() of another client's transaction, which it cannot fetch there) stalls the whole client"),
+    Key("client.discoveryInterval", int, None,
+        "deprecated: milliseconds; use client.discoveryIntervalSeconds"),
+    Key("client.longWaitThreshold", int, None,
+        "deprecated: milliseconds; use client.longWaitThresholdSeconds"),
+    Key("client.keepaliveTime", int, None,
+        "deprecated: milliseconds; use client.keepaliveTimeSeconds"),
 )
 
+DEPRECATED_MS_KEYS = {
+    "client.discoveryInterval": "client.discoveryIntervalSeconds",
+    "client.longWaitThreshold": "client.longWaitThresholdSeconds",
+    "client.keepaliveTime": "client.keepaliveTimeSeconds",
+}
+"""Old key (milliseconds) -> its replacement (seconds)."""
+
 ALL_KEYS = (*ZOOKEEPER_KEYS, *CLIENT_KEYS, *TLS_KEYS)
+
+
+def env_name(key: str) -> str:
+    """The environment variable of a key: client.mountTimeout -> WALTZ_CLIENT_MOUNT_TIMEOUT."""
+    return ENV_PREFIX + re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).replace(".", "_").upper()
+
+
+def from_environment(keys: Iterable[Key], environ: Mapping[str, str]) -> dict[str, str]:
+    """The keys set by WALTZ_* variables (empty values are ignored). A WALTZ_CLIENT_*, WALTZ_TLS_* or
+    WALTZ_ZOOKEEPER_* variable that names no key is a ConfigError with a suggestion (other WALTZ_* variables
+    belong to other tools and are left alone)."""
+    names = {env_name(k.name): k.name for k in keys}
+    found: dict[str, str] = {}
+    for variable, value in environ.items():
+        if variable in names:
+            if value.strip():
+                found[names[variable]] = value
+        elif variable.startswith(("WALTZ_CLIENT_", "WALTZ_TLS_", "WALTZ_ZOOKEEPER_")):
+            raise ConfigError(f"environment: {variable} names no client configuration key"
+                              f"{did_you_mean(variable, names)}")
+    return found
+
+
+def _merge_environment(config: Config, keys: tuple[Key, ...], environ: Mapping[str, str]) -> Config:
+    env = {name: value for name, value in from_environment(keys, environ).items() if name not in config.given}
+    if not env:
+        return config
+    values: dict[str, Any] = dict(env)
+    for name, value in env.items():  # name the variable, not the key, when its value is bad
+        try:
+            values[name] = next(k for k in keys if k.name == name).kind(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"environment: {env_name(name)}: {exc}") from None
+    values.update((name, config[name]) for name in config.given)
+    return Config(keys, values, f"{config.source} and the WALTZ_* environment")
+
+
+def _seconds(config: Config, new: str, old: str) -> float:
+    """The value of a seconds key, or of its deprecated milliseconds key (warned about) when only that is set."""
+    if old not in config.given:
+        return float(config[new])
+    if new in config.given:
+        raise ConfigError(f"{config.source}: set {new} (seconds) only, not also {old} (deprecated, milliseconds)")
+    message = f"{config.source}: {old} (milliseconds) is deprecated: use {new} (seconds)"
+    warnings.warn(message, DeprecationWarning, stacklevel=4)
+    log.warning("%s", message)
+    return float(config[old]) / 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +139,7 @@ class ClientConfig:
     auto_mount: bool
     max_retries: int
     max_batch_size: int
-    keepalive_time_ms: int
+    keepalive_time_s: float
     callback_thread: bool
     tls: TlsFiles | None = None
     zookeeper_security: ZkSecurity | None = None
@@ -67,40 +147,61 @@ class ClientConfig:
     discovery_interval_s: float = 2.0
 
     @staticmethod
-    def of(config: Config | Mapping[str, Any] | str | Path | None, zookeeper_required: bool = True) -> ClientConfig:
-        """Validate a Config, a mapping of (dotted or nested) keys, or a YAML file path. ZooKeeper keys are needed
-        only when zookeeper_required and client.servers is empty."""
+    def of(config: Config | Mapping[str, Any] | str | Path | None, zookeeper_required: bool = True,
+           environ: Mapping[str, str] | None = None) -> ClientConfig:
+        """Validate a Config, a mapping of (dotted or nested) keys, or a YAML file path, filled in from WALTZ_*
+        environment variables (environ; None: os.environ). ZooKeeper keys are needed only when zookeeper_required
+        and client.servers is empty. Any problem is a ConfigError (a WaltzError and a ValueError)."""
+        try:
+            return ClientConfig._of(config, zookeeper_required, os.environ if environ is None else environ)
+        except CommonConfigError as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(str(exc)) from None
+
+    @staticmethod
+    def _of(config: Config | Mapping[str, Any] | str | Path | None, zookeeper_required: bool,
+            environ: Mapping[str, str]) -> ClientConfig:
         keys = tuple(dataclasses.replace(k, default="") if k.required else k for k in ALL_KEYS)
         if isinstance(config, str | Path):
             config = load(config, keys)
         elif not isinstance(config, Config):
             config = Config(keys, config or {}, "client config")
+        config = _merge_environment(config, keys, environ)
         if zookeeper_required and not config["client.servers"]:
             missing = [k for k in ("zookeeper.connectString", "cluster.root") if not config[k]]
             if missing:
-                raise ConfigError(f"set client.servers, or {' and '.join(missing)} to find the cluster in ZooKeeper")
-        if config["client.discoveryInterval"] < 1:
-            raise ValueError("client.discoveryInterval must be at least 1 ms")
-        if config["client.maxConcurrentTransactions"] < 1:
-            raise ValueError("client.maxConcurrentTransactions must be at least 1")
-        if config["client.maxBatchSize"] < 1:
-            raise ValueError("client.maxBatchSize must be at least 1")
+                raise ConfigError(
+                    f"{config.source}: set client.servers (or {env_name('client.servers')}), or "
+                    f"{' and '.join(missing)} to find the cluster in ZooKeeper")
+        seconds: dict[str, float] = {}
+        for old, new in DEPRECATED_MS_KEYS.items():  # a loop, not a comprehension: the warning's stacklevel
+            seconds[new] = _seconds(config, new, old)
+            if seconds[new] <= 0:
+                raise ConfigError(f"{config.source}: {new} must be more than 0 seconds")
+        for name in ("client.mountTimeout", "client.requestTimeout"):
+            if config[name] <= 0:
+                raise ConfigError(f"{config.source}: {name} must be more than 0 seconds")
+        for name in ("client.maxConcurrentTransactions", "client.maxBatchSize"):
+            if config[name] < 1:
+                raise ConfigError(f"{config.source}: {name} must be at least 1")
         return ClientConfig(
             zookeeper_connect_string=config["zookeeper.connectString"],
             zookeeper_session_timeout_s=config["zookeeper.sessionTimeout"] / 1000,
             zookeeper_connect_timeout_s=config["zookeeper.connectTimeout"] / 1000,
             cluster_root=config["cluster.root"],
             max_concurrent_transactions=config["client.maxConcurrentTransactions"],
-            long_wait_threshold_s=config["client.longWaitThreshold"] / 1000,
+            long_wait_threshold_s=seconds["client.longWaitThresholdSeconds"],
             mount_timeout_s=config["client.mountTimeout"],
             request_timeout_s=config["client.requestTimeout"],
             auto_mount=config["client.autoMount"],
             max_retries=config["client.maxRetries"],
             max_batch_size=config["client.maxBatchSize"],
-            keepalive_time_ms=config["client.keepaliveTime"],
+            keepalive_time_s=seconds["client.keepaliveTimeSeconds"],
             callback_thread=config["client.callbackThread"],
             tls=TlsFiles.from_config(config),
             zookeeper_security=ZkSecurity.from_config(config),
             servers=config["client.servers"],
-            discovery_interval_s=config["client.discoveryInterval"] / 1000,
+            discovery_interval_s=seconds["client.discoveryIntervalSeconds"],
         )
+

@@ -80,7 +80,11 @@ class ServerConnection:
         try:
             await self._receive_loop(dispatch)
         except StreamClosedError as exc:
-            log.info("stream to %s (seq %d) closed: %s", self.endpoint, self.seq_num, exc)
+            if self.received_any:
+                log.info("stream to %s (seq %d) closed: %s", self.endpoint, self.seq_num, exc)
+            else:  # the connection attempt itself failed: the application should hear of it
+                log.warning("could not open a stream to Waltz server %s (stream %d): %s; trying again",
+                            self.endpoint, self.seq_num, exc)
         finally:
             self.closed = True
             sender.cancel()

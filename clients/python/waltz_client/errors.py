@@ -1,18 +1,44 @@
-"""The exceptions a Waltz client raises to the application."""
+"""The exceptions a Waltz client raises to the application: one tree under WaltzError.
+
+Every WaltzError has a ``retriable`` attribute: True when the same call may succeed if made again later
+(a timeout, no server answering, a stream that broke), False when something must change first (the
+configuration, the transaction, the cluster the client points at, or the client is closed). An application
+can catch WaltzError once and decide by ``exc.retriable`` whether to back off and try again.
+"""
 
 from __future__ import annotations
 
+from waltz_common.config import ConfigError as _CommonConfigError
+
 
 class WaltzError(RuntimeError):
-    """Base class of every error the Waltz client raises."""
+    """Base class of every error the Waltz client raises; ``retriable`` says whether trying again may help."""
+
+    retriable: bool = False
+
+
+class ConfigError(WaltzError, _CommonConfigError):
+    """A client configuration key is unknown, missing or has a bad value (also a ValueError, as before)."""
+
+    retriable = False
+
+
+class UnavailableError(WaltzError, ConnectionError):
+    """No server (or, with ZooKeeper discovery, no ZooKeeper) answered within client.requestTimeout."""
+
+    retriable = True
 
 
 class WaltzTimeoutError(WaltzError, TimeoutError):
     """Something did not happen within its configured timeout (mount, capacity, request)."""
 
+    retriable = True
+
 
 class WaltzClosedError(WaltzError):
     """The client is closed (or closing): the operation was not carried out."""
+
+    retriable = False
 
 
 class ClientAheadError(WaltzError):
@@ -20,6 +46,8 @@ class ClientAheadError(WaltzError):
 
     A configuration error, not something a retry fixes: the partition stays unusable.
     """
+
+    retriable = False
 
     def __init__(self, partition_id: int, client_high_water_mark: int, partition_high_water_mark: int) -> None:
         super().__init__(
@@ -43,16 +71,24 @@ class ClientIdDeniedError(WaltzError):
 
 
 class RetriesExhaustedError(WaltzError):
-    """A transaction context failed client.maxRetries + 1 times and was given up."""
+    """A transaction context failed client.maxRetries + 1 times and was given up (submitting it again may work)."""
+
+    retriable = True
 
 
 class TransactionRejectedError(WaltzError):
     """The server refused the transaction itself (too large, bad checksum): retrying cannot help."""
 
+    retriable = False
+
 
 class TransactionDataError(WaltzError):
     """A transaction's data could not be fetched (or kept failing its checksum)."""
 
+    retriable = True
+
 
 class StreamClosedError(WaltzError, ConnectionError):
     """A server stream ended or failed; the client reconnects and remounts by itself."""
+
+    retriable = True

@@ -1,25 +1,31 @@
-"""The real transport: partition ownership from ZooKeeper, grpc.aio streams and unary calls."""
+"""The real transport: partition ownership from ZooKeeper, grpc.aio streams and unary calls.
+
+kazoo (the extra waltz-python[zookeeper]) is imported only when a client starts with ZooKeeper discovery
+(client.servers empty): require_zookeeper() says what to install when it is missing.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
-from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError
 
 from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_client.config import ClientConfig
 from waltz_client.connection import MAX_RECONNECT_DELAY_S
 from waltz_client.driver import ClusterInfo, Driver, ServerStream, Topology
-from waltz_client.errors import StreamClosedError, WaltzError
+from waltz_client.errors import ConfigError, StreamClosedError, UnavailableError, WaltzError
 from waltz_common import tls
-from waltz_common import zk as zkmeta
 from waltz_common.grpc_env import keepalive_options
 from waltz_common.topology import ZkTopologyWatcher, take_client_id
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+    from waltz_common import zk as zkmeta
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +73,21 @@ class GrpcDriver(Driver):
         self._tls_stamp: object = None
 
     async def start(self, on_topology: Callable[[Topology], None]) -> ClusterInfo:
+        require_zookeeper()
+        from waltz_common import zk as zkmeta
+
         loop = asyncio.get_running_loop()
         cfg = self.config
-        paths = zkmeta.ZkPaths(cfg.cluster_root)
-        self._zk = await asyncio.to_thread(
-            zkmeta.connect, cfg.zookeeper_connect_string, cfg.zookeeper_connect_timeout_s,
-            cfg.zookeeper_session_timeout_s, cfg.zookeeper_security)
+        try:
+            paths = zkmeta.ZkPaths(cfg.cluster_root)
+        except zkmeta.MetadataError as exc:
+            raise ConfigError(str(exc)) from None
+        try:
+            self._zk = await asyncio.to_thread(
+                zkmeta.connect, cfg.zookeeper_connect_string, cfg.zookeeper_connect_timeout_s,
+                cfg.zookeeper_session_timeout_s, cfg.zookeeper_security)
+        except zkmeta.MetadataError as exc:
+            raise UnavailableError(str(exc)) from None
         zk = self._zk
         params = await asyncio.to_thread(zkmeta.store_params, zk, paths)
         cluster = await asyncio.to_thread(zkmeta.read, zk, paths.cluster, metadata_pb2.ClusterParams)
@@ -107,7 +122,7 @@ class GrpcDriver(Driver):
             # an outage (a restart: its GOAWAY starts the backoff) is reached only many seconds later.
             backoff_ms = int(MAX_RECONNECT_DELAY_S * 1000)
             channel = tls.aio_channel(endpoint, files, [
-                *keepalive_options(self.config.keepalive_time_ms, 20000),
+                *keepalive_options(round(self.config.keepalive_time_s * 1000), 20000),
                 ("grpc.http2.max_pings_without_data", 0),
                 ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
                 ("grpc.max_reconnect_backoff_ms", backoff_ms),
@@ -145,7 +160,20 @@ class GrpcDriver(Driver):
             await asyncio.to_thread(_stop_zk, zk)
 
 
+def require_zookeeper() -> None:
+    """A ConfigError saying what to install when kazoo (ZooKeeper discovery) is missing."""
+    try:
+        import kazoo  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "ZooKeeper discovery (zookeeper.connectString and cluster.root; client.servers is empty) needs kazoo: "
+            "pip install 'waltz-python[zookeeper]', or set client.servers (WALTZ_CLIENT_SERVERS) to the servers' "
+            "host:port and the client needs no ZooKeeper") from None
+
+
 def _client_id(zk: KazooClient, paths: zkmeta.ZkPaths) -> int:
+    from kazoo.exceptions import NoAuthError
+
     try:
         return take_client_id(zk, paths)
     except ValueError as exc:

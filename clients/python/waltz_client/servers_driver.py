@@ -2,8 +2,11 @@
 
 Any server answers GetClusterInfo (partitions, owners, generations, limits) and GetClientId. The driver asks the
 configured addresses, then also the owners it learned, in turn until one answers; it polls GetClusterInfo every
-client.discoveryInterval and at once when a partition heard NOT_READY (refresh()), and reports each change of
+client.discoveryIntervalSeconds and at once when a partition heard NOT_READY (refresh()), and reports each change of
 ownership as the ZooKeeper driver does.
+
+Each failed attempt to reach a server is a WARNING line (address, call, gRPC status, the next try); when none answers
+within client.requestTimeout the call ends with UnavailableError naming each server's last failure.
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ import grpc
 from waltz.v1 import server_pb2, server_pb2_grpc
 from waltz_client.config import ClientConfig
 from waltz_client.driver import ClusterInfo, Ownership, Topology
-from waltz_client.errors import WaltzError
+from waltz_client.errors import UnavailableError, WaltzError
 from waltz_client.grpc_driver import GrpcDriver
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 RETRY_S = 0.5
+"""The first wait before asking the servers again after none answered; it doubles up to MAX_RETRY_S."""
+MAX_RETRY_S = 5.0
 
 
 def topology_of(info: server_pb2.ClusterInfoResponse) -> dict[int, Ownership]:
@@ -57,9 +62,10 @@ class ServersDriver(GrpcDriver):
 
     async def start(self, on_topology: Callable[[Topology], None]) -> ClusterInfo:
         deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
-        info = await self._any(lambda stub, t: stub.GetClusterInfo(server_pb2.ClusterInfoRequest(), timeout=t),
-                               deadline)
-        ids = await self._any(lambda stub, t: stub.GetClientId(server_pb2.ClientIdRequest(), timeout=t), deadline)
+        info = await self._any("GetClusterInfo", lambda stub, t: stub.GetClusterInfo(
+            server_pb2.ClusterInfoRequest(), timeout=t), deadline)
+        ids = await self._any("GetClientId", lambda stub, t: stub.GetClientId(
+            server_pb2.ClientIdRequest(), timeout=t), deadline)
         self.limits = info.limits
         self._topology = topology_of(info)
         on_topology(dict(self._topology))
@@ -78,8 +84,8 @@ class ServersDriver(GrpcDriver):
             self._wake.clear()
             deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
             try:
-                info = await self._any(
-                    lambda stub, t: stub.GetClusterInfo(server_pb2.ClusterInfoRequest(), timeout=t), deadline)
+                info = await self._any("GetClusterInfo", lambda stub, t: stub.GetClusterInfo(
+                    server_pb2.ClusterInfoRequest(), timeout=t), deadline)
             except WaltzError as exc:
                 log.warning("cluster info: %s", exc)
                 continue
@@ -88,9 +94,12 @@ class ServersDriver(GrpcDriver):
                 self._topology = topology
                 on_topology(dict(topology))
 
-    async def _any(self, call: Callable[[server_pb2_grpc.WaltzServerStub, float], Awaitable[R]], deadline: float) -> R:
-        """call on the servers in turn until one answers, until deadline; WaltzError naming each failure."""
+    async def _any(self, name: str, call: Callable[[server_pb2_grpc.WaltzServerStub, float], Awaitable[R]],
+                   deadline: float) -> R:
+        """call on the servers in turn until one answers, until deadline; a WARNING per failed attempt, then
+        UnavailableError naming each server's last failure."""
         loop = asyncio.get_running_loop()
+        pause = RETRY_S
         while True:
             failures: list[str] = []
             for address in addresses_to_try(self._seeds, self._topology, self._last_good):
@@ -98,13 +107,19 @@ class ServersDriver(GrpcDriver):
                 try:
                     answer = await call(server_pb2_grpc.WaltzServerStub(self._channel(address)), timeout)
                 except grpc.aio.AioRpcError as exc:
-                    failures.append(f"{address}: {exc.code().name}: {exc.details()}")
+                    failure = f"{address}: {exc.code().name}: {exc.details()}"
+                    failures.append(failure)
+                    left = deadline - loop.time()
+                    log.warning("Waltz server %s did not answer %s (%s); %s", address, name, failure.split(": ", 1)[1],
+                                f"trying again for {left:.0f} s more" if left > 0 else "giving up")
                     continue
                 self._last_good = address
                 return answer
             if loop.time() >= deadline:
-                raise WaltzError("no Waltz server answered: " + "; ".join(failures))
-            await asyncio.sleep(RETRY_S)
+                raise UnavailableError(f"no Waltz server answered {name} within {self.config.request_timeout_s:g} s "
+                                       "(client.requestTimeout): " + "; ".join(failures))
+            await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+            pause = min(pause * 2, MAX_RETRY_S)
 
     async def close(self) -> None:
         if self._poller is not None:

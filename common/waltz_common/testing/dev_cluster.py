@@ -120,6 +120,16 @@ class DevCluster(LocalCluster):
             raise DevClusterError(f"{workdir} is neither empty nor a waltz dev data directory (no {STATE_FILE})")
         return cls(workdir, plan(saved, **options), resume=saved is not None)
 
+    def client_config(self, **overrides: Any) -> dict[str, Any]:
+        """An application's configuration: the servers' addresses (client.servers), no ZooKeeper (an application
+        needs none; docs/client-guide.md), and the TLS keys when the cluster runs TLS."""
+        return {"client.servers": ",".join(server.address for server in self.servers),
+                **self.tls_config("application"), **overrides}
+
+    def admin_options(self) -> list[str]:
+        """The `waltz` options of the admin commands, which read ZooKeeper."""
+        return ["--zookeeper", self.zookeeper, "--root", self.paths.root]
+
     def _set_up(self, zk: KazooClient) -> None:
         if not self.resume:
             super()._set_up(zk)

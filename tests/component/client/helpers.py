@@ -19,7 +19,7 @@ from waltz_client import (
 )
 
 FAST = {
-    "client.longWaitThreshold": 200,
+    "client.longWaitThresholdSeconds": 0.2,
     "client.mountTimeout": 10,
     "client.requestTimeout": 20,
 }

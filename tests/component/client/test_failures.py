@@ -28,7 +28,7 @@ def test_an_append_the_server_drops_is_reported_failed() -> None:
             lost = Ctx(b"lost")
             future = await c.submit(lost)
             with pytest.raises(RetriesExhaustedError, match="not in the feed up to the flush"):
-                await future  # found by the flush sent after client.longWaitThreshold
+                await future  # found by the flush sent after client.longWaitThresholdSeconds
             assert lost.hooks[0][0] == "exception" and c.stats.failed_appends == 1
         assert payloads(server) == []
 
@@ -38,7 +38,7 @@ def test_an_append_the_server_drops_is_reported_failed() -> None:
 def test_a_dropped_append_is_failed_by_a_later_commit_and_retried() -> None:
     async def main() -> None:
         server = MockServer(1)
-        async with client(server, **{"client.longWaitThreshold": 60000}) as c:
+        async with client(server, **{"client.longWaitThresholdSeconds": 60}) as c:
             await c.wait_mounted()
             server.hold_requests()
             first, second = Ctx(b"first"), Ctx(b"second")
@@ -58,7 +58,7 @@ def test_a_cut_mid_stream_resolves_pending_appends_exactly_as_the_feed_says() ->
         server = MockServer(1)
         callbacks = MemoryCallbacks()
         async with client(server, callbacks, **{"client.maxConcurrentTransactions": 10,
-                                                "client.longWaitThreshold": 60000}) as c:
+                                                "client.longWaitThresholdSeconds": 60}) as c:
             assert await (await c.submit(Ctx(b"warm-up"))) is True
             server.suspend_feed()  # these commit at the server, but the client is not told
             reached = [Ctx(b"reached%d" % i) for i in range(3)]
@@ -93,7 +93,7 @@ def test_random_cuts_and_delays_lose_and_duplicate_nothing() -> None:
         server.set_max_delay(0.005)
         callbacks = MemoryCallbacks()
         rng = random.Random(7)
-        async with client(server, callbacks, **{"client.longWaitThreshold": 100}) as c:
+        async with client(server, callbacks, **{"client.longWaitThresholdSeconds": 0.1}) as c:
             contexts = [Ctx(b"t%d" % i, partition=i) for i in range(60)]
             futures = []
             for ctx in contexts:

@@ -53,8 +53,9 @@ class Dev:
 
     def wait_ready(self) -> None:
         self.wait_for_line(READY_LINE)
-        config_lines = [line for line in self.output if line.startswith(("zookeeper.connectString:", "cluster.root:"))]
+        config_lines = [line for line in self.output if line.startswith(("client.servers:", "zookeeper.", "cluster."))]
         self.config = yaml.safe_load("\n".join(config_lines))
+        self.admin = next(line.split()[2:6] for line in self.output if line.strip().startswith("admin "))
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -133,14 +134,18 @@ def test_waltz_dev_serves_an_application_stops_on_ctrl_c_and_keeps_its_data(tmp_
     dev = start(data, "--partitions", "1")
     pids = dev.service_pids(data)
     assert len(pids) == 5  # 3 storage nodes, a server, ZooKeeper
-    assert dev.config["cluster.root"] == "/waltz/dev"
+    assert list(dev.config) == ["client.servers"]  # an application needs the servers only, no ZooKeeper
+    assert yaml.safe_load((data / "client.yaml").read_text()) == dev.config
     assert app.say_and_read(dev.config, ["one", "two"]) == [(0, b"one"), (1, b"two")]
+    assert dev.admin[0] == "--zookeeper" and dev.admin[2:] == ["--root", "/waltz/dev"]
+    verify = subprocess.run([str(WALTZ), *dev.admin, "cluster", "verify"], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert verify.returncode == 0 and verify.stdout.rstrip().endswith("PASSED"), verify.stdout + verify.stderr
 
     # `waltz client tail | head` when head has gone: no BrokenPipeError, exit 0.
     read_end, write_end = os.pipe()
     os.close(read_end)
-    tail = subprocess.run([str(WALTZ), "--zookeeper", dev.config["zookeeper.connectString"], "--root",
-                           dev.config["cluster.root"], "client", "tail", "-p", "0"],
+    tail = subprocess.run([str(WALTZ), "-c", str(data / "client.yaml"), "client", "tail", "-p", "0"],
                           stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60, check=False)
     os.close(write_end)
     assert (tail.returncode, tail.stderr) == (0, "")

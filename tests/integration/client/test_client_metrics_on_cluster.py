@@ -18,7 +18,7 @@ from waltz_client import AsyncWaltzClient
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 
-FAST = {"client.longWaitThreshold": 500, "client.mountTimeout": 60, "client.requestTimeout": 60}
+FAST = {"client.longWaitThresholdSeconds": 0.5, "client.mountTimeout": 60, "client.requestTimeout": 60}
 # the restarted server gets its partitions back once the killed one's ZooKeeper session has expired
 SHORT_SESSION = {"zookeeper.sessionTimeout": 6000}
 pytestmark = pytest.mark.skipif(promtool() is None, reason="promtool is missing: scripts/bootstrap installs it")

@@ -16,7 +16,7 @@ from waltz_common.testing.zookeeper import ZooKeeperProcess
 
 local_cluster = pytest.importorskip("waltz_common.testing.local_cluster")
 
-FAST = {"client.longWaitThreshold": 500, "client.mountTimeout": 60, "client.requestTimeout": 60}
+FAST = {"client.longWaitThresholdSeconds": 0.5, "client.mountTimeout": 60, "client.requestTimeout": 60}
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 
 INSTANCE = Path(__file__).with_name("pg_instance.py")
-FAST = {"client.longWaitThreshold": 500, "client.mountTimeout": 60, "client.requestTimeout": 60}
+FAST = {"client.longWaitThresholdSeconds": 0.5, "client.mountTimeout": 60, "client.requestTimeout": 60}
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ from waltz_common.types import crc32
 
 local_cluster = pytest.importorskip("waltz_common.testing.local_cluster")
 
-FAST = {"client.longWaitThreshold": 500, "client.mountTimeout": 60, "client.requestTimeout": 60,
-        "client.discoveryInterval": 200}
+FAST = {"client.longWaitThresholdSeconds": 0.5, "client.mountTimeout": 60, "client.requestTimeout": 60,
+        "client.discoveryIntervalSeconds": 0.2}
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ def test_config_defaults_follow_the_original_and_need_zookeeper_only_for_real_cl
     assert config.auto_mount is True and config.max_retries == -1 and config.request_timeout_s == 30.0
     with pytest.raises(ConfigError, match=r"zookeeper\.connectString"):
         ClientConfig.of({})
-    mock = ClientConfig.of({"client": {"autoMount": "false", "longWaitThreshold": 250}}, zookeeper_required=False)
+    mock = ClientConfig.of({"client": {"autoMount": "false", "longWaitThresholdSeconds": 0.25}},
+                           zookeeper_required=False)
     assert mock.auto_mount is False and mock.long_wait_threshold_s == 0.25
     with pytest.raises(ConfigError, match="unknown"):
         ClientConfig.of({"client.maxConcurentTransactions": 3}, zookeeper_required=False)

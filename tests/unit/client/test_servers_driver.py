@@ -15,7 +15,8 @@ def test_client_servers_replace_the_zookeeper_keys():
     config = ClientConfig.of({"client.servers": "a:1, b:2"})
     assert config.servers == ("a:1", "b:2") and config.zookeeper_connect_string == ""
     assert ClientConfig.of({"client": {"servers": ["a:1"]}}).servers == ("a:1",)
-    with pytest.raises(ConfigError, match=r"set client\.servers, or zookeeper\.connectString and cluster\.root"):
+    wanted = r"set client\.servers \(or WALTZ_CLIENT_SERVERS\), or zookeeper\.connectString and cluster\.root"
+    with pytest.raises(ConfigError, match=wanted):
         ClientConfig.of({})
     with pytest.raises(ConfigError, match="'a' is not host:port"):
         ClientConfig.of({"client.servers": "a"})
