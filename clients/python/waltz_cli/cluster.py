@@ -35,6 +35,13 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     check.set_defaults(func=check_connectivity_cmd)
     ver = sub.add_parser("verify", help="check the whole cluster; prints PASSED or FAILED", parents=[common])
     ver.add_argument("-p", "--partitions", help="only these partitions, e.g. 0-6,8 (default: all)")
+    ver.add_argument("--expect-servers", type=int, metavar="N",
+                     help="fail when fewer than N servers are registered (ZooKeeper forgets a server that is gone)")
+    ver.add_argument("--server-addresses", default=argparse.SUPPRESS, metavar="HOST:PORT,...",
+                     help="servers that must be registered, as they advertise themselves (client.servers in the "
+                          "CLI file)")
+    ver.add_argument("--replicas", type=int, metavar="N",
+                     help="replicas each partition must have (default: as many as the partition with the most)")
     ver.set_defaults(func=verify_cmd)
     provision.register(sub, common)
 
@@ -194,9 +201,13 @@ def check_connectivity_cmd(ctx: Context, args: argparse.Namespace) -> Result:
 
 def verify_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     """Collect the cluster's state and check it; exit 1 when any check fails."""
+    if (args.expect_servers or 0) < 0 or (args.replicas is not None and args.replicas < 1):
+        raise UsageError("--expect-servers must be at least 0 and --replicas at least 1")
+    expected_addresses, ctx.servers = ctx.servers, ()  # the servers that must be up; verify reads ZooKeeper
     wanted = ctx.partitions(args.partitions)
     facts = verify.collect(ctx)
     checks = verify.check(facts, wanted)
+    checks.append(verify.check_missing(facts, wanted, args.expect_servers, expected_addresses, args.replicas))
     passed = all(c.passed for c in checks)
     lines = []
     for c in checks:

@@ -2,11 +2,12 @@
 
 It starts ZooKeeper, the storage nodes and the servers (a LocalCluster), prints the client
 configuration (client.servers: the servers' addresses; an application needs no ZooKeeper) and the
-admin commands' ZooKeeper options, and serves until SIGINT or SIGTERM (or SIGHUP: the terminal closed); then it stops
-the servers, the storage nodes and ZooKeeper in that order, by pid, and exits 0. The processes run
-in sessions of their own, so a terminal's Ctrl-C reaches only `waltz dev`, which stops them in
-order. With --data DIR the data (ZooKeeper's and the storage nodes') stays in DIR and the next run
-on DIR goes on with it; without, it lives in a temporary directory removed at exit.
+admin commands' configuration file (ZooKeeper and the servers), and serves until SIGINT or SIGTERM
+(or SIGHUP: the terminal closed); then it stops the servers, the storage nodes and ZooKeeper in that
+order, by pid, and exits 0. The processes run in sessions of their own, so a terminal's Ctrl-C
+reaches only `waltz dev`, which stops them in order. With --data DIR the data (ZooKeeper's and the
+storage nodes') stays in DIR and the next run on DIR goes on with it; without, it lives in a
+temporary directory removed at exit.
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def dev_cmd(ctx: Context, args: argparse.Namespace) -> Result:
                 config_path = cluster.write_client_config()
                 say(f"up in {time.monotonic() - started:.1f} s; the client configuration (also in {config_path}):")
                 print("\n" + yaml.safe_dump(cluster.client_config(), sort_keys=False), flush=True)
-                print(f"  admin    waltz {' '.join(cluster.admin_options())} cluster verify   (ZooKeeper: the admin "
-                      "commands only)")
+                print(f"  admin    waltz -c {cluster.write_cli_config()} cluster verify   (the admin commands "
+                      "read ZooKeeper too)")
                 for node in cluster.storage:
                     print(f"  storage  {node.connect_string}  admin {node.admin_port}  "
                           f"metrics http://127.0.0.1:{node.metrics_port}/metrics  log {node.log_path}")

@@ -16,8 +16,9 @@ from waltz_cli.output import Result, reader_gone
 EPILOG = """\
 Where the cluster is: -c CLI.yaml (keys zookeeper.connectString, zookeeper.sessionTimeout,
 zookeeper.connectTimeout, cluster.root; with mutual TLS tls.certFile, tls.keyFile, tls.caFile:
-an operator certificate, see docs/security.md) or --zookeeper HOST:PORT --root /path. The client
-commands also work from server addresses alone: --server-addresses HOST:PORT,... (client.servers).
+an operator certificate, see docs/security.md) or --zookeeper HOST:PORT --root /path. The client,
+server and perf commands also work from server addresses alone: --server-addresses HOST:PORT,...
+(client.servers in the CLI file); cluster verify takes them as the servers that must be up.
 Partition ranges look like 0-6,8. Add --json for machine-readable output. Exit codes: 0 ok, 1 failed, 2 bad usage.
 """
 
@@ -29,8 +30,12 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
-    """The options every subcommand accepts; the subcommand copies do not override the top level's."""
+SERVER_ADDRESSES_HELP = "Waltz servers to ask instead of ZooKeeper (client.servers in the CLI file)"
+
+
+def _global_options(parser: argparse.ArgumentParser, defaults: bool, servers: bool = True) -> None:
+    """The options every subcommand accepts; the subcommand copies do not override the top level's. servers: with
+    --server-addresses (only the commands that use it list it in their --help)."""
 
     def d(value: object) -> object:
         return value if defaults else argparse.SUPPRESS
@@ -40,10 +45,9 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     group.add_argument("-c", "--config", default=d(None), metavar="CLI.yaml", help="CLI configuration file")
     group.add_argument("--zookeeper", default=d(None), metavar="HOST:PORT", help="ZooKeeper connect string")
     group.add_argument("--root", default=d(None), metavar="ZNODE", help="the cluster root, e.g. /waltz/prod")
-    group.add_argument(
-        "--server-addresses", default=d(None), metavar="HOST:PORT,...",
-        help="Waltz servers to ask instead of ZooKeeper (client commands; client.servers in the CLI file)",
-    )
+    if servers:
+        group.add_argument("--server-addresses", default=d(None), metavar="HOST:PORT,...",
+                           help=SERVER_ADDRESSES_HELP + ("" if not defaults else "; client, server and perf commands"))
     group.add_argument("--json", action="store_true", default=d(False), help="machine-readable output")
     group.add_argument("--timeout", type=float, default=d(10.0), metavar="S", help="seconds per call (default 10)")
     group.add_argument(
@@ -60,12 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="waltz", description="Administer a Waltz cluster.", epilog=EPILOG)
     _global_options(parser, defaults=True)
     common = Parser(add_help=False)
-    _global_options(common, defaults=False)
+    _global_options(common, defaults=False, servers=False)
+    with_servers = Parser(add_help=False)  # the commands that work from --server-addresses as well
+    _global_options(with_servers, defaults=False)
     groups = parser.add_subparsers(
         dest="group", metavar="{cluster,storage,server,client,disk,perf,dev}", parser_class=Parser
     )
-    for module in (cluster, storage, server, client, disk, perf, dev):
+    for module in (cluster, storage, disk, dev):
         module.register(groups, common)
+    for module in (server, client, perf):
+        module.register(groups, with_servers)
     return parser
 
 

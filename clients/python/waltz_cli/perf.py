@@ -99,13 +99,18 @@ class _Append(TransactionContext):
 
 
 def _client_config(ctx: Context, **overrides: Any) -> dict[str, Any]:
-    ctx.paths  # a missing root is a usage error before anything starts  # noqa: B018
-    if not ctx.connect_string:
-        raise UsageError("no ZooKeeper given: use -c CLI.yaml or --zookeeper HOST:PORT --root /path")
-    return {"zookeeper.connectString": ctx.connect_string, "cluster.root": ctx.root,
-            "zookeeper.connectTimeout": int(ctx.connect_timeout_s * 1000), "client.autoMount": False,
-            "client.mountTimeout": max(ctx.rpc_timeout_s, 10.0), "client.requestTimeout": max(ctx.rpc_timeout_s, 30.0),
-            **overrides}
+    """The perf client's configuration: --server-addresses (client.servers) when given, else ZooKeeper."""
+    if ctx.servers:
+        where: dict[str, Any] = {"client.servers": list(ctx.servers)}
+    else:
+        ctx.paths  # a missing root is a usage error before anything starts  # noqa: B018
+        if not ctx.connect_string:
+            raise UsageError("no cluster given: use --server-addresses HOST:PORT,..., -c CLI.yaml, or "
+                             "--zookeeper HOST:PORT --root /path")
+        where = {"zookeeper.connectString": ctx.connect_string, "cluster.root": ctx.root,
+                 "zookeeper.connectTimeout": int(ctx.connect_timeout_s * 1000), **ctx.zookeeper_security_config()}
+    return {**where, **ctx.tls_config(), "client.autoMount": False, "client.mountTimeout": max(ctx.rpc_timeout_s, 10.0),
+            "client.requestTimeout": max(ctx.rpc_timeout_s, 30.0), **overrides}
 
 
 class _Progress:

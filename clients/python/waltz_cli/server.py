@@ -1,4 +1,8 @@
-"""`waltz server ...`: the registered servers and the partitions each one owns."""
+"""`waltz server ...`: the registered servers and the partitions each one owns.
+
+With --server-addresses (client.servers) the servers are those addresses and the owners the servers' cluster info
+names, asked by RPC: no ZooKeeper. ZooKeeper's view adds the preferred partitions, which only it holds.
+"""
 
 from __future__ import annotations
 
@@ -16,14 +20,43 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     """Add the server subcommands."""
     parser = groups.add_parser("server", help="servers and their partitions", parents=[common])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    sub.add_parser("list", help="the servers registered in ZooKeeper", parents=[common]).set_defaults(func=list_cmd)
+    sub.add_parser("list", help="the servers registered in ZooKeeper (or those --server-addresses reaches)",
+                   parents=[common]).set_defaults(func=list_cmd)
     parts = sub.add_parser("partitions", help="the partitions servers report owning", parents=[common])
     parts.add_argument("-s", "--server", metavar="HOST:PORT", help="ask only this server (default: every server)")
     parts.set_defaults(func=partitions_cmd)
 
 
+def known_addresses(ctx: Context) -> list[str]:
+    """With --server-addresses: those, then every owner the servers' cluster info names (no repeats)."""
+    owners = [p.address for p in ctx.cluster_info().partitions if p.address]
+    return list(dict.fromkeys([*ctx.servers, *owners]))
+
+
+def _list_from_servers(ctx: Context) -> Result:
+    partitions = ctx.cluster_info().partitions
+    data: list[dict[str, Any]] = []
+    for target in known_addresses(ctx):
+        entry: dict[str, Any] = {"server_id": None, "address": target, "partitions": [], "error": ""}
+        try:
+            reply = rpc.server_call(ctx, target, f"server {target}", "GetServerPartitions",
+                                    server_pb2.ServerPartitionsRequest())
+        except CliError as exc:
+            entry["error"] = str(exc)
+        else:
+            entry["server_id"] = reply.server_id
+            entry["partitions"] = sorted(p.partition_id for p in partitions if p.address == target)
+        data.append(entry)
+    rows = [[d["server_id"] if d["server_id"] is not None else "-", d["address"], d["partitions"], d["error"]]
+            for d in data]
+    return Result(data, table(["server", "address", "partitions", "error"], rows),
+                  1 if any(d["error"] for d in data) else 0)
+
+
 def list_cmd(ctx: Context, args: argparse.Namespace) -> Result:
-    """Servers from ZooKeeper with the partitions assigned to them."""
+    """Servers from ZooKeeper with the partitions assigned to them (or the servers --server-addresses reaches)."""
+    if ctx.servers:
+        return _list_from_servers(ctx)
     owners = rpc.ownership(ctx)
     data = [
         {
@@ -65,6 +98,8 @@ def partitions_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     """Ask one server, or every registered one."""
     if args.server:
         targets = [args.server]
+    elif ctx.servers:
+        targets = known_addresses(ctx)
     else:
         targets = [rpc.address(s) for _, s in sorted(rpc.servers(ctx).items())]
         if not targets:

@@ -274,3 +274,41 @@ def check(facts: Facts, wanted: list[int]) -> list[Check]:
     """Run the six checks over the wanted partitions."""
     checks = (check_zookeeper, check_ownership, check_server_storage, check_storage, check_health, check_recovery)
     return [c(facts, wanted) for c in checks]
+
+
+# ---- What is missing: servers, owners, replicas (kept apart from the checks above; cluster verify adds it) ----
+
+
+def check_missing(facts: Facts, wanted: list[int], expected_servers: int | None = None,
+                  expected_addresses: tuple[str, ...] = (), replicas: int | None = None) -> Check:
+    """No server missing, no partition unassigned or under-replicated.
+
+    ZooKeeper forgets a server that is gone (its registration is ephemeral and the coordinator moves its partitions
+    to the others), so a missing server is found only against what is expected: expected_servers (a count) and
+    expected_addresses (host:port as the servers advertise themselves). A partition is under-replicated when fewer
+    than `replicas` nodes are assigned it (default: as many as the partition with the most), or when an assigned
+    replica is not usable (its node unreachable, the replica missing, damaged or failing its writes), even with a
+    quorum left.
+    """
+    check = Check("no server is missing, no partition is unassigned or under-replicated")
+    registered = {view.address for view in facts.servers.values()}
+    if expected_servers is not None and len(facts.servers) < expected_servers:
+        check.reasons.append(f"{expected_servers - len(facts.servers)} server(s) missing: {len(facts.servers)} "
+                             f"registered, {expected_servers} expected")
+    check.reasons.extend(f"server {address} is missing: it is not registered" for address in expected_addresses
+                         if address not in registered)
+    check.reasons.extend(f"server {sid} ({view.address}) is registered but does not answer: {view.error}"
+                         for sid, view in sorted(facts.servers.items()) if view.error)
+    check.reasons.extend(f"partition {pid} is unassigned: no server owns it" for pid in wanted
+                         if facts.ownership.get(pid, (-1, 0))[0] < 0)
+    expected = replicas or max((len(_replicas(facts, pid)) for pid in range(facts.num_partitions)), default=0)
+    for pid in wanted:
+        assigned = _replicas(facts, pid)
+        down = [node for node in assigned if not _usable(_replica_view(facts, node, pid))]
+        if len(assigned) < expected:
+            check.reasons.append(f"partition {pid} is under-replicated: {len(assigned)} replica(s) assigned, "
+                                 f"{expected} expected")
+        if down:
+            check.reasons.append(f"partition {pid} is under-replicated: {len(assigned) - len(down)} of "
+                                 f"{len(assigned)} replicas usable (down: {', '.join(down)})")
+    return check

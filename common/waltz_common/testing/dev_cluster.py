@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kazoo.client import KazooClient
 
 from waltz_common import cluster_admin
@@ -126,9 +127,13 @@ class DevCluster(LocalCluster):
         return {"client.servers": ",".join(server.address for server in self.servers),
                 **self.tls_config("application"), **overrides}
 
-    def admin_options(self) -> list[str]:
-        """The `waltz` options of the admin commands, which read ZooKeeper."""
-        return ["--zookeeper", self.zookeeper, "--root", self.paths.root]
+    def write_cli_config(self, name: str = "cli.yaml") -> Path:
+        """The `waltz -c` file of the admin commands: ZooKeeper (which they read), and the servers (client.servers),
+        which `waltz cluster verify` then expects to be up."""
+        path = self.workdir / name
+        path.write_text(yaml.safe_dump({"zookeeper.connectString": self.zookeeper, "cluster.root": self.paths.root,
+                                        **self.client_config()}, sort_keys=False))
+        return path
 
     def _set_up(self, zk: KazooClient) -> None:
         if not self.resume:

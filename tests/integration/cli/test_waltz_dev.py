@@ -55,7 +55,7 @@ class Dev:
         self.wait_for_line(READY_LINE)
         config_lines = [line for line in self.output if line.startswith(("client.servers:", "zookeeper.", "cluster."))]
         self.config = yaml.safe_load("\n".join(config_lines))
-        self.admin = next(line.split()[2:6] for line in self.output if line.strip().startswith("admin "))
+        self.admin = next(line.split()[2:4] for line in self.output if line.strip().startswith("admin "))
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -137,7 +137,7 @@ def test_waltz_dev_serves_an_application_stops_on_ctrl_c_and_keeps_its_data(tmp_
     assert list(dev.config) == ["client.servers"]  # an application needs the servers only, no ZooKeeper
     assert yaml.safe_load((data / "client.yaml").read_text()) == dev.config
     assert app.say_and_read(dev.config, ["one", "two"]) == [(0, b"one"), (1, b"two")]
-    assert dev.admin[0] == "--zookeeper" and dev.admin[2:] == ["--root", "/waltz/dev"]
+    assert dev.admin == ["-c", str(data / "cli.yaml")]
     verify = subprocess.run([str(WALTZ), *dev.admin, "cluster", "verify"], capture_output=True, text=True,
                             timeout=60, check=False)
     assert verify.returncode == 0 and verify.stdout.rstrip().endswith("PASSED"), verify.stdout + verify.stderr
