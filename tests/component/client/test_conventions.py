@@ -17,6 +17,7 @@ import pytest
 
 import waltz_client
 from tests.component.client.helpers import FAST, Ctx, MemoryCallbacks, client, run
+from waltz.v1 import server_pb2
 from waltz_client import (
     AsyncWaltzClient,
     ConfigError,
@@ -28,6 +29,9 @@ from waltz_client import (
     errors,
 )
 from waltz_client.config import CLIENT_KEYS, DEPRECATED_MS_KEYS, ClientConfig, env_name
+from waltz_client.connection import ServerConnection
+from waltz_client.driver import ServerStream
+from waltz_client.errors import StreamClosedError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -173,3 +177,34 @@ def test_the_packages_are_typed_and_ship_their_marker() -> None:
     package_data = project["tool"]["setuptools"]["package-data"]
     for package in ("waltz_client", "waltz_common", "waltz"):
         assert "py.typed" in package_data[package], package
+
+
+class _RefusedStream(ServerStream):
+    """A stream whose server never answers: the connection attempt itself fails."""
+
+    async def send(self, message: server_pb2.ClientMessage) -> None:
+        raise StreamClosedError("s:1: UNAVAILABLE: connection refused")
+
+    async def receive(self) -> server_pb2.ServerMessage:
+        raise StreamClosedError("s:1: UNAVAILABLE: connection refused")
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_stream_that_never_opened_is_a_warning_and_one_that_ended_is_not(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="waltz_client")
+
+    async def dispatch(conn: ServerConnection, pid: int, message: server_pb2.ServerMessage | None) -> None:
+        pass
+
+    async def both() -> None:
+        await ServerConnection("s:1", _RefusedStream(), 1, 10).run(dispatch)
+        ended = ServerConnection("s:1", _RefusedStream(), 2, 10)
+        ended.received_any = True  # it had worked: a stream that ends is routine, the client reconnects
+        await ended.run(dispatch)
+
+    run(both())
+    levels = [(r.levelno, r.getMessage()) for r in caplog.records if "s:1" in r.getMessage()]
+    assert [level for level, _ in levels] == [logging.WARNING, logging.INFO], levels
+    assert "could not open a stream to Waltz server s:1" in levels[0][1]
