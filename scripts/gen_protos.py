@@ -41,6 +41,7 @@ def generate(out: Path) -> None:
         raise SystemExit("protoc failed")
     for package in (out / "waltz", out / PACKAGE):
         (package / "__init__.py").write_text(HEADER)
+    (out / "waltz" / "py.typed").write_text("")  # PEP 561: the .pyi stubs reach applications' type checkers
 
 
 def generated_files(root: Path) -> set[Path]:
