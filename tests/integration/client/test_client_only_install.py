@@ -1,11 +1,12 @@
 """Install what you use: the plain `pip install waltz-python` is the client alone, and it is enough.
 
-The package is built as a wheel from this checkout and installed, with the versions of constraints.txt, into a
-new virtualenv that sees nothing of this checkout or of .venv (no PYTHONPATH). The test checks that the virtualenv
-holds the client's dependencies only (no kazoo, server, CLI, Spark or test packages), that examples/hello_waltz.py
-runs in it against a real cluster (LocalCluster, found through client.servers), that `mypy --strict` of an
-application's file finds the client's types there (py.typed), and that asking for ZooKeeper discovery says which
-extra to install. The install takes about 40 s on the development machine (from the local package index).
+The package is built as a wheel from this checkout and installed, with the versions of constraints.txt, into a new
+virtualenv that sees nothing of this checkout or of .venv (no PYTHONPATH). The test checks that the virtualenv holds
+the client's dependencies only (no kazoo, server, CLI, Spark or test packages), that examples/hello_waltz.py runs in
+it against a real cluster (LocalCluster, found through client.servers), that `mypy --strict` of an application's
+file finds the client's types there (py.typed), and that asking for ZooKeeper discovery, or running a command of an
+extra (`waltz`, `waltz-server`), says which extra to install. The install takes about 40 s on the development
+machine (from the local package index).
 """
 
 from __future__ import annotations
@@ -128,6 +129,10 @@ def test_a_client_only_virtualenv_runs_hello_waltz_against_a_cluster(
                     "try:\n    WaltzClient(None, {'zookeeper.connectString': 'h:1', 'cluster.root': '/w'})\n"
                     "except ConfigError as exc:\n    print(exc)"], tmp_path)
     assert "pip install 'waltz-python[zookeeper]'" in zk_only.stdout, zk_only.stdout + zk_only.stderr
+
+    for command, extra in (("waltz", "cli"), ("waltz-server", "server")):  # installed, but not their packages
+        refused = _run([venv / "bin" / command, "--help"], tmp_path)
+        assert refused.returncode == 1 and f"pip install 'waltz-python[{extra}]'" in refused.stderr, refused.stderr
 
     application = tmp_path / "application.py"
     application.write_text(textwrap.dedent(APPLICATION))
