@@ -37,6 +37,8 @@ def take_client_id(zk: KazooClient, paths: zkmeta.ZkPaths) -> int:
 
     On a cluster created with zookeeper.acl only the listed identities may take one here (kazoo's NoAuthError):
     applications take theirs from a server (GetClientId, client.servers)."""
+    from waltz_common import zk as zkmeta  # here, not at the top: kazoo only where ZooKeeper is used
+
     client_id = zkmeta.increment(zk, paths.client_ids)
     if client_id > INT32_MAX:
         raise ValueError(f"the client id counter {paths.client_ids} is exhausted")

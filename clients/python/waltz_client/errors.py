@@ -64,6 +64,8 @@ class ClientIdDeniedError(WaltzError):
     """The server refused this client's client id (mutual TLS): it belongs to another identity, another
     certificate's role and subject. Not something a retry fixes: the partition stays unusable."""
 
+    retriable = False
+
     def __init__(self, partition_id: int, client_id: int, message: str) -> None:
         super().__init__(f"partition {partition_id}: client id {client_id} refused: {message}")
         self.partition_id = partition_id
