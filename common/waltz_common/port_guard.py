@@ -6,7 +6,9 @@ What a caller sees:
 - a certificate without the port's (or the method's) role: PERMISSION_DENIED naming the role needed;
 - a call beyond the limits: RESOURCE_EXHAUSTED naming the limit (its configuration key);
 - a request whose bytes are not the method's message: INVALID_ARGUMENT naming the message type, never a
-  Python class or a stack frame; the process logs one WARNING line per such request.
+  Python class or a stack frame; the process logs one WARNING line per such request;
+- a fault of the process itself (an exception the service did not turn into a status): INTERNAL with a plain
+  message; the traceback goes to the process's log only.
 
 The limits, a connection being a peer address (host:port):
 - streams per connection: the streaming calls a connection has open (the client Stream, ReadTransactions,
@@ -232,6 +234,13 @@ def _undecodable_in(exc: BaseException) -> Undecodable | None:
     return None
 
 
+def _grpc_errors_only(exc: BaseException) -> bool:
+    """Whether exc is gRPC's own (an abort: the status is sent), or a group of only such."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_grpc_errors_only(inner) for inner in exc.exceptions)
+    return isinstance(exc, grpc.aio.BaseError)
+
+
 class PortGuard(grpc.aio.ServerInterceptor):
     """Role check (mutual TLS), limits and plain decode errors for every call of one port (module docstring).
 
@@ -298,16 +307,28 @@ class PortGuard(grpc.aio.ServerInterceptor):
         self._refusals_unlogged = 0
         self._last_refusal_log = now
 
-    async def _refuse_undecodable(self, exc: Exception, context: grpc.aio.ServicerContext) -> None:
-        """INVALID_ARGUMENT with one WARNING line, no traceback, when exc is (or holds) an Undecodable; else
-        exc again."""
+    async def _answer_failure(self, exc: Exception, method: str, context: grpc.aio.ServicerContext) -> None:
+        """A call that raised exc: INVALID_ARGUMENT and one WARNING line (no traceback) when exc is (or holds) an
+        Undecodable; gRPC's own errors (an abort) as they are; anything else is a fault of this process: its
+        traceback to the log, and INTERNAL with a plain message to the caller (gRPC would answer UNKNOWN with the
+        exception's class name)."""
         bad = _undecodable_in(exc)
-        if bad is None:
+        if bad is not None:
+            if self.limits is not None:
+                self.limits.undecodable += 1
+            log.warning("%s: %s (from %s): refused INVALID_ARGUMENT", self.port, bad, context.peer())
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(bad))
+        if _grpc_errors_only(exc):
             raise exc
-        if self.limits is not None:
-            self.limits.undecodable += 1
-        log.warning("%s: %s (from %s): refused INVALID_ARGUMENT", self.port, bad, context.peer())
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(bad))
+        log.error("%s: %s failed unexpectedly", self.port, method, exc_info=exc)
+        try:
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"an unexpected error in {method} on the {self.port}; its log has the details"
+            )
+        except grpc.aio.AbortError:
+            raise
+        except Exception:  # the call is over already (the client went away): nothing more to tell
+            raise exc from None
 
     # ------------------------------------------------------------------ the wrapped handler
 
@@ -332,7 +353,7 @@ class PortGuard(grpc.aio.ServerInterceptor):
                 return decode(request), peer
             except Undecodable as exc:
                 self._leave(peer, streaming)
-                await self._refuse_undecodable(exc, context)
+                await self._answer_failure(exc, method, context)
                 raise AssertionError("unreachable: abort raises") from None
 
         if inspect.isasyncgenfunction(behaviour):
@@ -343,7 +364,7 @@ class PortGuard(grpc.aio.ServerInterceptor):
                     async for item in behaviour(request, context):
                         yield item
                 except Exception as exc:
-                    await self._refuse_undecodable(exc, context)
+                    await self._answer_failure(exc, method, context)
                 finally:
                     self._leave(peer, streaming)
 
@@ -356,7 +377,7 @@ class PortGuard(grpc.aio.ServerInterceptor):
                     result = behaviour(request, context)
                     return await result if inspect.isawaitable(result) else result
                 except Exception as exc:
-                    await self._refuse_undecodable(exc, context)
+                    await self._answer_failure(exc, method, context)
                 finally:
                     self._leave(peer, streaming)
 

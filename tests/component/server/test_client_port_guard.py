@@ -87,6 +87,26 @@ def test_an_empty_client_message_is_answered_invalid_argument(caplog):
     assert [r.levelname for r in caplog.records if "ended INVALID_ARGUMENT" in r.getMessage()] == ["WARNING"]
 
 
+def test_a_fault_of_the_server_is_internal_with_a_plain_message_and_its_traceback_only_in_the_log(caplog):
+    async def broken():
+        raise RuntimeError("the connection table is inconsistent")
+
+    async def scenario():
+        async with served(connectivity=broken) as s:
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await s.stub.CheckStorageConnectivity(server_pb2.StorageConnectivityRequest())
+            assert failed.value.code() == grpc.StatusCode.INTERNAL
+            assert failed.value.details() == (
+                "an unexpected error in /waltz.v1.WaltzServer/CheckStorageConnectivity on the Waltz server client "
+                "port; its log has the details"
+            )
+            await _still_serves(s)
+
+    run(scenario)
+    (logged,) = [r for r in caplog.records if "failed unexpectedly" in r.getMessage()]
+    assert logged.levelname == "ERROR" and logged.exc_info is not None
+
+
 def _own_connection(port: int, files: tls.TlsFiles | None = None) -> grpc.aio.Channel:
     """A channel with a connection of its own (channels of one process share connections by default)."""
     return tls.aio_channel(f"127.0.0.1:{port}", files, [("grpc.use_local_subchannel_pool", 1)])
