@@ -121,13 +121,23 @@ async def _open_stream(channel: grpc.aio.Channel):
     return call
 
 
-def test_calls_beyond_the_limits_are_refused_resource_exhausted_and_the_server_keeps_serving():
+def _role_files(directory, role: str) -> tls.TlsFiles:
+    """Development certificate files of role in directory (devcerts.write)."""
+    return tls.TlsFiles(str(directory / f"{role}.pem"), str(directory / f"{role}-key.pem"), str(directory / "ca.pem"))
+
+
+@pytest.mark.parametrize("with_tls", [False, True], ids=["plaintext", "tls"])
+def test_calls_beyond_the_limits_are_refused_resource_exhausted_and_the_server_keeps_serving(with_tls, tmp_path):
+    if with_tls:
+        devcerts.write(tmp_path)
+    server_files = _role_files(tmp_path, "server") if with_tls else None
+    client = _role_files(tmp_path, "application") if with_tls else None
     limits = CallLimits(LimitSettings(max_streams_per_connection=3, max_connections=2))
     metrics = LimitMetrics("waltz_server_client", {"client": limits})
 
     async def scenario():
-        async with served(limits=limits) as s:
-            first = _own_connection(s.port)
+        async with served(limits=limits, files=server_files, client_files=client) as s:
+            first = _own_connection(s.port, client)
             streams = [await _open_stream(first) for _ in range(3)]
             assert (limits.streams, limits.connections) == (3, 1)
             code, details = await ended(server_pb2_grpc.WaltzServerStub(first).Stream())
@@ -148,7 +158,7 @@ def test_calls_beyond_the_limits_are_refused_resource_exhausted_and_the_server_k
             reply = await health_pb2_grpc.HealthStub(first).Check(health_pb2.HealthCheckRequest())  # nor a probe
             assert reply.status in (health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING)
 
-            second, third = _own_connection(s.port), _own_connection(s.port)
+            second, third = _own_connection(s.port, client), _own_connection(s.port, client)
             held = await _open_stream(second)
             code, details = await ended(server_pb2_grpc.WaltzServerStub(third).Stream())
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
@@ -246,10 +256,10 @@ def test_a_flood_of_idle_streams_is_held_to_the_limits_and_the_server_memory_sta
 
 
 def test_admin_queries_need_the_operator_role_under_tls(tmp_path):
-    paths = devcerts.write(tmp_path)
+    devcerts.write(tmp_path)
 
     def files(role: str) -> tls.TlsFiles:
-        return tls.TlsFiles(str(paths[role]), str(paths[f"{role}-key"]), str(paths["ca"]))
+        return _role_files(tmp_path, role)
 
     async def connectivity():
         return {"127.0.0.1:1": (True, "")}
