@@ -136,7 +136,7 @@ def test_calls_beyond_the_limits_are_refused_resource_exhausted_and_the_server_k
     metrics = LimitMetrics("waltz_server_client", {"client": limits})
 
     async def scenario():
-        async with served(limits=limits, files=server_files, client_files=client) as s:
+        async with served(limits=limits, tls_files=server_files, client_files=client) as s:
             first = _own_connection(s.port, client)
             streams = [await _open_stream(first) for _ in range(3)]
             assert (limits.streams, limits.connections) == (3, 1)
