@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from waltz_common.port_guard import PortGuard
+
 log = logging.getLogger(__name__)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -94,7 +96,7 @@ async def keep_health(
 async def start_health_port(servicer: health.aio.HealthServicer, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """A plaintext gRPC server on host:port with grpc.health.v1 only (no other service, no data): where probes
     that cannot do mutual TLS ask. Returns the started server and its bound port."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[PortGuard("health port")])  # plain answers to undecodable requests
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     try:
         bound = server.add_insecure_port(f"{host}:{port}")

@@ -3,15 +3,14 @@ rotated files on the next connection, and the role a certificate carries (docs/s
 
 A certificate's role is a URI subject alternative name ``spiffe://waltz/role/<role>`` with role one of
 server, storage, operator, application. Each side checks the other's certificate against the cluster's CA
-(``tls.caFile``); a gRPC port then admits only the roles it serves (RoleCheck).
+(``tls.caFile``); a gRPC port then admits only the roles it serves (port_guard.PortGuard).
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -28,9 +27,6 @@ TLS_KEYS: tuple[Key, ...] = (
     Key("tls.keyFile", str, None, "PEM private key of tls.certFile"),
     Key("tls.caFile", str, None, "PEM CA certificate(s) every peer's certificate must chain to (mutual TLS)"),
 )
-
-# Services any certificate of the cluster may call (probes, grpcurl): they reveal nothing and change nothing.
-OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/")
 
 
 @dataclass(frozen=True)
@@ -177,66 +173,3 @@ def refusal(port: str, allowed: Iterable[str], held: Iterable[str]) -> str | Non
     needed = " or ".join(f"{r} ({role_uri(r)})" for r in allowed)
     has = ", ".join(held) if held else "none"
     return f"the {port} needs a certificate with role {needed}; the peer's certificate has role {has}"
-
-
-class RoleCheck(grpc.aio.ServerInterceptor):
-    """Refuses, with PERMISSION_DENIED naming the missing role, every call whose client certificate lacks the
-    port's roles (health and reflection excepted). Only meaningful on a mutual TLS port."""
-
-    def __init__(self, port: str, allowed: Iterable[str]) -> None:
-        self.port = port
-        self.allowed = frozenset(allowed)
-
-    async def _check(self, context: grpc.aio.ServicerContext) -> None:
-        pem = peer_pem(context)
-        held = roles_of(pem) if pem is not None else frozenset()
-        message = refusal(self.port, self.allowed, held)
-        if message is not None:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, message)
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or method.startswith(OPEN_SERVICES):
-            return handler
-        return _guarded(handler, self._check)
-
-
-def _guarded(handler: Any, check: Callable[[Any], Awaitable[None]]) -> grpc.RpcMethodHandler:
-    """The same handler with check(context) run before its behaviour."""
-    kinds = (
-        ("unary_unary", grpc.unary_unary_rpc_method_handler),
-        ("unary_stream", grpc.unary_stream_rpc_method_handler),
-        ("stream_unary", grpc.stream_unary_rpc_method_handler),
-        ("stream_stream", grpc.stream_stream_rpc_method_handler),
-    )
-    for name, make in kinds:
-        behaviour = getattr(handler, name)
-        if behaviour is None:
-            continue
-        if inspect.isasyncgenfunction(behaviour):
-
-            async def streamed(request: Any, context: Any, behaviour: Any = behaviour) -> Any:
-                await check(context)
-                async for item in behaviour(request, context):
-                    yield item
-
-            wrapped: Any = streamed
-        else:
-
-            async def called(request: Any, context: Any, behaviour: Any = behaviour) -> Any:
-                await check(context)
-                result = behaviour(request, context)
-                return await result if inspect.isawaitable(result) else result
-
-            wrapped = called
-        return make(
-            wrapped,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-    return handler

@@ -923,12 +923,12 @@ class StorageRpcException(_message.Message):
     message: _builtins.str
     """Message: the exception message, written for a person to act on."""
     stack_trace_length: _builtins.int
-    """Stack Trace Length: the number of stack trace elements."""
+    """Stack Trace Length: the number of stack trace elements (0: the storage node keeps its frames in its log)."""
     code: Global___StorageRpcException.ErrorCode.ValueType
     """ADDITION: a machine-readable reason, so a server can react without parsing the message."""
     @_builtins.property
     def stack_trace(self) -> _containers.RepeatedCompositeFieldContainer[Global___StackTraceElement]:
-        """Stack Trace Element (repeated)."""
+        """Stack Trace Element (repeated): empty; kept for the seed's wire format."""
 
     def __init__(
         self,

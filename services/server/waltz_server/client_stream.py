@@ -16,6 +16,10 @@ from waltz_server.ownership import PartitionManager
 from waltz_server.partition import rejected
 
 Reason = server_pb2.AppendRejected.Reason
+EMPTY_MESSAGE = (
+    "a ClientMessage carries none of mount, appends, feed or flush (empty, or a kind this server does not know): "
+    "the stream is ended"
+)
 _stream_ids = itertools.count(1)
 
 
@@ -203,6 +207,8 @@ class ClientStream:
                 partition.flush(self, message.flush)
             else:  # not here (any more): the appends it asks about are not this server's to tell
                 self.send_control(mount_response(message.flush.req_id, server_pb2.MountResponse.NOT_READY, -1))
+        else:  # nothing to answer it with (no ReqId): say so and end the stream rather than drop it unseen
+            raise StreamAborted(grpc.StatusCode.INVALID_ARGUMENT, EMPTY_MESSAGE)
 
     async def _appends(self, requests: Iterable[server_pb2.AppendRequest]) -> None:
         if self._identities is not None:

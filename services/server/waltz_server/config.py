@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key
+from waltz_common.port_guard import limit_keys
 from waltz_common.tls import TLS_KEYS
 from waltz_server.store.settings import STORE_KEYS
 from waltz_server.validation import DEFAULT_MAX_LOCKS_PER_APPEND
@@ -42,6 +43,7 @@ SERVER_KEYS = (
     Key("server.streamQueueSize", int, 64, "messages queued for one client stream before feeds wait"),
     Key("server.readBatchSize", int, 500, "records per ReadTransactions message (upper bound)"),
     Key("server.shutdownGraceSeconds", float, 10.0, "how long in-flight calls may finish on SIGTERM"),
+    *limit_keys("server", "server.port"),
     Key("storage.maxBatchSize", int, 500, "appends per store batch (one request per replica)"),
     Key("storage.maxBatchBytes", int, 4194304, "transaction bytes per store batch"),
     Key("storage.maxBatchesInFlight", int, 1,

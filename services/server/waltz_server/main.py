@@ -18,6 +18,7 @@ from waltz_common import zk as zkmeta
 from waltz_common.config import Config, ConfigError, describe, load
 from waltz_common.gctune import tune_for_service
 from waltz_common.health import Verdict, keep_health, start_health_port
+from waltz_common.port_guard import CallLimits, LimitSettings
 from waltz_common.zk import MetadataError, ZkPaths
 from waltz_common.zk_security import ZkSecurity
 from waltz_server.cache_budget import CacheBudget
@@ -67,6 +68,9 @@ async def _serve(
     settings = PartitionSettings.from_config(config)
     store_settings = StoreSettings.from_config(config)
     metrics = ServerMetrics()
+    metrics.watch_zookeeper(lambda: str(zk.state))
+    calls = CallLimits(LimitSettings.from_config(config, "server"))
+    metrics.watch_client_port(calls)
     connections = StorageConnections(params.cluster_key, params.num_partitions, store_settings)
 
     def store_for(partition_id: int) -> StorePartition:
@@ -98,7 +102,7 @@ async def _serve(
     await view.start()  # a watch only: stopped with the ZooKeeper session if what follows fails
     service.serve_discovery(view)
     server, port, health = await start_grpc_server(
-        service, host, config["server.port"], max_message, tls.process_files()
+        service, host, config["server.port"], max_message, tls.process_files(), calls
     )
 
     zookeeper = {"connected": False}  # set by membership; read by the health verdicts
@@ -196,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load(args.config, all_keys())
         PartitionSettings.from_config(config)
         CacheBudget(config["server.cacheBudgetBytes"])
+        LimitSettings.from_config(config, "server")
         StoreSettings.from_config(config)
         advertised(config["server.advertisedAddress"], config["server.host"], 0)
         ZkSecurity.from_config(config)  # its files and formats are checked before anything starts

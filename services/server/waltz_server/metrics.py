@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from waltz_common import process_metrics
+from waltz_common.port_guard import CallLimits, LimitMetrics
 from waltz_server.cache_budget import CacheBudget
 from waltz_server.store.api import StoreStatus
 
@@ -61,6 +63,7 @@ class ServerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        process_metrics.register(r, "server")
         self.append_requests = Counter(
             "waltz_server_append_requests", "Append requests by outcome", ["partition", "result"], registry=r
         )
@@ -112,6 +115,25 @@ class ServerMetrics:
         for kind in ("feed", "data"):
             used.labels(kind).set_function(partial(_kind_use, budget, kind))
 
+    def watch_client_port(self, limits: CallLimits) -> None:
+        """waltz_server_client_streams, _connections, _streams_refused_total{reason} and
+        _requests_undecodable_total of the client port, read at each scrape."""
+        self.registry.register(LimitMetrics("waltz_server_client", {"client": limits}))
+
+    def watch_zookeeper(self, state: Callable[[], str]) -> None:
+        """waltz_server_zookeeper_session{state}: 1 for the state the session is in (state(): kazoo's
+        CONNECTED, SUSPENDED or LOST), 0 for the others, read at each scrape."""
+        gauge = Gauge(
+            "waltz_server_zookeeper_session",
+            "The ZooKeeper session's state, 1 for the current one: connected; suspended (the connection is lost, "
+            "the session may still resume: appends are held); lost (the session expired: the server gave up its "
+            "partitions and registers anew once connected)",
+            ["state"],
+            registry=self.registry,
+        )
+        for name in ZOOKEEPER_STATES:
+            gauge.labels(name).set_function(partial(_is_state, state, name))
+
     def for_partition(self, partition_id: int) -> PartitionMetrics:
         return PartitionMetrics(self, partition_id)
 
@@ -120,6 +142,12 @@ REPLICA_STATES = {"assigned": "replicas_total", "connected": "replicas_connected
 """The states of waltz_server_partition_replicas and the StoreStatus field each is read from when scraped."""
 
 log = logging.getLogger(__name__)
+
+ZOOKEEPER_STATES = ("connected", "suspended", "lost")
+
+
+def _is_state(state: Callable[[], str], name: str) -> float:
+    return 1.0 if state().lower() == name else 0.0
 
 
 def _kind_use(budget: CacheBudget, kind: str) -> float:

@@ -10,11 +10,11 @@ from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from waltz.v1 import server_pb2, server_pb2_grpc
-from waltz_common import tls
+from waltz_common import reflection, tls
 from waltz_common.grpc_env import keepalive_options
+from waltz_common.port_guard import CallLimits, LimitSettings, PortGuard
 from waltz_server.client_stream import ClientStream, StreamAborted
 from waltz_server.config import PartitionSettings
 from waltz_server.discovery import ClusterView
@@ -94,6 +94,8 @@ class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
             self._streams.discard(stream)
             stream.detach()
         if aborted is not None:
+            if aborted.code == grpc.StatusCode.INVALID_ARGUMENT:
+                log.warning("a client stream from %s ended INVALID_ARGUMENT: %s", context.peer(), aborted)
             await context.abort(aborted.code, str(aborted))
 
     async def GetTransactionData(
@@ -228,8 +230,12 @@ SERVICE_NAME = server_pb2.DESCRIPTOR.services_by_name["WaltzServer"].full_name
 
 
 # Who may call the client port with TLS on (docs/security.md): applications, and operators (the CLI's
-# client and server commands).
+# client and server commands); the admin queries (what a server owns, which storage nodes it reaches) only
+# operators.
 CLIENT_PORT_ROLES = ("application", "operator")
+OPERATOR_METHODS = {
+    f"/{SERVICE_NAME}/{name}": ("operator",) for name in ("GetServerPartitions", "CheckStorageConnectivity")
+}
 
 
 async def start_grpc_server(
@@ -238,24 +244,33 @@ async def start_grpc_server(
     port: int,
     max_message_bytes: int = 16 * 1024 * 1024,
     files: tls.TlsFiles | None = None,
+    limits: CallLimits | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """A started grpc.aio server with the Waltz service, health (NOT_SERVING until set) and reflection; mutual
-    TLS admitting CLIENT_PORT_ROLES when files are given."""
+    TLS admitting CLIENT_PORT_ROLES (OPERATOR_METHODS: operators only) when files are given; limits on calls and
+    connections (default: LimitSettings' defaults); plain INVALID_ARGUMENT for requests that do not decode."""
+    limits = limits if limits is not None else CallLimits(LimitSettings())
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         *keepalive_options(30_000, 10_000),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
+        *limits.settings.transport_options(),
     ]
-    checks = [tls.RoleCheck("Waltz server client port", CLIENT_PORT_ROLES)] if files is not None else []
-    server = grpc.aio.server(options=options, interceptors=checks)
+    guard = PortGuard(
+        "Waltz server client port",
+        CLIENT_PORT_ROLES if files is not None else None,
+        OPERATOR_METHODS if files is not None else None,
+        limits,
+    )
+    server = grpc.aio.server(options=options, interceptors=[guard])
     server_pb2_grpc.add_WaltzServerServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    reflection.enable(server, (SERVICE_NAME, health.SERVICE_NAME))
     bound = tls.add_port(server, f"{host}:{port}", files)
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key
+from waltz_common.port_guard import limit_keys
 from waltz_common.tls import TLS_KEYS
 
 MIB = 1024 * 1024
@@ -30,6 +31,7 @@ STORAGE_KEYS: tuple[Key, ...] = (
     Key("storage.maxRecordBytes", int, 16 * MIB, "largest transaction data accepted in one record, bytes"),
     Key("storage.maxBatchBytes", int, 64 * MIB, "largest append batch (records as encoded on disk), bytes"),
     Key("storage.shutdownGraceSeconds", float, 10.0, "on SIGTERM, how long in-flight requests may take to finish"),
+    *limit_keys("storage", "each of storage.port and storage.admin.port"),
     *TLS_KEYS,
 )
 

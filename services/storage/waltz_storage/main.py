@@ -14,6 +14,7 @@ from prometheus_client import start_http_server
 from waltz_common import cluster_admin, event_loop, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import Config, ConfigError, describe, load
+from waltz_common.port_guard import LimitMetrics, LimitSettings
 from waltz_common.zk import MetadataError, ZkPaths
 from waltz_common.zk_security import ZkSecurity
 from waltz_storage import server
@@ -77,6 +78,7 @@ async def serve(config: Config, node: StorageNode, files: tls.TlsFiles | None = 
             config["storage.admin.port"],
             files,
             config["storage.health.port"] or None,
+            LimitSettings.from_config(config, "storage"),
         )
     except OSError as e:
         await asyncio.to_thread(node.close)
@@ -85,6 +87,8 @@ async def serve(config: Config, node: StorageNode, files: tls.TlsFiles | None = 
     metrics_port = config["storage.metrics.port"]
     metrics_http = None
     try:
+        if servers.limits is not None:
+            node.metrics.registry.register(LimitMetrics("waltz_storage", servers.limits, label="port"))
         if metrics_port:
             metrics_http = start_http_server(metrics_port, addr=host, registry=node.metrics.registry)
         stop = asyncio.Event()
@@ -113,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load(args.config, STORAGE_KEYS)
         check(config)
+        LimitSettings.from_config(config, "storage")
         files = tls.TlsFiles.from_config(config)
         event_loop.loop_factory()
         cluster_key, num_partitions = read_store_params(config)

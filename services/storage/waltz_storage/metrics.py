@@ -12,6 +12,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from waltz_common import process_metrics
+
 # From 50 microseconds (a write-back cache) up to seconds (a struggling disk).
 FSYNC_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -89,6 +91,7 @@ class StorageMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        process_metrics.register(r, "storage")
         self._appends = _AppendTotals()
         r.register(self._appends)
         self._partitions = _PartitionGauges()

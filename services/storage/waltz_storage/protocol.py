@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
-import traceback
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -30,7 +28,6 @@ from waltz_storage.errors import (
 )
 
 Code = storage_pb2.StorageRpcException.ErrorCode
-MAX_STACK_FRAMES = 32
 
 log = logging.getLogger(__name__)
 
@@ -70,33 +67,18 @@ def error_code(exc: BaseException) -> int:
     return Code.ERROR_CODE_UNSPECIFIED
 
 
-def _frames(exc: BaseException) -> Iterable[storage_pb2.StackTraceElement]:
-    """Innermost first, as a Java stack trace; an exception never raised gets the stack that reports it."""
-    if exc.__traceback__ is not None:
-        frames = list(reversed(list(traceback.walk_tb(exc.__traceback__))))
-    else:
-        frames = list(traceback.walk_stack(sys._getframe(2)))
-    for frame, line in frames[:MAX_STACK_FRAMES]:
-        code = frame.f_code
-        module = str(frame.f_globals.get("__name__", ""))
-        owner, _, method = code.co_qualname.rpartition(".")
-        yield storage_pb2.StackTraceElement(
-            class_name=f"{module}.{owner}" if owner else module,
-            method_name=method,
-            file_name=code.co_filename.rsplit("/", 1)[-1],
-            line_number=line,
-        )
+UNEXPECTED = "an unexpected error on the storage node; its log has the details"
 
 
 def rpc_exception(exc: BaseException, message: str | None = None) -> storage_pb2.StorageRpcException:
-    """The seed's StorageRpcException for exc: its message, code and stack trace elements."""
-    trace = list(_frames(exc))
-    return storage_pb2.StorageRpcException(
-        message=message or str(exc) or type(exc).__name__,
-        stack_trace_length=len(trace),
-        stack_trace=trace,
-        code=error_code(exc),  # type: ignore[arg-type]
-    )
+    """The seed's StorageRpcException for exc: its message and code. The message is the error's own text (the
+    storage engine's errors are written for a person), or UNEXPECTED for an error it did not raise on purpose,
+    whose text may be a Python detail. No stack trace elements: frames stay in the node's log (the field is
+    kept, empty, for the seed's wire format)."""
+    code = error_code(exc)
+    if message is None:
+        message = str(exc) if code != Code.ERROR_CODE_UNSPECIFIED and str(exc) else UNEXPECTED
+    return storage_pb2.StorageRpcException(message=message, code=code)  # type: ignore[arg-type]
 
 
 def failure(session_id: int, seq_num: int, partition_id: int, exc: BaseException) -> storage_pb2.StorageResponse:

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from waltz.v1 import storage_admin_pb2, storage_admin_pb2_grpc, storage_pb2, storage_pb2_grpc
-from waltz_common import tls
+from waltz_common import reflection, tls
 from waltz_common.health import keep_health, start_health_port
+from waltz_common.port_guard import CallLimits, LimitSettings, PortGuard
 from waltz_storage.admin_service import StorageAdminService
 from waltz_storage.health import READY_NAMES
 from waltz_storage.node import StorageNode
@@ -47,6 +47,8 @@ class NodeServers:
     admin_port: int
     health_server: grpc.aio.Server | None = None
     health_port: int = 0
+    limits: dict[str, CallLimits] | None = None
+    """The calls open on each port (storage, admin), for the metrics."""
 
     async def stop(self, grace: float) -> None:
         """NOT_SERVING, stop reading streams (queued requests finish), stop the servers, close the files."""
@@ -60,7 +62,7 @@ class NodeServers:
         await asyncio.to_thread(self.node.close)
 
 
-def _message_options(node: StorageNode) -> list[tuple[str, int]]:
+def _message_options(node: StorageNode, limits: LimitSettings) -> list[tuple[str, int]]:
     # Twice the batch limit, so an oversized batch still arrives and gets a clear INVALID_REQUEST.
     size = 2 * node.limits.max_batch_bytes + _MIB
     # No SO_REUSEPORT: a second process on the same port must fail to start, not share the traffic.
@@ -73,6 +75,7 @@ def _message_options(node: StorageNode) -> list[tuple[str, int]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 0),
         ("grpc.http2.max_ping_strikes", 0),
+        *limits.transport_options(),
     ]
 
 
@@ -86,12 +89,13 @@ async def _serve(
     files: tls.TlsFiles | None,
     roles: tuple[str, ...],
     checker: health.aio.HealthServicer,
+    limits: CallLimits,
 ) -> tuple[grpc.aio.Server, int]:
-    checks = [tls.RoleCheck(f"{service_name} port", roles)] if files is not None else []
-    server = grpc.aio.server(options=_message_options(node), interceptors=checks)
+    guard = PortGuard(f"{service_name} port", roles if files is not None else None, limits=limits)
+    server = grpc.aio.server(options=_message_options(node, limits.settings), interceptors=[guard])
     add(servicer, server)  # type: ignore[operator]
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
-    reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    reflection.enable(server, (service_name, health.SERVICE_NAME))
     try:
         bound = tls.add_port(server, f"{host}:{port}", files)
     except RuntimeError as e:
@@ -109,9 +113,13 @@ async def start(
     admin_port: int,
     files: tls.TlsFiles | None = None,
     health_port: int | None = None,
+    limit_settings: LimitSettings | None = None,
 ) -> NodeServers:
     """Serve WaltzStorage on port and WaltzStorageAdmin on admin_port (0 picks a free port); mutual TLS on both
-    when files are given; grpc.health.v1 alone, plaintext, on health_port when given (0 picks one)."""
+    when files are given; grpc.health.v1 alone, plaintext, on health_port when given (0 picks one). Each port
+    has its own limits on calls and connections (limit_settings; default: LimitSettings' defaults)."""
+    settings = limit_settings if limit_settings is not None else LimitSettings(prefix="storage")
+    limits = {"storage": CallLimits(settings), "admin": CallLimits(settings)}
     checker = health.aio.HealthServicer()
     for name in READY_NAMES:  # until the first verdicts, a moment later
         await checker.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -125,6 +133,7 @@ async def start(
         files,
         STORAGE_ROLES,
         checker,
+        limits["storage"],
     )
     started = [storage]
     try:
@@ -138,6 +147,7 @@ async def start(
             files,
             ADMIN_ROLES,
             checker,
+            limits["admin"],
         )
         started.append(admin)
         health_server, health_bound = None, 0
@@ -147,4 +157,4 @@ async def start(
         await asyncio.gather(*(server.stop(None) for server in started))
         raise
     task = asyncio.create_task(keep_health(checker, node.health))
-    return NodeServers(node, storage, admin, checker, task, bound, admin_bound, health_server, health_bound)
+    return NodeServers(node, storage, admin, checker, task, bound, admin_bound, health_server, health_bound, limits)

@@ -79,9 +79,11 @@ async def served(
     connectivity=None,
     tls_files: tls.TlsFiles | None = None,
     identities=None,
+    limits=None,
+    client_files: tls.TlsFiles | None = None,
 ):
-    """tls_files: the server's certificate (mutual TLS; the default stub then presents it too, use stub_as for
-    another); identities: the service's ClientIdentities."""
+    """tls_files: the server's certificate (mutual TLS; the default stub then presents client_files, or the
+    server's own, use stub_as for another); identities: the service's ClientIdentities; limits: its CallLimits."""
     stores: dict[int, FakeStore] = {}
 
     def factory(pid: int) -> FakeStore:
@@ -93,8 +95,8 @@ async def served(
     for partition in manager.all():
         await partition.wait_ready(10)
     service = WaltzServerService(manager, lambda: 7, settings, connectivity=connectivity, identities=identities)
-    server, port, health = await start_grpc_server(service, "127.0.0.1", 0, files=tls_files)
-    channel = tls.aio_channel(f"127.0.0.1:{port}", tls_files)
+    server, port, health = await start_grpc_server(service, "127.0.0.1", 0, files=tls_files, limits=limits)
+    channel = tls.aio_channel(f"127.0.0.1:{port}", client_files or tls_files)
     result = Served(manager, stores, server_pb2_grpc.WaltzServerStub(channel), health, port, channel, service=service)
     try:
         yield result

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import grpc
 
 from waltz.v1 import common_pb2, storage_pb2, storage_pb2_grpc
+from waltz_common.port_guard import LimitSettings
 from waltz_common.types import crc32
 from waltz_storage import server
 from waltz_storage.dispatch import Limits
@@ -33,8 +34,10 @@ class NodeThread:
         max_record_bytes: int = 1024 * 1024,
         max_batch_bytes: int = 4 * 1024 * 1024,
         segment_size_threshold: int = 1_000_000_000,
+        limit_settings: LimitSettings | None = None,
     ) -> None:
         self.directory = directory
+        self._limit_settings = limit_settings
         self.key = key
         self.num_partitions = num_partitions
         self._args = (Limits(max_record_bytes, max_batch_bytes), segment_size_threshold)
@@ -63,7 +66,7 @@ class NodeThread:
         node = StorageNode.open(
             self.directory, self.key, self.num_partitions, limits=limits, segment_size_threshold=threshold
         )
-        self._servers = await server.start(node, "127.0.0.1", 0, 0)
+        self._servers = await server.start(node, "127.0.0.1", 0, 0, limit_settings=self._limit_settings)
 
     def start(self) -> NodeThread:
         self._thread.start()

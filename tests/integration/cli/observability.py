@@ -8,12 +8,13 @@ import urllib.request
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 # Label names whose values would be unbounded (design.md section 6: no transaction or client ids as labels).
 HIGH_CARDINALITY_LABELS = {"client", "client_id", "transaction", "transaction_id", "txn", "req_id", "seq_num"}
 FOREIGN_PREFIXES = ("process_", "python_", "grpc_")
+SHARED_NAMES = ("waltz_build_info",)  # every Waltz process, told apart by its component label
 
 
 def promtool() -> str | None:
@@ -41,7 +42,7 @@ def naming_problems(exposition: str, prefix: str) -> list[str]:
     ours = 0
     for family in text_string_to_metric_families(exposition):
         name = family.name
-        if name.startswith(FOREIGN_PREFIXES):
+        if name.startswith(FOREIGN_PREFIXES) or name in SHARED_NAMES:
             continue
         if not name.startswith(prefix):
             problems.append(f"{name}: not prefixed {prefix}")
@@ -68,10 +69,15 @@ def health_status(target: str) -> str:
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
 
-def reflected_services(target: str) -> set[str]:
-    """The services the server at target lists through gRPC reflection."""
+def reflected_services(target: str, version: str = "v1") -> set[str]:
+    """The services the server at target lists through gRPC reflection (version v1 or v1alpha: their messages
+    are the same on the wire, so v1alpha's classes serve both)."""
     with grpc.insecure_channel(target) as channel:
-        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        info = channel.stream_stream(
+            f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
         request = reflection_pb2.ServerReflectionRequest(list_services="")
-        (reply,) = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
+        (reply,) = list(info(iter([request]), timeout=10))
     return {s.name for s in reply.list_services_response.service}

@@ -41,15 +41,23 @@ def _check_endpoint(metrics_port: int, prefix: str, grpc_ports: dict[int, str]) 
     for port, service in grpc_ports.items():
         target = f"127.0.0.1:{port}"
         assert obs.health_status(target) == "SERVING", target
-        expected = {service, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
-        assert expected <= obs.reflected_services(target), target
+        expected = {service, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+                    "grpc.reflection.v1.ServerReflection"}
+        for version in ("v1", "v1alpha"):  # grpcurl and current tools ask v1 first
+            assert expected <= obs.reflected_services(target, version), (target, version)
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds", "waltz_build_info{"):
+        assert name in exposition, name
 
 
 def test_storage_node_metrics_health_and_reflection(cluster):
     node = cluster.storage[0]
     services = {node.port: "waltz.v1.WaltzStorage", node.admin_port: "waltz.v1.WaltzStorageAdmin"}
     _check_endpoint(node.metrics_port, "waltz_storage_", services)
-    assert "waltz_storage_fsync_duration_seconds_count" in obs.scrape(node.metrics_port)
+    exposition = obs.scrape(node.metrics_port)
+    assert "waltz_storage_fsync_duration_seconds_count" in exposition
+    assert 'component="storage"' in exposition
+    assert 'waltz_storage_connections{port="storage"}' in exposition  # the server's store sessions
+    assert 'waltz_storage_streams{port="admin"} 0.0' in exposition
 
 
 def test_server_metrics_health_and_reflection(cluster):
@@ -57,6 +65,11 @@ def test_server_metrics_health_and_reflection(cluster):
     _check_endpoint(server.metrics_port, "waltz_server_", {server.port: "waltz.v1.WaltzServer"})
     exposition = obs.scrape(server.metrics_port)
     assert 'waltz_server_append_requests_total{partition="1",result="ok"} 10.0' in exposition
+    assert 'component="server"' in exposition
+    assert 'waltz_server_zookeeper_session{state="connected"} 1.0' in exposition
+    for name in ("waltz_server_client_streams ", "waltz_server_client_connections ",
+                 'waltz_server_client_calls_refused_total{reason="connections"} 0.0'):
+        assert name in exposition, name
 
 
 def test_naming_check_catches_bad_names():

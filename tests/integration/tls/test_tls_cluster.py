@@ -16,9 +16,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.integration.cli.test_cli_cluster import until
 from tests.unit.cli.helpers import Run, waltz
+from waltz.v1 import server_pb2, server_pb2_grpc
 from waltz_cli.errors import CliError
 from waltz_cli.storage_session import StorageSession
-from waltz_common import devcerts
+from waltz_common import devcerts, tls
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.tls import TlsFiles
 
@@ -110,6 +111,39 @@ def test_an_application_certificate_is_denied_on_the_storage_ports(cluster, caps
     with pytest.raises(CliError) as denied:
         StorageSession(cluster.storage[0].connect_string, cluster.cluster_key, 1, 5, tls_files=application)
     assert "PERMISSION_DENIED" in str(denied.value) and "or server (spiffe://waltz/role/server)" in str(denied.value)
+
+
+def test_admin_queries_need_the_operator_role_and_bad_bytes_get_a_plain_answer(cluster, capsys):
+    """Issue 28: an application certificate may append and read but not ask a server what it owns or which storage
+    nodes it reaches; undecodable bytes from an admitted peer get INVALID_ARGUMENT, from a refused one the refusal."""
+    server = cluster.servers[0].address
+    with tls.channel(server, cluster.tls_files("application")) as channel:
+        stub = server_pb2_grpc.WaltzServerStub(channel)
+        for call, request in (
+            (stub.GetServerPartitions, server_pb2.ServerPartitionsRequest()),
+            (stub.CheckStorageConnectivity, server_pb2.StorageConnectivityRequest()),
+        ):
+            with pytest.raises(grpc.RpcError) as denied:
+                call(request, timeout=5)
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "needs a certificate with role operator" in denied.value.details()
+        raw = channel.unary_unary(
+            "/waltz.v1.WaltzServer/GetHighWaterMark", request_serializer=bytes, response_deserializer=bytes
+        )
+        with pytest.raises(grpc.RpcError) as invalid:
+            raw(b"\xff\xff", timeout=5)
+        assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "is not a valid waltz.v1.HighWaterMarkRequest" in invalid.value.details()
+    with tls.channel(server, cluster.tls_files("storage")) as channel:  # no client-port role: refused first
+        raw = channel.unary_unary(
+            "/waltz.v1.WaltzServer/GetHighWaterMark", request_serializer=bytes, response_deserializer=bytes
+        )
+        with pytest.raises(grpc.RpcError) as denied:
+            raw(b"\xff\xff", timeout=5)
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    operator = _cli(cluster, capsys, cluster.tls_files("operator"))
+    partitions = until(lambda: operator("server", "partitions", "--json"))
+    assert partitions.code == 0, partitions.err
 
 
 def _presented_serial(port: int, files: TlsFiles) -> int:
