@@ -201,6 +201,16 @@ class LoadProcesses:
         await until(reached, f"{count} acknowledged appends ({what})", timeout)
         return self.acknowledged
 
+    async def each_acknowledged(self, what: str, timeout: float = 120.0) -> None:
+        """Wait until every process has had an append acknowledged (each is connected and mounted: a slow start must
+        not meet the fault, e.g. ZooKeeper already down when it looks the cluster up)."""
+
+        def reached() -> bool:
+            self._check_alive()
+            return all(p["acknowledged"] > 0 for p in self.progress())
+
+        await until(reached, f"an acknowledged append from each load process ({what})", timeout)
+
     async def stop(self, timeout: float = 200.0) -> list[dict[str, Any]]:
         """Stop submitting, wait for every process to end; every submission's record."""
         for prefix in self.prefixes:

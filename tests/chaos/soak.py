@@ -143,6 +143,7 @@ async def soak(
     config = {**cluster.client_config(), "client.maxConcurrentTransactions": 100}
     load = LoadProcesses(directory / "load", config, PROCESSES, SUBMITTERS, ("--pace", str(PACE_S)))
     try:
+        await load.each_acknowledged("before the first fault", timeout=RECOVERY_TIMEOUT_S)
         await load.acknowledged_at_least(STEADY, "before the first fault", timeout=RECOVERY_TIMEOUT_S)
         try:
             while time.monotonic() - started < seconds:

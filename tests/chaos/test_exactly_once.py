@@ -47,6 +47,7 @@ async def zookeeper_restart_under_load(
     before = {p: o.generation for p, o in (await asyncio.to_thread(assignment, cluster)).items()}
     load = LoadProcesses(workdir, client_config(cluster, discovery), PROCESSES, SUBMITTERS)
     try:
+        await load.each_acknowledged(f"before the kill ({name})", timeout=180)
         acked = await load.acknowledged_at_least(STEP, f"before the kill ({name})", timeout=180)
         await asyncio.to_thread(zookeeper.kill)
         killed = time.monotonic()
