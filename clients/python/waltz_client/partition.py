@@ -10,7 +10,8 @@ from enum import Enum
 from typing import Any
 
 from waltz.v1 import server_pb2
-from waltz_client.api import FedTransaction, Transaction, TransactionBuilder
+from waltz_client.api import FedTransaction, PartialApplyError, Transaction, TransactionBuilder, applies_batches
+from waltz_client.batch_data import BatchData
 from waltz_client.connection import ServerConnection
 from waltz_client.driver import Ownership
 from waltz_client.errors import (
@@ -78,6 +79,7 @@ class ClientPartition:
         self._changed = asyncio.Event()
         self.server_high_water_mark = -1  # the highest id the client heard its server committed (metrics)
         self.mounts = 0  # READY mount answers (metrics: remounts are those after the first)
+        self._batched = applies_batches(env.callbacks)  # apply_transactions overridden: one call per feed batch
 
     # ---- application side -------------------------------------------------------------
 
@@ -342,7 +344,10 @@ class ClientPartition:
         next_id = self.client_high_water_mark + 1  # the transaction to apply next
         gap_at: int | None = None
         foreign = 0
-        pid, client_id, fetch = self.partition_id, self.env.client_id, self.env.fetch
+        pid, client_id = self.partition_id, self.env.client_id
+        source = BatchData(self.env.fetch, self.env.fetch_range, -1) if len(entries) > 1 else None
+        fetch = self.env.fetch if source is None else source
+        last_foreign = -1  # the batch's last transaction without data at hand: the source reads up to it
         commit_oldest, on_feed = self.monitor.commit_oldest, self.monitor.on_feed
         latency = self.env.latency
         now = _monotonic() if latency is not None else 0.0
@@ -370,10 +375,14 @@ class ClientPartition:
                     latency.observe(now - mine.sent_at)
             if txn_id == next_id:
                 next_id += 1
+                if mine is None:
+                    last_foreign = txn_id
                 steps.append((txn_id, mine, FedTransaction(
                     pid, txn_id, req_id, entry.header, fetch, None if mine is None else mine.data)))
             elif mine is not None:
                 steps.append((txn_id, mine, None))
+        if source is not None:
+            source.last_id = last_foreign
         if foreign:
             log.error("partition %d: ignored %d feed entries of other partitions (a feed batch must carry one "
                       "partition's entries)", pid, foreign)
@@ -388,10 +397,13 @@ class ClientPartition:
     async def _apply_steps(self, steps: list[_FeedStep]) -> None:
         """Run the steps on the callback thread; an apply that raises is retried with backoff (skipping
         it would lose it), and the steps before it are settled first."""
-        index, delay = 0, 0.1
-        retrying = False
+        index = completed = 0
+        delay = 0.1
+        run = self._run_batch if self._batched else self._run_steps
         while index < len(steps):
-            reached, error = await self.env.call(self._run_steps, steps, index, retrying)
+            reached, completed, error = await self.env.call(run, steps, index, completed)
+            if self._batched:
+                self.env.stats.apply_batches += 1
             self._settle(steps, index, reached)
             index = reached
             if error is None:
@@ -402,16 +414,16 @@ class ClientPartition:
             await self._report(failed, error)
             await asyncio.sleep(delay)
             delay = min(delay * 2, APPLY_RETRY_MAX_S)
-            retrying = True
 
-    def _run_steps(self, steps: list[_FeedStep], index: int, retrying: bool) -> tuple[int, BaseException | None]:
-        """On the callback thread, from steps[index] (retrying: its on_completion already ran): on_completion,
-        apply_transaction, on_application, in feed order. Stops at an apply that raises: (its index, the error).
-        Every hook is called, TransactionContext's empty ones too: a call costs less than telling them apart."""
+    def _run_steps(self, steps: list[_FeedStep], index: int, completed: int) -> tuple[int, int, BaseException | None]:
+        """On the callback thread, from steps[index] (those before steps[completed] had their on_completion):
+        on_completion, apply_transaction, on_application, in feed order. Stops at an apply that raises:
+        (its index, the steps whose on_completion ran, the error). Every hook is called, TransactionContext's
+        empty ones too: a call costs less than telling them apart."""
         apply = self.env.callbacks.apply_transaction
         for i in range(index, len(steps)):
             txn_id, mine, transaction = steps[i]
-            if mine is not None and not (retrying and i == index):
+            if mine is not None and i >= completed:
                 try:
                     mine.context.on_completion(True)
                 except Exception as exc:
@@ -420,15 +432,53 @@ class ClientPartition:
                 try:
                     apply(transaction)
                 except Exception as exc:
-                    return i, exc
+                    return i, i + 1, exc
             if mine is not None:
                 try:
                     mine.context.on_application()
                 except Exception as exc:
                     self._hook_raised("on_application", txn_id, exc)
-        return len(steps), None
+        return len(steps), len(steps), None
 
-    def _hook_raised(self, hook: str, txn_id: int, exc: Exception) -> None:
+    def _run_batch(self, steps: list[_FeedStep], index: int, completed: int) -> tuple[int, int, BaseException | None]:
+        """_run_steps for callbacks that override apply_transactions: every on_completion of steps[index:], one
+        apply_transactions of their transactions, the on_application of those it applied. A raise applied none
+        of them (PartialApplyError: its first `applied`): (the step of the first not applied, len(steps), error)."""
+        for i in range(max(index, completed), len(steps)):
+            txn_id, mine, _ = steps[i]
+            if mine is not None:
+                try:
+                    mine.context.on_completion(True)
+                except Exception as exc:
+                    self._hook_raised("on_completion", txn_id, exc)
+        transactions = [transaction for _, _, transaction in steps[index:] if transaction is not None]
+        reached, error = len(steps), None
+        if transactions:
+            try:
+                self.env.callbacks.apply_transactions(transactions)
+            except PartialApplyError as exc:
+                if exc.applied >= len(transactions):  # applied them all, then failed: nothing to apply again
+                    self._hook_raised("apply_transactions", transactions[-1].transaction_id, exc.error)
+                else:
+                    reached, error = self._step_of(steps, index, transactions, exc.applied), exc.error
+            except Exception as exc:
+                reached, error = self._step_of(steps, index, transactions, 0), exc
+        for i in range(index, reached):
+            txn_id, mine, _ = steps[i]
+            if mine is not None:
+                try:
+                    mine.context.on_application()
+                except Exception as exc:
+                    self._hook_raised("on_application", txn_id, exc)
+        return reached, len(steps), error
+
+    @staticmethod
+    def _step_of(steps: list[_FeedStep], index: int, transactions: list[Transaction], applied: int) -> int:
+        """The index in steps of transactions[applied], the first one a failed batch did not apply."""
+        failed = transactions[max(0, applied)].transaction_id
+        return next(i for i in range(index, len(steps)) if steps[i][0] == failed and steps[i][2] is not None)
+
+    def _hook_raised(self, hook: str, txn_id: int, exc: BaseException) -> None:
         """A context hook raised, on the callback thread: it goes to uncaught_exception."""
         log.error("partition %d: context hook %s raised", self.partition_id, hook, exc_info=exc)
         try:

@@ -10,7 +10,7 @@ import re
 import threading
 import time
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -18,6 +18,7 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
 from waltz_client.api import Transaction, WaltzClientCallbacks
+from waltz_client.apply_batch import still_to_apply
 from waltz_client.errors import WaltzError
 from waltz_client.sqlite_callbacks import ForbiddenCallError
 
@@ -68,17 +69,20 @@ def describe(conninfo: str) -> str:
 
 
 class PostgresClientCallbacks(WaltzClientCallbacks):
-    """Applies each transaction and moves the partition's high-water mark in ONE database
-    transaction, so that any number of application instances sharing the database apply every
-    transaction exactly once. Each apply locks the partition's row of the high-water-mark table:
+    """Applies each batch of transactions the feed brings (apply_transactions: up to a feed message's
+    worth, one or a few in steady state, hundreds while catching up) and moves the partition's
+    high-water mark in ONE database transaction, so that any number of application instances sharing
+    the database apply every transaction exactly once. Each batch locks the partition's row of the
+    high-water-mark table:
 
         SELECT high_water_mark FROM <table> WHERE partition_id = %s FOR UPDATE
 
-    An instance that finds the mark at the transaction's id or beyond skips it (another instance
-    applied it; `skipped` counts these); one that finds it one below applies it and moves the mark,
-    then commits; the others wait on the row lock meanwhile. Subclasses implement
-    apply(transaction, connection) with the connection they are given (no commit/rollback) and
-    create_schema(connection) for their tables.
+    An instance that finds the mark at a transaction's id or beyond skips it (another instance
+    applied it; `skipped` counts these); it applies the rest of the batch and moves the mark to the
+    batch's last id, then commits; the others wait on the row lock meanwhile. Subclasses implement
+    apply(transaction, connection) with the connection they are given (no commit/rollback), or
+    apply_batch(transactions, connection) to write a batch at once, and create_schema(connection)
+    for their tables. `with PostgresClientCallbacks(...) as callbacks:` closes its connections.
 
     A lost connection (server restart, failover, pg_terminate_backend), a deadlock or a serialization
     failure rolls the whole database transaction back; the helper reconnects and tries again, with
@@ -144,12 +148,29 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
 
         return self._retrying(f"reading partition {partition_id}'s high-water mark", read)
 
-    def apply_transaction(self, transaction: Transaction) -> None:
-        self._retrying(f"applying transaction {transaction.transaction_id} of partition {transaction.partition_id}",
-                       lambda conn: self._apply_once(conn, transaction))
+    def apply_batch(self, transactions: Sequence[Transaction], connection: PgGuardedConnection) -> None:
+        """Make a batch's changes (consecutive transactions, in id order): apply() for each. Override it to
+        write a batch with fewer statements (executemany, COPY); the helper commits it with the high-water mark."""
+        for transaction in transactions:
+            self.apply(transaction, connection)
 
-    def _apply_once(self, conn: psycopg.Connection[Any], transaction: Transaction) -> None:
-        txn_id, pid = transaction.transaction_id, transaction.partition_id
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.apply_transactions([transaction])
+
+    def apply_transactions(self, transactions: list[Transaction]) -> None:
+        """Apply a batch in ONE database transaction with one high-water-mark update: all of it or none."""
+        if not transactions:
+            return
+        first, last = transactions[0], transactions[-1]
+        what = (f"applying transaction {first.transaction_id} of partition {first.partition_id}" if first is last
+                else f"applying transactions {first.transaction_id}..{last.transaction_id} of partition "
+                     f"{first.partition_id}")
+        skipped = self._retrying(what, lambda conn: self._apply_once(conn, transactions))
+        self.skipped += skipped
+
+    def _apply_once(self, conn: psycopg.Connection[Any], transactions: list[Transaction]) -> int:
+        """Apply what the database has not yet; how many it had (another instance applied them)."""
+        pid = transactions[0].partition_id
         lock = f"SELECT high_water_mark FROM {self.table} WHERE partition_id = %s FOR UPDATE"
         with conn.transaction():
             row = conn.execute(lock, (pid,)).fetchone()
@@ -158,15 +179,12 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
                              "ON CONFLICT (partition_id) DO NOTHING", (pid,))
                 row = conn.execute(lock, (pid,)).fetchone()
             assert row is not None
-            current = int(row[0])
-            if current >= txn_id:
-                self.skipped += 1
-                return
-            if current < txn_id - 1:
-                raise WaltzError(f"partition {pid}: the database's high-water mark is {current}, "
-                                 f"cannot apply transaction {txn_id}")
-            self.apply(transaction, PgGuardedConnection(conn))
-            conn.execute(f"UPDATE {self.table} SET high_water_mark = %s WHERE partition_id = %s", (txn_id, pid))
+            todo = still_to_apply(transactions, int(row[0]))
+            if todo:
+                self.apply_batch(todo, PgGuardedConnection(conn))
+                conn.execute(f"UPDATE {self.table} SET high_water_mark = %s WHERE partition_id = %s",
+                             (todo[-1].transaction_id, pid))
+            return len(transactions) - len(todo)
 
     def _retrying(self, what: str, work: Callable[[psycopg.Connection[Any]], R]) -> R:
         """work(connection) in a fresh database transaction, again after a lost connection, a deadlock or a
@@ -208,8 +226,14 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
         except psycopg.Error:
             pass
 
+    def __enter__(self) -> PostgresClientCallbacks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Close every connection this object opened."""
+        """Close every connection this object opened (`with` does it on leaving)."""
         with self._guard:
             connections, self._connections = self._connections, []
         for conn in connections:
