@@ -107,7 +107,7 @@ class AsyncWaltzClient:
             client_id=self.client_id, config=self.config, callbacks=self.callbacks, call=self._callback_thread.call,
             connections=self._connections, ownership=self._topology.get, topology_changed=lambda: self._topology_event,
             fetch=self._fetch_blocking, fetch_range=self._fetch_range_blocking, stats=self.stats, latency=self._latency,
-            refresh_topology=self._driver.refresh,
+            refresh_topology=self._driver.refresh, high_water_mark=self._server_high_water_mark,
         )
         self._usable = not self._closed
         if self.config.auto_mount:
@@ -197,6 +197,9 @@ class AsyncWaltzClient:
         timeout = self.config.request_timeout_s
         return await asyncio.wait_for(self._driver.get_high_water_mark(endpoint, partition_id, timeout), timeout)
 
+    async def _server_high_water_mark(self, endpoint: str, partition_id: int) -> int:
+        return await self._driver.get_high_water_mark(endpoint, partition_id, self.config.request_timeout_s)
+
     def client_high_water_mark(self, partition_id: int) -> int:
         """What this client has applied of the partition (-1: nothing; also before mounting)."""
         partition = self._partitions.get(partition_id)
@@ -265,6 +268,7 @@ class AsyncWaltzClient:
         connections = getattr(self, "_connections", None)
         values = {
             "waltz_client_commits": s.committed, "waltz_client_applied_transactions": s.applied,
+            "waltz_client_apply_batches": s.apply_batches,
             "waltz_client_declined_transactions": s.declined, "waltz_client_lock_failures": s.lock_failures,
             "waltz_client_retries": s.retries, "waltz_client_failed_appends": s.failed_appends,
             "waltz_client_failed_transactions": s.errors,
@@ -276,7 +280,7 @@ class AsyncWaltzClient:
     def metric_partitions(self) -> list[PartitionView]:
         """What a scrape shows of each partition this client uses."""
         return [PartitionView(p.partition_id, p.mounted, p.client_high_water_mark, p.server_high_water_mark,
-                              p.monitor.pending_count(), max(0, p.mounts - 1))
+                              p.monitor.pending_count(), max(0, p.mounts - 1), p.catchup_remaining())
                 for p in sorted(list(self._partitions.values()), key=lambda p: p.partition_id)]
 
     # ---- internals ------------------------------------------------------------------------

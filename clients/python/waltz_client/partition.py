@@ -12,6 +12,7 @@ from typing import Any
 from waltz.v1 import server_pb2
 from waltz_client.api import FedTransaction, PartialApplyError, Transaction, TransactionBuilder, applies_batches
 from waltz_client.batch_data import BatchData
+from waltz_client.catchup import CatchUp, mount_wait_reason
 from waltz_client.connection import ServerConnection
 from waltz_client.driver import Ownership
 from waltz_client.errors import (
@@ -80,6 +81,8 @@ class ClientPartition:
         self.server_high_water_mark = -1  # the highest id the client heard its server committed (metrics)
         self.mounts = 0  # READY mount answers (metrics: remounts are those after the first)
         self._batched = applies_batches(env.callbacks)  # apply_transactions overridden: one call per feed batch
+        self.catchup: CatchUp | None = None  # the current mount's, while MOUNTING
+        self._problem: str | None = None  # what ended the last mount attempt (for the mount timeout's message)
 
     # ---- application side -------------------------------------------------------------
 
@@ -161,10 +164,23 @@ class ClientPartition:
                 if not self.mounted:
                     raise WaltzTimeoutError(
                         f"partition {self.partition_id} was not mounted within {self.env.config.mount_timeout_s:g} s "
-                        f"(is its server up? mount state: {self.state.mount_state.value})") from None
+                        f"(client.mountTimeout): {self.mount_wait_reason()}") from None
                 raise WaltzTimeoutError(
                     f"partition {self.partition_id}: no {what} within {self.env.config.request_timeout_s:g} s "
                     f"({self.monitor.pending_count()} appends pending)") from None
+
+    def mount_wait_reason(self) -> str:
+        """What the partition, not mounted, is waiting for (catchup.mount_wait_reason)."""
+        owner = self.env.ownership(self.partition_id)
+        return mount_wait_reason(self.state.mount_state, owner.endpoint if owner is not None else None, self.catchup,
+                                 self.client_high_water_mark, _monotonic(), self._problem)
+
+    def catchup_remaining(self) -> int:
+        """Transactions still to apply before the current mount completes, as far as known (0: mounted)."""
+        catchup = self.catchup
+        if catchup is None or self.state.mount_state is not MountState.MOUNTING:
+            return 0
+        return catchup.remaining(self.client_high_water_mark)
 
     def _notify(self) -> None:
         self._changed.set()
@@ -200,6 +216,8 @@ class ClientPartition:
                 verdict = await self._mount_and_serve()
                 self._notify()
                 if verdict is _Verdict.NOT_READY:
+                    self._problem = (f"server {self._owner.endpoint if self._owner else '?'} answered NOT_READY "
+                                     "(the partition is not open there: recovering, or moving); mounting again")
                     self.env.refresh_topology()
                     await asyncio.sleep(NOT_READY_RETRY_S)
         except (ClientAheadError, ClientIdDeniedError) as exc:
@@ -219,10 +237,41 @@ class ClientPartition:
             conn = await self.env.connections.get(owner.endpoint)
         except StreamClosedError as exc:
             log.info("partition %d: cannot reach %s: %s", self.partition_id, owner.endpoint, exc)
+            self._problem = f"cannot reach server {owner.endpoint}: {exc}"
             return _Verdict.REMOUNT
         self.conn, self._owner = conn, owner
         req_id = self.state.begin_mount()
         conn.enqueue(mount_request(req_id, self.client_high_water_mark, conn.seq_num))
+        loop = asyncio.get_running_loop()
+        self.catchup = CatchUp(loop.time(), self.client_high_water_mark, conn.endpoint)
+        reporter = loop.create_task(self._report_catchup(self.catchup), name=f"waltz-catchup-{self.partition_id}")
+        try:
+            return await self._serve(conn, owner)
+        finally:
+            reporter.cancel()
+
+    async def _report_catchup(self, catchup: CatchUp) -> None:
+        """While this mount is MOUNTING: ask the server its high-water mark (the catch-up's target) now and then,
+        and log the progress at INFO every env.progress_interval_s while there is a catch-up to show."""
+        interval = self.env.progress_interval_s
+        await asyncio.sleep(min(1.0, interval))  # a mount with little to catch up says nothing
+        ask = self.env.high_water_mark
+        while self.catchup is catchup and self.state.mount_state is MountState.MOUNTING:
+            if ask is not None:
+                try:
+                    catchup.target = await asyncio.wait_for(ask(catchup.endpoint, self.partition_id),
+                                                            self.env.config.request_timeout_s)
+                    self._heard_high_water_mark(catchup.target)
+                except Exception as exc:  # the progress line goes without it; the mount has its own timeout
+                    log.debug("partition %d: no high-water mark from %s: %s", self.partition_id, catchup.endpoint, exc)
+            hwm = self.client_high_water_mark
+            if self.state.mount_state is MountState.MOUNTING and catchup.catching_up(hwm):
+                log.info("partition %d: catching up from %s before the mount completes: %s", self.partition_id,
+                         catchup.endpoint, catchup.describe(_monotonic(), hwm))
+            await asyncio.sleep(interval)
+
+    async def _serve(self, conn: ServerConnection, owner: Ownership) -> _Verdict:
+        """Handle the stream's messages for this partition until it must mount again (the verdict)."""
         loop = asyncio.get_running_loop()
         mount_deadline = loop.time() + self.env.config.request_timeout_s
         while True:
@@ -235,6 +284,8 @@ class ClientPartition:
                 except TimeoutError:
                     log.warning("partition %d: no mount response from %s; mounting again", self.partition_id,
                                 conn.endpoint)
+                    self._problem = (f"no answer from server {conn.endpoint} to a mount request within "
+                                     f"{self.env.config.request_timeout_s:g} s (client.requestTimeout)")
                     self.state.on_disconnect()
                     return _Verdict.REMOUNT
             verdict = await self._handle(event)
@@ -258,6 +309,8 @@ class ClientPartition:
         if conn is not self.conn:
             return None  # from a stream this partition no longer uses
         if message is None:
+            endpoint = self._owner.endpoint if self._owner else "?"
+            self._problem = f"the stream to server {endpoint} ended; connecting again"
             return _Verdict.REMOUNT  # reconnect procedure step 1: appends are blocked from here
         kind = message.WhichOneof("message")
         if kind == "feed":
@@ -318,6 +371,13 @@ class ClientPartition:
             raise ClientIdDeniedError(self.partition_id, self.env.client_id, response.message)
         self.mounts += 1
         self._heard_high_water_mark(response.high_water_mark)
+        self._problem = None
+        catchup = self.catchup
+        if catchup is not None and catchup.applied(self.client_high_water_mark) > 0:
+            now = _monotonic()
+            level = logging.INFO if now - catchup.started_at >= self.env.progress_interval_s else logging.DEBUG
+            log.log(level, "partition %d: mounted on %s after catching up %d transactions in %.1f s", self.partition_id,
+                    catchup.endpoint, catchup.applied(self.client_high_water_mark), now - catchup.started_at)
         # reconnect procedure step 5: the server decided every append of ours it had; those still pending are sent
         # again with their sequence numbers, before any new one (a remount proves nothing about them: see
         # TransactionMonitor), and the server answers ALREADY_COMMITTED for any that committed after all

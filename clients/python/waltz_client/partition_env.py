@@ -84,3 +84,5 @@ class PartitionEnv:
     stats: Stats = field(default_factory=Stats)
     latency: LatencyHistogram | None = None  # append latencies, when the application asked for metrics
     refresh_topology: Callable[[], None] = lambda: None  # a server said NOT_READY: ask where partitions are now
+    high_water_mark: Callable[[str, int], Awaitable[int]] | None = None  # (endpoint, partition): a catch-up's target
+    progress_interval_s: float = 5.0  # seconds between a catch-up's progress lines (INFO)

@@ -11,6 +11,7 @@ import threading
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 import psycopg
@@ -50,11 +51,20 @@ class PgGuardedConnection:
         """A savepoint inside the helper's transaction (psycopg's nested transaction block)."""
         return self._connection.transaction()
 
+    def pipeline(self) -> AbstractContextManager[Any]:
+        """psycopg's pipeline mode (statements sent without waiting for answers) where libpq has it, else nothing."""
+        return _pipeline(self._connection)
+
     def commit(self) -> None:
         raise ForbiddenCallError("apply() must not commit: the helper commits with the high-water mark")
 
     def rollback(self) -> None:
         raise ForbiddenCallError("apply() must not roll back: raise an exception instead")
+
+
+def _pipeline(conn: psycopg.Connection[Any]) -> AbstractContextManager[Any]:
+    """The connection's pipeline mode where libpq has it (14 and later), else nothing."""
+    return conn.pipeline() if psycopg.Pipeline.is_supported() else nullcontext()
 
 
 def describe(conninfo: str) -> str:
@@ -92,6 +102,9 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
     Connections are per thread (autocommit, the helper opens the transactions); `connect()` gives the
     calling thread's (for reads in execute()).
     """
+
+    use_pipeline = True
+    """apply_batch runs apply() in pipeline mode; False for an apply() that uses COPY (refused in that mode)."""
 
     def __init__(self, conninfo: str, table: str = "waltz_client_high_water_mark", *,
                  connect_timeout: float = 10.0, reconnect_timeout: float = 30.0) -> None:
@@ -149,16 +162,22 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
         return self._retrying(f"reading partition {partition_id}'s high-water mark", read)
 
     def apply_batch(self, transactions: Sequence[Transaction], connection: PgGuardedConnection) -> None:
-        """Make a batch's changes (consecutive transactions, in id order): apply() for each. Override it to
-        write a batch with fewer statements (executemany, COPY); the helper commits it with the high-water mark."""
-        for transaction in transactions:
-            self.apply(transaction, connection)
+        """Make a batch's changes (consecutive transactions, in id order): apply() for each, in psycopg's
+        pipeline mode unless `use_pipeline` is False (statements go without waiting for each answer: a round trip
+        per statement was most of a batch's time; an apply() that reads a result waits for it then). Override
+        it to write a batch with fewer statements (executemany, COPY); the helper commits it with the mark."""
+        with connection.pipeline() if self.use_pipeline else nullcontext():
+            for transaction in transactions:
+                self.apply(transaction, connection)
 
     def apply_transaction(self, transaction: Transaction) -> None:
-        self.apply_transactions([transaction])
+        self._apply_in_one_transaction([transaction])
 
     def apply_transactions(self, transactions: list[Transaction]) -> None:
         """Apply a batch in ONE database transaction with one high-water-mark update: all of it or none."""
+        self._apply_in_one_transaction(transactions)
+
+    def _apply_in_one_transaction(self, transactions: list[Transaction]) -> None:
         if not transactions:
             return
         first, last = transactions[0], transactions[-1]

@@ -107,10 +107,13 @@ class SqliteClientCallbacks(WaltzClientCallbacks):
             self.apply(transaction, connection)
 
     def apply_transaction(self, transaction: Transaction) -> None:
-        self.apply_transactions([transaction])
+        self._apply_in_one_transaction([transaction])
 
     def apply_transactions(self, transactions: list[Transaction]) -> None:
         """Apply a batch in ONE database transaction with one high-water-mark update: all of it or none."""
+        self._apply_in_one_transaction(transactions)
+
+    def _apply_in_one_transaction(self, transactions: list[Transaction]) -> None:
         if not transactions:
             return
         conn = self.connect()
