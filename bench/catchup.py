@@ -17,7 +17,8 @@ Rows, in the same run:
   - batched: apply_transactions, a feed batch (up to server.feedBatchSize) in one database transaction with one
     high-water-mark update, the batch's data read in one ReadTransactions call. The whole log. Twice: with the
     application's apply() run per row (the helper's default apply_batch; PostgreSQL's statements pipelined), and
-    with an apply_batch that writes the batch in one executemany.
+    with an apply_batch that writes the batch in one statement (PostgreSQL: COPY; SQLite: executemany).
+  - no database: the application only reads each transaction's data: what the client itself reaches here.
 The log is read once through the server before the first row (untimed), so that no row pays for cold caches
 the next ones find warm. PostgreSQL is a throwaway server (waltz_common.testing.postgres: initdb/pg_ctl, fsync
 off); SQLite a file in the work directory (WAL). The machine is shared: the load average is printed with the table.
@@ -74,13 +75,38 @@ class SqliteJournal(SqliteClientCallbacks):
                            (transaction.partition_id, transaction.transaction_id, transaction.data()))
 
 
-class PgJournalMany(PgJournal):
-    """A batch in one executemany (psycopg sends it pipelined): what apply_batch is for."""
+class PgJournalCopy(PgJournal):
+    """A batch in one COPY: what apply_batch is for."""
 
     def apply_batch(self, transactions: Sequence[Transaction], connection: PgGuardedConnection) -> None:
-        with connection.cursor() as cursor:
-            cursor.executemany("INSERT INTO journal VALUES (%s, %s, %s)",
-                               [(t.partition_id, t.transaction_id, t.data()) for t in transactions])
+        with connection.cursor() as cursor, cursor.copy(
+                "COPY journal (partition_id, transaction_id, data) FROM STDIN") as copy:
+            for t in transactions:
+                copy.write_row((t.partition_id, t.transaction_id, t.data()))
+
+
+class DataOnly(WaltzClientCallbacks):
+    """No database: reads each transaction's data and keeps the high-water mark in memory (the client's ceiling)."""
+
+    def __init__(self) -> None:
+        self.hwm = -1
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        return self.hwm
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.apply_transactions([transaction])
+
+    def apply_transactions(self, transactions: list[Transaction]) -> None:
+        for transaction in transactions:
+            transaction.data()
+        self.hwm = transactions[-1].transaction_id
+
+    def __enter__(self) -> DataOnly:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
 
 class SqliteJournalMany(SqliteJournal):
@@ -144,8 +170,9 @@ def measure(name: str, kinds: Sequence[type[Any]], make: Callable[[type[Any]], A
         seconds = _catch_up(baseline, config, one_at_a_time=True)
     base_rate = baseline_size / seconds
     rows.append([f"{name}, per transaction (baseline)", baseline_size, seconds, base_rate, 1.0, ""])
-    for kind, label in zip(kinds[1:], ("batched, apply() per row", "batched, apply_batch: executemany"),
-                           strict=True):
+    for kind in kinds[1:]:
+        label = "batched, apply() per row" if kind.apply_batch is kinds[1].apply_batch else (
+            f"batched, apply_batch: {'COPY' if kind is PgJournalCopy else 'executemany'}")
         batched = make(kind)
         with batched:
             seconds = _catch_up(batched, config, one_at_a_time=False)
@@ -190,11 +217,14 @@ def run(workdir: Path, size: int, baseline_size: int) -> str:
                 callbacks.connect().execute(f"UPDATE {callbacks.table} SET high_water_mark = ? WHERE partition_id = 0",
                                             (mark,))
 
-            rows = measure("PostgreSQL", (PgJournalPerTransaction, PgJournal, PgJournalMany), pg, pg_mark, config,
+            rows = measure("PostgreSQL", (PgJournalPerTransaction, PgJournal, PgJournalCopy), pg, pg_mark, config,
                            size, baseline_size)
             load.mark("after PostgreSQL")
             rows += measure("SQLite", (SqliteJournalPerTransaction, SqliteJournal, SqliteJournalMany), sqlite,
                             sqlite_mark, config, size, baseline_size)
+            with DataOnly() as alone:
+                seconds = _catch_up(alone, config, one_at_a_time=False)
+            rows.append(["no database: data() only (the client's ceiling)", size, seconds, size / seconds, "", ""])
             load.mark("end")
     return "\n".join([
         load.line(), "",

@@ -62,8 +62,10 @@ class CatchUp:
 
 
 def duration(seconds: float) -> str:
-    """`45 s`, `2 min 9 s`, `3 h 5 min`."""
-    whole = max(0, round(seconds))
+    """`0.5 s`, `45 s`, `2 min 9 s`, `3 h 5 min`."""
+    if seconds < 9.95:
+        return f"{max(0.0, seconds):.1f} s"
+    whole = round(seconds)
     if whole < 60:
         return f"{whole} s"
     if whole < 3600:

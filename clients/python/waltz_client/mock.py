@@ -67,6 +67,7 @@ class MockServer:
         self._random = random.Random(0)
         self.append_batch_sizes: list[int] = []  # appends per AppendBatch message, for batching tests
         self._denied: set[int] = set()
+        self.feed_batch_size = 1000  # feed entries per FeedDataBatch message (as server.feedBatchSize)
         self.data_calls = 0  # GetTransactionData calls (one transaction each), for batching tests
         self.read_calls = 0  # ReadTransactions calls (a range each)
         self.high_water_mark_calls = 0  # GetHighWaterMark calls
@@ -300,12 +301,12 @@ class MockServer:
             stream.cursors[pid] = len(log)
             self._send_feed(stream, log[start:])
 
-    @staticmethod
-    def _send_feed(stream: _MockStream, records: list[Record]) -> None:
-        if records:
+    def _send_feed(self, stream: _MockStream, records: list[Record]) -> None:
+        size = max(1, self.feed_batch_size)
+        for start in range(0, len(records), size):
             stream.deliver(server_pb2.ServerMessage(feed=server_pb2.FeedDataBatch(transactions=[
                 server_pb2.FeedData(req_id=req_id_to_proto(r.req_id), transaction_id=r.transaction_id,
-                                    header=r.header) for r in records])))
+                                    header=r.header) for r in records[start:start + size]])))
 
     def transaction_data(self, request: server_pb2.TransactionDataRequest) -> server_pb2.TransactionDataResponse:
         with self._lock:

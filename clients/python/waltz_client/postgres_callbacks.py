@@ -12,7 +12,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -33,6 +33,29 @@ class DatabaseUnavailableError(WaltzError):
 
 
 _TRANSIENT = (DatabaseUnavailableError, pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
+
+
+class Retry:
+    """The helpers' policy for a database transaction that failed: again after a lost connection, a deadlock or a
+    serialization failure, with backoff (50 ms doubling to 2 s), until reconnect_timeout has passed."""
+
+    def __init__(self, what: str, where: str, reconnect_timeout: float) -> None:
+        self.what, self.where, self.reconnect_timeout = what, where, reconnect_timeout
+        self.deadline = time.monotonic() + reconnect_timeout
+        self.delay = 0.05
+
+    def delay_after(self, exc: BaseException, connection_lost: bool) -> float:
+        """Seconds to wait before trying again; raises exc (not transient) or DatabaseUnavailableError (too long)."""
+        if not (isinstance(exc, _TRANSIENT) or connection_lost):
+            raise exc
+        delay = self.delay
+        text = str(exc).strip() or type(exc).__name__
+        if time.monotonic() + delay > self.deadline:
+            raise DatabaseUnavailableError(f"{self.what}: PostgreSQL at {self.where} kept failing for "
+                                           f"{self.reconnect_timeout:g} s: {text}") from exc
+        log.warning("%s: %s; trying again in %.2f s", self.what, text, delay)
+        self.delay = min(delay * 2, 2.0)
+        return delay
 
 
 class PgGuardedConnection:
@@ -208,24 +231,14 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
     def _retrying(self, what: str, work: Callable[[psycopg.Connection[Any]], R]) -> R:
         """work(connection) in a fresh database transaction, again after a lost connection, a deadlock or a
         serialization failure, until reconnect_timeout has passed."""
-        deadline = time.monotonic() + self.reconnect_timeout
-        delay = 0.05
+        retry = Retry(what, self.where, self.reconnect_timeout)
         while True:
             conn: psycopg.Connection[Any] | None = None
             try:
                 conn = self.connect()
                 return work(conn)
             except (psycopg.OperationalError, DatabaseUnavailableError) as exc:
-                transient = (isinstance(exc, _TRANSIENT) or conn is None or conn.closed or conn.broken)
-                if not transient:
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise DatabaseUnavailableError(
-                        f"{what}: PostgreSQL at {self.where} kept failing for {self.reconnect_timeout:g} s: "
-                        f"{str(exc).strip() or type(exc).__name__}") from exc
-                log.warning("%s: %s; trying again in %.2f s", what, str(exc).strip() or type(exc).__name__, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                time.sleep(retry.delay_after(exc, conn is None or conn.closed or conn.broken))
 
     def query_all(self, sql: Any, *parameters: Any) -> list[Any]:
         """Rows of a read-only query on this thread's connection (for applications and tests)."""
@@ -245,7 +258,7 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
         except psycopg.Error:
             pass
 
-    def __enter__(self) -> PostgresClientCallbacks:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -8,7 +8,7 @@ import threading
 from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from waltz_client.api import Transaction, WaltzClientCallbacks
 from waltz_client.apply_batch import still_to_apply
@@ -148,7 +148,7 @@ class SqliteClientCallbacks(WaltzClientCallbacks):
                            (partition_id,)).fetchone()
         return -1 if row is None else int(row[0])
 
-    def __enter__(self) -> SqliteClientCallbacks:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
