@@ -376,8 +376,8 @@ class ClientPartition:
         if catchup is not None and catchup.applied(self.client_high_water_mark) > 0:
             now = _monotonic()
             level = logging.INFO if now - catchup.started_at >= self.env.progress_interval_s else logging.DEBUG
-            log.log(level, "partition %d: mounted on %s after catching up %d transactions in %.1f s", self.partition_id,
-                    catchup.endpoint, catchup.applied(self.client_high_water_mark), now - catchup.started_at)
+            log.log(level, "partition %d: mounted on %s after catching up %s transactions in %.1f s", self.partition_id,
+                    catchup.endpoint, f"{catchup.applied(self.client_high_water_mark):,}", now - catchup.started_at)
         # reconnect procedure step 5: the server decided every append of ours it had; those still pending are sent
         # again with their sequence numbers, before any new one (a remount proves nothing about them: see
         # TransactionMonitor), and the server answers ALREADY_COMMITTED for any that committed after all
