@@ -49,7 +49,7 @@ from waltz_common.testing.postgres import PostgresProcess
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 
 FULL_SIZE = 100_000
-QUICK_SIZE = 3_000
+QUICK_SIZE = 1_000
 BASELINE_SIZE = 5_000  # the per-transaction baseline's share of the log (the last ones); at most the log
 TARGET_RATE = 5_000.0  # transactions/s applied (issue 27: 15x the 340/s measured)
 CLIENT = {"client.mountTimeout": 3600.0, "client.requestTimeout": 60.0}
@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     args = parser.parse_args(argv)
     size = args.size or (QUICK_SIZE if args.quick else FULL_SIZE)
-    baseline_size = min(BASELINE_SIZE if not args.quick else 500, size)
+    baseline_size = min(BASELINE_SIZE if not args.quick else 200, size)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="waltz-catchup-", dir=args.dir) as workdir:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -160,3 +162,38 @@ def test_the_async_helper_refuses_to_run_on_the_loop_it_waits_for(postgres_dsn: 
     closed = AsyncJournal(postgres_dsn)
     with pytest.raises(WaltzError, match="is not open"):
         closed.get_client_high_water_mark(0)
+
+
+BATCH_HOLDER = """
+import sys, time
+from tests.component.client.test_postgres_batches import PgJournal, _batch
+
+class Stuck(PgJournal):
+    use_pipeline = False  # each row sent as apply() runs: two rows written, uncommitted, when it stops
+    def apply(self, transaction, connection):
+        super().apply(transaction, connection)
+        if transaction.transaction_id == 2:
+            print("holding", flush=True)  # mid batch: 0..2 written, the partition's row locked, nothing committed
+            time.sleep(600)
+
+Stuck(sys.argv[1]).apply_transactions(_batch(0, 5))
+"""
+
+
+@pytest.mark.callback_modes("thread")
+def test_an_instance_killed_mid_batch_leaves_none_of_it_and_another_applies_it_once(postgres_dsn: str) -> None:
+    with PgJournal(postgres_dsn) as survivor:
+        survivor.get_client_high_water_mark(0)
+        holder = subprocess.Popen([sys.executable, "-c", BATCH_HOLDER, postgres_dsn], stdout=subprocess.PIPE,
+                                  text=True, cwd=Path(__file__).resolve().parents[3])
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+            holder.kill()  # kill -9 inside the batch's database transaction
+            holder.wait(30)
+            survivor.apply_transactions(_batch(0, 5))
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+                holder.wait(30)
+        assert _ids(survivor.query_all("SELECT transaction_id FROM journal ORDER BY 1")) == list(range(5))
+        assert survivor.skipped == 0 and survivor.get_client_high_water_mark(0) == 4
