@@ -461,9 +461,9 @@ class ClientPartition:
         delay = 0.1
         run = self._run_batch if self._batched else self._run_steps
         while index < len(steps):
+            if self._batched and any(transaction is not None for _, _, transaction in steps[index:]):
+                self.env.stats.apply_batches += 1  # an apply_transactions call (steps of own appends fed again: none)
             reached, completed, error = await self.env.call(run, steps, index, completed)
-            if self._batched:
-                self.env.stats.apply_batches += 1
             self._settle(steps, index, reached)
             index = reached
             if error is None:

@@ -139,10 +139,13 @@ class AsyncPostgresClientCallbacks(WaltzClientCallbacks):
                                             read))
 
     def apply_transaction(self, transaction: Transaction) -> None:
-        self.apply_transactions([transaction])
+        self._apply_in_one_transaction([transaction])
 
     def apply_transactions(self, transactions: list[Transaction]) -> None:
         """The batch's data read here (it blocks), then the batch applied on the loop in one database transaction."""
+        self._apply_in_one_transaction(transactions)
+
+    def _apply_in_one_transaction(self, transactions: list[Transaction]) -> None:
         if not transactions:
             return
         for transaction in transactions:

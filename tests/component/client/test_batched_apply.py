@@ -202,6 +202,7 @@ def test_a_slow_catch_up_is_logged_scraped_and_named_by_the_mount_timeout(caplog
     progress = [r.getMessage() for r in caplog.records if "catching up from mock:0" in r.getMessage()]
     assert progress and " of 200 at " in progress[0] and " left" in progress[0], progress
     assert max(remaining) > 0 and final == 0
+    assert server.high_water_mark_calls >= 1  # the catch-up's target, asked while mounting
 
 
 def test_a_mount_nobody_answers_times_out_saying_so() -> None:
