@@ -120,10 +120,12 @@ def test_postgres_instances_catch_up_in_batches_exactly_once(postgres_dsn: str) 
             WaltzClient(a_db, FAST, driver=server) as a, WaltzClient(b_db, FAST, driver=server) as b:
         a.wait_mounted()
         b.wait_mounted()
-        assert a.stats.apply_batches > 2 and b.stats.apply_batches > 2
+        batches = a.stats.apply_batches + b.stats.apply_batches
         rows = a_db.query_all("SELECT partition_id, transaction_id, data FROM journal ORDER BY 1, 2")
     assert rows == [(p, r.transaction_id, r.data) for p in (0, 1) for r in server.records(p)] and len(rows) == 60
-    assert a_db.skipped + b_db.skipped == 60
+    assert batches >= 10  # 30 transactions a partition in feed batches of 7: 5 calls at least for each
+    # (how many each instance skipped depends on the race: an instance that mounts after the other applied
+    # some starts at the database's mark, and never sees those)
 
 
 @pytest.mark.callback_modes("thread")  # the helper needs the callback thread (it waits for the loop)
