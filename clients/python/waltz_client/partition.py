@@ -404,10 +404,9 @@ class ClientPartition:
         next_id = self.client_high_water_mark + 1  # the transaction to apply next
         gap_at: int | None = None
         foreign = 0
-        pid, client_id = self.partition_id, self.env.client_id
-        source = BatchData(self.env.fetch, self.env.fetch_range, -1) if len(entries) > 1 else None
-        fetch = self.env.fetch if source is None else source
-        last_foreign = -1  # the batch's last transaction without data at hand: the source reads up to it
+        pid, client_id, fetch = self.partition_id, self.env.client_id, self.env.fetch
+        source: BatchData | None = None  # made at the batch's first transaction without data at hand
+        last_foreign = -1  # the batch's last such transaction: the source reads up to it
         commit_oldest, on_feed = self.monitor.commit_oldest, self.monitor.on_feed
         latency = self.env.latency
         now = _monotonic() if latency is not None else 0.0
@@ -437,6 +436,9 @@ class ClientPartition:
                 next_id += 1
                 if mine is None:
                     last_foreign = txn_id
+                    if source is None and len(entries) > 1:
+                        source = BatchData(fetch, self.env.fetch_range, -1)
+                        fetch = source
                 steps.append((txn_id, mine, FedTransaction(
                     pid, txn_id, req_id, entry.header, fetch, None if mine is None else mine.data)))
             elif mine is not None:
