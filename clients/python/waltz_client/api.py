@@ -226,8 +226,10 @@ class PartialApplyError(Exception):
 
 def applies_batches(callbacks: WaltzClientCallbacks) -> bool:
     """Whether the application's callbacks override apply_transactions (else the client calls
-    apply_transaction per transaction, its hooks interleaved as they always were)."""
-    return type(callbacks).apply_transactions is not WaltzClientCallbacks.apply_transactions
+    apply_transaction per transaction, its hooks interleaved as they always were). Callbacks that
+    only look like WaltzClientCallbacks (no subclass, no apply_transactions) apply per transaction."""
+    method = getattr(type(callbacks), "apply_transactions", None)
+    return method is not None and method is not WaltzClientCallbacks.apply_transactions
 
 
 class WaltzClientCallbacks(ABC):
