@@ -214,6 +214,24 @@ class FedTransaction(Transaction):
         return self._source(self.partition_id, self.transaction_id)
 
 
+class PartialApplyError(Exception):
+    """apply_transactions applied the first `applied` transactions of its batch, then `error` stopped it:
+    the client counts those as applied and retries from the next one (reporting error)."""
+
+    def __init__(self, applied: int, error: BaseException) -> None:
+        super().__init__(f"applied {applied} transactions of the batch, then: {type(error).__name__}: {error}")
+        self.applied = applied
+        self.error = error
+
+
+def applies_batches(callbacks: WaltzClientCallbacks) -> bool:
+    """Whether the application's callbacks override apply_transactions (else the client calls
+    apply_transaction per transaction, its hooks interleaved as they always were). Callbacks that
+    only look like WaltzClientCallbacks (no subclass, no apply_transactions) apply per transaction."""
+    method = getattr(type(callbacks), "apply_transactions", None)
+    return method is not None and method is not WaltzClientCallbacks.apply_transactions
+
+
 class WaltzClientCallbacks(ABC):
     """The application side of the feed: where it stands, and how to apply a transaction."""
 
@@ -225,6 +243,26 @@ class WaltzClientCallbacks(ABC):
     def apply_transaction(self, transaction: Transaction) -> None:
         """Apply one transaction; called strictly in id order per partition, exactly once
         per client unless it raises (then uncaught_exception, and it is applied again)."""
+
+    def apply_transactions(self, transactions: list[Transaction]) -> None:
+        """Apply a batch: consecutive transactions of one partition, in id order (never empty).
+
+        The client calls this, with what one feed message brought (up to server.feedBatchSize
+        transactions; many while catching up, often one in steady state), when a subclass overrides
+        it; else it calls apply_transaction for each, as it always did. Override it to apply a batch
+        in one database transaction (the PostgreSQL and SQLite helpers do).
+
+        All or nothing: when it raises, the client reports the error to uncaught_exception and
+        calls it again, after a backoff, with the same transactions from the first one. So a batch
+        that raises must have applied none of them (roll back), or skip on the retry those it had
+        applied (as the helpers do with their stored high-water mark), or raise PartialApplyError
+        saying how many it applied: the client then retries from the next one. This default
+        applies each with apply_transaction and raises PartialApplyError if one raises."""
+        for applied, transaction in enumerate(transactions):
+            try:
+                self.apply_transaction(transaction)
+            except Exception as exc:
+                raise PartialApplyError(applied, exc) from exc
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exc: BaseException) -> None:
         """apply_transaction or a context hook raised exc (transaction_id -1: not a transaction)."""

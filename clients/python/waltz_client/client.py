@@ -106,7 +106,8 @@ class AsyncWaltzClient:
         self._env = PartitionEnv(
             client_id=self.client_id, config=self.config, callbacks=self.callbacks, call=self._callback_thread.call,
             connections=self._connections, ownership=self._topology.get, topology_changed=lambda: self._topology_event,
-            fetch=self._fetch_blocking, stats=self.stats, latency=self._latency, refresh_topology=self._driver.refresh,
+            fetch=self._fetch_blocking, fetch_range=self._fetch_range_blocking, stats=self.stats, latency=self._latency,
+            refresh_topology=self._driver.refresh, high_water_mark=self._server_high_water_mark,
         )
         self._usable = not self._closed
         if self.config.auto_mount:
@@ -196,6 +197,9 @@ class AsyncWaltzClient:
         timeout = self.config.request_timeout_s
         return await asyncio.wait_for(self._driver.get_high_water_mark(endpoint, partition_id, timeout), timeout)
 
+    async def _server_high_water_mark(self, endpoint: str, partition_id: int) -> int:
+        return await self._driver.get_high_water_mark(endpoint, partition_id, self.config.request_timeout_s)
+
     def client_high_water_mark(self, partition_id: int) -> int:
         """What this client has applied of the partition (-1: nothing; also before mounting)."""
         partition = self._partitions.get(partition_id)
@@ -264,6 +268,7 @@ class AsyncWaltzClient:
         connections = getattr(self, "_connections", None)
         values = {
             "waltz_client_commits": s.committed, "waltz_client_applied_transactions": s.applied,
+            "waltz_client_apply_batches": s.apply_batches,
             "waltz_client_declined_transactions": s.declined, "waltz_client_lock_failures": s.lock_failures,
             "waltz_client_retries": s.retries, "waltz_client_failed_appends": s.failed_appends,
             "waltz_client_failed_transactions": s.errors,
@@ -275,7 +280,7 @@ class AsyncWaltzClient:
     def metric_partitions(self) -> list[PartitionView]:
         """What a scrape shows of each partition this client uses."""
         return [PartitionView(p.partition_id, p.mounted, p.client_high_water_mark, p.server_high_water_mark,
-                              p.monitor.pending_count(), max(0, p.mounts - 1))
+                              p.monitor.pending_count(), max(0, p.mounts - 1), p.catchup_remaining())
                 for p in sorted(list(self._partitions.values()), key=lambda p: p.partition_id)]
 
     # ---- internals ------------------------------------------------------------------------
@@ -333,7 +338,34 @@ class AsyncWaltzClient:
         if partition is not None:
             await partition.deliver(conn, message)
 
+    async def transaction_range(self, partition_id: int, first: int, last: int) -> dict[int, bytes]:
+        """Committed transactions first..last's data by id, checksums verified, in one ReadTransactions call
+        (no retries: Transaction.data() falls back to transaction_data, which has them)."""
+        owner = self._topology.get(partition_id)
+        if owner is None or owner.endpoint is None:
+            raise TransactionDataError(f"partition {partition_id}: no server owns the partition")
+        timeout = self.config.request_timeout_s
+        records = await asyncio.wait_for(
+            self._driver.read_transactions(owner.endpoint, partition_id, first, last, timeout), timeout)
+        data: dict[int, bytes] = {}
+        for record in records:
+            if record.data_length != len(record.data) or crc32(record.data) != record.checksum:
+                raise TransactionDataError(f"partition {partition_id}, transaction {record.transaction_id}: "
+                                           "checksum or length mismatch")
+            data[record.transaction_id] = record.data
+        return data
+
+    def _fetch_range_blocking(self, pid: int, first: int, last: int) -> dict[int, bytes]:
+        self._check_fetch_thread()
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(self.transaction_range(pid, first, last), self._loop).result()
+
     def _fetch_blocking(self, pid: int, transaction_id: int) -> bytes:
+        self._check_fetch_thread()
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(self.transaction_data(pid, transaction_id), self._loop).result()
+
+    def _check_fetch_thread(self) -> None:
         if threading.current_thread() is self._loop_thread or self._loop is None:
             if not self.config.callback_thread:
                 raise WaltzError(
@@ -341,7 +373,6 @@ class AsyncWaltzClient:
                     "(callbacks run on the event loop, which the fetch needs): use AsyncWaltzClient.transaction_data "
                     "outside the callbacks, or the callback thread")
             raise WaltzError("Transaction.data() blocks: call it from apply_transaction, not on the event loop")
-        return asyncio.run_coroutine_threadsafe(self.transaction_data(pid, transaction_id), self._loop).result()
 
     async def _nudge_loop(self) -> None:
         threshold = self.config.long_wait_threshold_s

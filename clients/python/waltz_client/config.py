@@ -44,7 +44,9 @@ CLIENT_KEYS = (
     Key("client.longWaitThresholdSeconds", float, 5.0,
         "seconds an append may stay pending before the client sends a flush to detect its loss"),
     Key("client.mountTimeout", float, 10.0,
-        "seconds submit waits for a partition to be mounted before WaltzTimeoutError"),
+        "seconds submit (and wait_mounted) waits for a partition to be mounted before WaltzTimeoutError; a mount "
+        "completes only once the catch-up feed (every transaction after the client's high-water mark) is applied, "
+        "and goes on after the timeout: it bounds the wait, not the mount"),
     Key("client.requestTimeout", float, 30.0,
         "seconds for capacity waits, unary calls, flush(), unanswered mounts, and for finding a server at start "
         "(UnavailableError)"),

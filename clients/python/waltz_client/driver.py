@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from waltz.v1 import server_pb2
+from waltz.v1 import common_pb2, server_pb2
 from waltz_common.topology import Ownership, Topology
 
 __all__ = ["ClusterInfo", "Driver", "Ownership", "ServerStream", "Topology"]
@@ -56,6 +56,13 @@ class Driver(ABC):
     @abstractmethod
     async def get_high_water_mark(self, endpoint: str, partition_id: int, timeout: float) -> int:
         """The unary GetHighWaterMark call."""
+
+    async def read_transactions(
+        self, endpoint: str, partition_id: int, first: int, last: int, timeout: float
+    ) -> list[common_pb2.Record]:
+        """Transactions first..last (committed) with their data: the ReadTransactions call. Optional: a driver
+        without it makes the client fetch a batch's data one GetTransactionData call at a time."""
+        raise NotImplementedError(f"{type(self).__name__} has no read_transactions")
 
     @abstractmethod
     async def close(self) -> None:

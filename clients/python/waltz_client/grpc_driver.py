@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
+from waltz.v1 import common_pb2, metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_client.config import ClientConfig
 from waltz_client.connection import MAX_RECONNECT_DELAY_S
 from waltz_client.driver import ClusterInfo, Driver, ServerStream, Topology
@@ -147,6 +147,17 @@ class GrpcDriver(Driver):
         response = await stub.GetHighWaterMark(
             server_pb2.HighWaterMarkRequest(partition_id=partition_id), timeout=timeout)
         return int(response.high_water_mark)
+
+    async def read_transactions(
+        self, endpoint: str, partition_id: int, first: int, last: int, timeout: float
+    ) -> list[common_pb2.Record]:
+        stub = server_pb2_grpc.WaltzServerStub(self._channel(endpoint))
+        request = server_pb2.ReadTransactionsRequest(
+            partition_id=partition_id, from_transaction_id=first, to_transaction_id=last)
+        records: list[common_pb2.Record] = []
+        async for response in stub.ReadTransactions(request, timeout=timeout):
+            records.extend(response.records)
+        return records
 
     async def close(self) -> None:
         if self._watcher is not None:

@@ -55,6 +55,7 @@ class PartitionView:
     server_high_water_mark: int
     pending_appends: int
     remounts: int
+    catchup_remaining: int = 0
 
 
 class ClientView(Protocol):
@@ -69,6 +70,8 @@ class ClientView(Protocol):
 COUNTERS = {
     "waltz_client_commits": "this client's transactions that committed (seen in the feed)",
     "waltz_client_applied_transactions": "transactions of any client applied by this client's callbacks",
+    "waltz_client_apply_batches": "apply_transactions calls (callbacks that apply batches): applied transactions "
+                                  "per batch is the ratio of the two counters",
     "waltz_client_declined_transactions": "transactions whose execute() returned False",
     "waltz_client_lock_failures": "appends refused for a lock conflict (each is then retried)",
     "waltz_client_retries": "re-executions of a transaction after a failed append or a lock failure",
@@ -100,6 +103,10 @@ class ClientCollector(Collector):
              lambda p: max(0, p.server_high_water_mark - p.client_high_water_mark)),
             ("waltz_client_partition_pending_appends", "appends sent and not resolved yet",
              lambda p: p.pending_appends),
+            ("waltz_client_partition_catchup_remaining_transactions",
+             "transactions still to apply before the partition's mount completes (a mount waits for the catch-up "
+             "feed to be applied; the target is the server's high-water mark, asked every few seconds while "
+             "mounting); 0 when mounted", lambda p: p.catchup_remaining),
         ])
         remounts = CounterMetricFamily("waltz_client_remounts", "mounts of the partition after its first one "
                                        "(a lost stream, a new generation, a moved partition, a feed gap)",

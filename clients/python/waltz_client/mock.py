@@ -67,6 +67,10 @@ class MockServer:
         self._random = random.Random(0)
         self.append_batch_sizes: list[int] = []  # appends per AppendBatch message, for batching tests
         self._denied: set[int] = set()
+        self.feed_batch_size = 1000  # feed entries per FeedDataBatch message (as server.feedBatchSize)
+        self.data_calls = 0  # GetTransactionData calls (one transaction each), for batching tests
+        self.read_calls = 0  # ReadTransactions calls (a range each)
+        self.high_water_mark_calls = 0  # GetHighWaterMark calls
 
     def driver(self) -> MockDriver:
         """A driver for one client of this server."""
@@ -297,15 +301,16 @@ class MockServer:
             stream.cursors[pid] = len(log)
             self._send_feed(stream, log[start:])
 
-    @staticmethod
-    def _send_feed(stream: _MockStream, records: list[Record]) -> None:
-        if records:
+    def _send_feed(self, stream: _MockStream, records: list[Record]) -> None:
+        size = max(1, self.feed_batch_size)
+        for start in range(0, len(records), size):
             stream.deliver(server_pb2.ServerMessage(feed=server_pb2.FeedDataBatch(transactions=[
                 server_pb2.FeedData(req_id=req_id_to_proto(r.req_id), transaction_id=r.transaction_id,
-                                    header=r.header) for r in records])))
+                                    header=r.header) for r in records[start:start + size]])))
 
     def transaction_data(self, request: server_pb2.TransactionDataRequest) -> server_pb2.TransactionDataResponse:
         with self._lock:
+            self.data_calls += 1
             log = self._partitions[request.req_id.partition_id].log
             txn_id = request.transaction_id
             response = server_pb2.TransactionDataResponse(req_id=request.req_id, transaction_id=txn_id)
@@ -425,7 +430,16 @@ class MockDriver(Driver):
         return self.server.transaction_data(request)
 
     async def get_high_water_mark(self, endpoint: str, partition_id: int, timeout: float) -> int:
+        self.server.high_water_mark_calls += 1
         return self.server.high_water_mark(partition_id)
+
+    async def read_transactions(
+        self, endpoint: str, partition_id: int, first: int, last: int, timeout: float
+    ) -> list[common_pb2.Record]:
+        self.server.read_calls += 1
+        return [common_pb2.Record(transaction_id=r.transaction_id, req_id=req_id_to_proto(r.req_id), header=r.header,
+                                  data_length=len(r.data), data=r.data, checksum=r.checksum)
+                for r in self.server.records(partition_id)[first:last + 1]]
 
     async def close(self) -> None:
         with self.server._lock:

@@ -10,7 +10,9 @@ from enum import Enum
 from typing import Any
 
 from waltz.v1 import server_pb2
-from waltz_client.api import FedTransaction, Transaction, TransactionBuilder
+from waltz_client.api import FedTransaction, PartialApplyError, Transaction, TransactionBuilder, applies_batches
+from waltz_client.batch_data import BatchData
+from waltz_client.catchup import CatchUp, mount_wait_reason
 from waltz_client.connection import ServerConnection
 from waltz_client.driver import Ownership
 from waltz_client.errors import (
@@ -78,6 +80,9 @@ class ClientPartition:
         self._changed = asyncio.Event()
         self.server_high_water_mark = -1  # the highest id the client heard its server committed (metrics)
         self.mounts = 0  # READY mount answers (metrics: remounts are those after the first)
+        self._batched = applies_batches(env.callbacks)  # apply_transactions overridden: one call per feed batch
+        self.catchup: CatchUp | None = None  # the current mount's, while MOUNTING
+        self._problem: str | None = None  # what ended the last mount attempt (for the mount timeout's message)
 
     # ---- application side -------------------------------------------------------------
 
@@ -159,10 +164,23 @@ class ClientPartition:
                 if not self.mounted:
                     raise WaltzTimeoutError(
                         f"partition {self.partition_id} was not mounted within {self.env.config.mount_timeout_s:g} s "
-                        f"(is its server up? mount state: {self.state.mount_state.value})") from None
+                        f"(client.mountTimeout): {self.mount_wait_reason()}") from None
                 raise WaltzTimeoutError(
                     f"partition {self.partition_id}: no {what} within {self.env.config.request_timeout_s:g} s "
                     f"({self.monitor.pending_count()} appends pending)") from None
+
+    def mount_wait_reason(self) -> str:
+        """What the partition, not mounted, is waiting for (catchup.mount_wait_reason)."""
+        owner = self.env.ownership(self.partition_id)
+        return mount_wait_reason(self.state.mount_state, owner.endpoint if owner is not None else None, self.catchup,
+                                 self.client_high_water_mark, _monotonic(), self._problem)
+
+    def catchup_remaining(self) -> int:
+        """Transactions still to apply before the current mount completes, as far as known (0: mounted)."""
+        catchup = self.catchup
+        if catchup is None or self.state.mount_state is not MountState.MOUNTING:
+            return 0
+        return catchup.remaining(self.client_high_water_mark)
 
     def _notify(self) -> None:
         self._changed.set()
@@ -198,6 +216,8 @@ class ClientPartition:
                 verdict = await self._mount_and_serve()
                 self._notify()
                 if verdict is _Verdict.NOT_READY:
+                    self._problem = (f"server {self._owner.endpoint if self._owner else '?'} answered NOT_READY "
+                                     "(the partition is not open there: recovering, or moving); mounting again")
                     self.env.refresh_topology()
                     await asyncio.sleep(NOT_READY_RETRY_S)
         except (ClientAheadError, ClientIdDeniedError) as exc:
@@ -217,10 +237,41 @@ class ClientPartition:
             conn = await self.env.connections.get(owner.endpoint)
         except StreamClosedError as exc:
             log.info("partition %d: cannot reach %s: %s", self.partition_id, owner.endpoint, exc)
+            self._problem = f"cannot reach server {owner.endpoint}: {exc}"
             return _Verdict.REMOUNT
         self.conn, self._owner = conn, owner
         req_id = self.state.begin_mount()
         conn.enqueue(mount_request(req_id, self.client_high_water_mark, conn.seq_num))
+        loop = asyncio.get_running_loop()
+        self.catchup = CatchUp(loop.time(), self.client_high_water_mark, conn.endpoint)
+        reporter = loop.create_task(self._report_catchup(self.catchup), name=f"waltz-catchup-{self.partition_id}")
+        try:
+            return await self._serve(conn, owner)
+        finally:
+            reporter.cancel()
+
+    async def _report_catchup(self, catchup: CatchUp) -> None:
+        """While this mount is MOUNTING: ask the server its high-water mark (the catch-up's target) now and then,
+        and log the progress at INFO every env.progress_interval_s while there is a catch-up to show."""
+        interval = self.env.progress_interval_s
+        await asyncio.sleep(min(1.0, interval))  # a mount with little to catch up says nothing
+        ask = self.env.high_water_mark
+        while self.catchup is catchup and self.state.mount_state is MountState.MOUNTING:
+            if ask is not None:
+                try:
+                    catchup.target = await asyncio.wait_for(ask(catchup.endpoint, self.partition_id),
+                                                            self.env.config.request_timeout_s)
+                    self._heard_high_water_mark(catchup.target)
+                except Exception as exc:  # the progress line goes without it; the mount has its own timeout
+                    log.debug("partition %d: no high-water mark from %s: %s", self.partition_id, catchup.endpoint, exc)
+            hwm = self.client_high_water_mark
+            if self.state.mount_state is MountState.MOUNTING and catchup.catching_up(hwm):
+                log.info("partition %d: catching up from %s before the mount completes: %s", self.partition_id,
+                         catchup.endpoint, catchup.describe(_monotonic(), hwm))
+            await asyncio.sleep(interval)
+
+    async def _serve(self, conn: ServerConnection, owner: Ownership) -> _Verdict:
+        """Handle the stream's messages for this partition until it must mount again (the verdict)."""
         loop = asyncio.get_running_loop()
         mount_deadline = loop.time() + self.env.config.request_timeout_s
         while True:
@@ -233,6 +284,8 @@ class ClientPartition:
                 except TimeoutError:
                     log.warning("partition %d: no mount response from %s; mounting again", self.partition_id,
                                 conn.endpoint)
+                    self._problem = (f"no answer from server {conn.endpoint} to a mount request within "
+                                     f"{self.env.config.request_timeout_s:g} s (client.requestTimeout)")
                     self.state.on_disconnect()
                     return _Verdict.REMOUNT
             verdict = await self._handle(event)
@@ -256,6 +309,8 @@ class ClientPartition:
         if conn is not self.conn:
             return None  # from a stream this partition no longer uses
         if message is None:
+            endpoint = self._owner.endpoint if self._owner else "?"
+            self._problem = f"the stream to server {endpoint} ended; connecting again"
             return _Verdict.REMOUNT  # reconnect procedure step 1: appends are blocked from here
         kind = message.WhichOneof("message")
         if kind == "feed":
@@ -316,6 +371,13 @@ class ClientPartition:
             raise ClientIdDeniedError(self.partition_id, self.env.client_id, response.message)
         self.mounts += 1
         self._heard_high_water_mark(response.high_water_mark)
+        self._problem = None
+        catchup = self.catchup
+        if catchup is not None and catchup.applied(self.client_high_water_mark) > 0:
+            now = _monotonic()
+            level = logging.INFO if now - catchup.started_at >= self.env.progress_interval_s else logging.DEBUG
+            log.log(level, "partition %d: mounted on %s after catching up %s transactions in %.1f s", self.partition_id,
+                    catchup.endpoint, f"{catchup.applied(self.client_high_water_mark):,}", now - catchup.started_at)
         # reconnect procedure step 5: the server decided every append of ours it had; those still pending are sent
         # again with their sequence numbers, before any new one (a remount proves nothing about them: see
         # TransactionMonitor), and the server answers ALREADY_COMMITTED for any that committed after all
@@ -343,6 +405,8 @@ class ClientPartition:
         gap_at: int | None = None
         foreign = 0
         pid, client_id, fetch = self.partition_id, self.env.client_id, self.env.fetch
+        source: BatchData | None = None  # made at the batch's first transaction without data at hand
+        last_foreign = -1  # the batch's last such transaction: the source reads up to it
         commit_oldest, on_feed = self.monitor.commit_oldest, self.monitor.on_feed
         latency = self.env.latency
         now = _monotonic() if latency is not None else 0.0
@@ -370,10 +434,17 @@ class ClientPartition:
                     latency.observe(now - mine.sent_at)
             if txn_id == next_id:
                 next_id += 1
+                if mine is None:
+                    last_foreign = txn_id
+                    if source is None and len(entries) > 1:
+                        source = BatchData(fetch, self.env.fetch_range, -1)
+                        fetch = source
                 steps.append((txn_id, mine, FedTransaction(
                     pid, txn_id, req_id, entry.header, fetch, None if mine is None else mine.data)))
             elif mine is not None:
                 steps.append((txn_id, mine, None))
+        if source is not None:
+            source.last_id = last_foreign
         if foreign:
             log.error("partition %d: ignored %d feed entries of other partitions (a feed batch must carry one "
                       "partition's entries)", pid, foreign)
@@ -388,10 +459,13 @@ class ClientPartition:
     async def _apply_steps(self, steps: list[_FeedStep]) -> None:
         """Run the steps on the callback thread; an apply that raises is retried with backoff (skipping
         it would lose it), and the steps before it are settled first."""
-        index, delay = 0, 0.1
-        retrying = False
+        index = completed = 0
+        delay = 0.1
+        run = self._run_batch if self._batched else self._run_steps
         while index < len(steps):
-            reached, error = await self.env.call(self._run_steps, steps, index, retrying)
+            if self._batched and any(transaction is not None for _, _, transaction in steps[index:]):
+                self.env.stats.apply_batches += 1  # an apply_transactions call (steps of own appends fed again: none)
+            reached, completed, error = await self.env.call(run, steps, index, completed)
             self._settle(steps, index, reached)
             index = reached
             if error is None:
@@ -402,16 +476,16 @@ class ClientPartition:
             await self._report(failed, error)
             await asyncio.sleep(delay)
             delay = min(delay * 2, APPLY_RETRY_MAX_S)
-            retrying = True
 
-    def _run_steps(self, steps: list[_FeedStep], index: int, retrying: bool) -> tuple[int, BaseException | None]:
-        """On the callback thread, from steps[index] (retrying: its on_completion already ran): on_completion,
-        apply_transaction, on_application, in feed order. Stops at an apply that raises: (its index, the error).
-        Every hook is called, TransactionContext's empty ones too: a call costs less than telling them apart."""
+    def _run_steps(self, steps: list[_FeedStep], index: int, completed: int) -> tuple[int, int, BaseException | None]:
+        """On the callback thread, from steps[index] (those before steps[completed] had their on_completion):
+        on_completion, apply_transaction, on_application, in feed order. Stops at an apply that raises:
+        (its index, the steps whose on_completion ran, the error). Every hook is called, TransactionContext's
+        empty ones too: a call costs less than telling them apart."""
         apply = self.env.callbacks.apply_transaction
         for i in range(index, len(steps)):
             txn_id, mine, transaction = steps[i]
-            if mine is not None and not (retrying and i == index):
+            if mine is not None and i >= completed:
                 try:
                     mine.context.on_completion(True)
                 except Exception as exc:
@@ -420,15 +494,53 @@ class ClientPartition:
                 try:
                     apply(transaction)
                 except Exception as exc:
-                    return i, exc
+                    return i, i + 1, exc
             if mine is not None:
                 try:
                     mine.context.on_application()
                 except Exception as exc:
                     self._hook_raised("on_application", txn_id, exc)
-        return len(steps), None
+        return len(steps), len(steps), None
 
-    def _hook_raised(self, hook: str, txn_id: int, exc: Exception) -> None:
+    def _run_batch(self, steps: list[_FeedStep], index: int, completed: int) -> tuple[int, int, BaseException | None]:
+        """_run_steps for callbacks that override apply_transactions: every on_completion of steps[index:], one
+        apply_transactions of their transactions, the on_application of those it applied. A raise applied none
+        of them (PartialApplyError: its first `applied`): (the step of the first not applied, len(steps), error)."""
+        for i in range(max(index, completed), len(steps)):
+            txn_id, mine, _ = steps[i]
+            if mine is not None:
+                try:
+                    mine.context.on_completion(True)
+                except Exception as exc:
+                    self._hook_raised("on_completion", txn_id, exc)
+        transactions = [transaction for _, _, transaction in steps[index:] if transaction is not None]
+        reached, error = len(steps), None
+        if transactions:
+            try:
+                self.env.callbacks.apply_transactions(transactions)
+            except PartialApplyError as exc:
+                if exc.applied >= len(transactions):  # applied them all, then failed: nothing to apply again
+                    self._hook_raised("apply_transactions", transactions[-1].transaction_id, exc.error)
+                else:
+                    reached, error = self._step_of(steps, index, transactions, exc.applied), exc.error
+            except Exception as exc:
+                reached, error = self._step_of(steps, index, transactions, 0), exc
+        for i in range(index, reached):
+            txn_id, mine, _ = steps[i]
+            if mine is not None:
+                try:
+                    mine.context.on_application()
+                except Exception as exc:
+                    self._hook_raised("on_application", txn_id, exc)
+        return reached, len(steps), error
+
+    @staticmethod
+    def _step_of(steps: list[_FeedStep], index: int, transactions: list[Transaction], applied: int) -> int:
+        """The index in steps of transactions[applied], the first one a failed batch did not apply."""
+        failed = transactions[max(0, applied)].transaction_id
+        return next(i for i in range(index, len(steps)) if steps[i][0] == failed and steps[i][2] is not None)
+
+    def _hook_raised(self, hook: str, txn_id: int, exc: BaseException) -> None:
         """A context hook raised, on the callback thread: it goes to uncaught_exception."""
         log.error("partition %d: context hook %s raised", self.partition_id, hook, exc_info=exc)
         try:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from waltz_client.api import TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from waltz_client.batch_data import FetchRange
 from waltz_client.config import ClientConfig
 from waltz_client.connection import ConnectionManager
 from waltz_client.driver import Ownership
@@ -64,6 +65,7 @@ class Stats:
     retries: int = 0
     errors: int = 0
     applied: int = 0
+    apply_batches: int = 0  # apply_transactions calls (callbacks that override it)
 
 
 @dataclass
@@ -78,6 +80,9 @@ class PartitionEnv:
     ownership: Callable[[int], Ownership | None]
     topology_changed: Callable[[], asyncio.Event]
     fetch: Callable[[int, int], bytes]  # (partition id, transaction id) -> data, for Transaction.data()
+    fetch_range: FetchRange | None = None  # (partition id, first, last) -> data by id: a batch's data at once
     stats: Stats = field(default_factory=Stats)
     latency: LatencyHistogram | None = None  # append latencies, when the application asked for metrics
     refresh_topology: Callable[[], None] = lambda: None  # a server said NOT_READY: ask where partitions are now
+    high_water_mark: Callable[[str, int], Awaitable[int]] | None = None  # (endpoint, partition): a catch-up's target
+    progress_interval_s: float = 5.0  # seconds between a catch-up's progress lines (INFO)

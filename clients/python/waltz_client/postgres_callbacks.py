@@ -10,14 +10,16 @@ import re
 import threading
 import time
 from abc import abstractmethod
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Self, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
 from waltz_client.api import Transaction, WaltzClientCallbacks
+from waltz_client.apply_batch import still_to_apply
 from waltz_client.errors import WaltzError
 from waltz_client.sqlite_callbacks import ForbiddenCallError
 
@@ -31,6 +33,29 @@ class DatabaseUnavailableError(WaltzError):
 
 
 _TRANSIENT = (DatabaseUnavailableError, pg_errors.SerializationFailure, pg_errors.DeadlockDetected)
+
+
+class Retry:
+    """The helpers' policy for a database transaction that failed: again after a lost connection, a deadlock or a
+    serialization failure, with backoff (50 ms doubling to 2 s), until reconnect_timeout has passed."""
+
+    def __init__(self, what: str, where: str, reconnect_timeout: float) -> None:
+        self.what, self.where, self.reconnect_timeout = what, where, reconnect_timeout
+        self.deadline = time.monotonic() + reconnect_timeout
+        self.delay = 0.05
+
+    def delay_after(self, exc: BaseException, connection_lost: bool) -> float:
+        """Seconds to wait before trying again; raises exc (not transient) or DatabaseUnavailableError (too long)."""
+        if not (isinstance(exc, _TRANSIENT) or connection_lost):
+            raise exc
+        delay = self.delay
+        text = str(exc).strip() or type(exc).__name__
+        if time.monotonic() + delay > self.deadline:
+            raise DatabaseUnavailableError(f"{self.what}: PostgreSQL at {self.where} kept failing for "
+                                           f"{self.reconnect_timeout:g} s: {text}") from exc
+        log.warning("%s: %s; trying again in %.2f s", self.what, text, delay)
+        self.delay = min(delay * 2, 2.0)
+        return delay
 
 
 class PgGuardedConnection:
@@ -49,11 +74,20 @@ class PgGuardedConnection:
         """A savepoint inside the helper's transaction (psycopg's nested transaction block)."""
         return self._connection.transaction()
 
+    def pipeline(self) -> AbstractContextManager[Any]:
+        """psycopg's pipeline mode (statements sent without waiting for answers) where libpq has it, else nothing."""
+        return _pipeline(self._connection)
+
     def commit(self) -> None:
         raise ForbiddenCallError("apply() must not commit: the helper commits with the high-water mark")
 
     def rollback(self) -> None:
         raise ForbiddenCallError("apply() must not roll back: raise an exception instead")
+
+
+def _pipeline(conn: psycopg.Connection[Any]) -> AbstractContextManager[Any]:
+    """The connection's pipeline mode where libpq has it (14 and later), else nothing."""
+    return conn.pipeline() if psycopg.Pipeline.is_supported() else nullcontext()
 
 
 def describe(conninfo: str) -> str:
@@ -68,17 +102,20 @@ def describe(conninfo: str) -> str:
 
 
 class PostgresClientCallbacks(WaltzClientCallbacks):
-    """Applies each transaction and moves the partition's high-water mark in ONE database
-    transaction, so that any number of application instances sharing the database apply every
-    transaction exactly once. Each apply locks the partition's row of the high-water-mark table:
+    """Applies each batch of transactions the feed brings (apply_transactions: up to a feed message's
+    worth, one or a few in steady state, hundreds while catching up) and moves the partition's
+    high-water mark in ONE database transaction, so that any number of application instances sharing
+    the database apply every transaction exactly once. Each batch locks the partition's row of the
+    high-water-mark table:
 
         SELECT high_water_mark FROM <table> WHERE partition_id = %s FOR UPDATE
 
-    An instance that finds the mark at the transaction's id or beyond skips it (another instance
-    applied it; `skipped` counts these); one that finds it one below applies it and moves the mark,
-    then commits; the others wait on the row lock meanwhile. Subclasses implement
-    apply(transaction, connection) with the connection they are given (no commit/rollback) and
-    create_schema(connection) for their tables.
+    An instance that finds the mark at a transaction's id or beyond skips it (another instance
+    applied it; `skipped` counts these); it applies the rest of the batch and moves the mark to the
+    batch's last id, then commits; the others wait on the row lock meanwhile. Subclasses implement
+    apply(transaction, connection) with the connection they are given (no commit/rollback), or
+    apply_batch(transactions, connection) to write a batch at once, and create_schema(connection)
+    for their tables. `with PostgresClientCallbacks(...) as callbacks:` closes its connections.
 
     A lost connection (server restart, failover, pg_terminate_backend), a deadlock or a serialization
     failure rolls the whole database transaction back; the helper reconnects and tries again, with
@@ -88,6 +125,9 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
     Connections are per thread (autocommit, the helper opens the transactions); `connect()` gives the
     calling thread's (for reads in execute()).
     """
+
+    use_pipeline = True
+    """apply_batch runs apply() in pipeline mode; False for an apply() that uses COPY (refused in that mode)."""
 
     def __init__(self, conninfo: str, table: str = "waltz_client_high_water_mark", *,
                  connect_timeout: float = 10.0, reconnect_timeout: float = 30.0) -> None:
@@ -144,12 +184,35 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
 
         return self._retrying(f"reading partition {partition_id}'s high-water mark", read)
 
-    def apply_transaction(self, transaction: Transaction) -> None:
-        self._retrying(f"applying transaction {transaction.transaction_id} of partition {transaction.partition_id}",
-                       lambda conn: self._apply_once(conn, transaction))
+    def apply_batch(self, transactions: Sequence[Transaction], connection: PgGuardedConnection) -> None:
+        """Make a batch's changes (consecutive transactions, in id order): apply() for each, in psycopg's
+        pipeline mode unless `use_pipeline` is False (statements go without waiting for each answer: a round trip
+        per statement was most of a batch's time; an apply() that reads a result waits for it then). Override
+        it to write a batch with fewer statements (executemany, COPY); the helper commits it with the mark."""
+        with connection.pipeline() if self.use_pipeline else nullcontext():
+            for transaction in transactions:
+                self.apply(transaction, connection)
 
-    def _apply_once(self, conn: psycopg.Connection[Any], transaction: Transaction) -> None:
-        txn_id, pid = transaction.transaction_id, transaction.partition_id
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self._apply_in_one_transaction([transaction])
+
+    def apply_transactions(self, transactions: list[Transaction]) -> None:
+        """Apply a batch in ONE database transaction with one high-water-mark update: all of it or none."""
+        self._apply_in_one_transaction(transactions)
+
+    def _apply_in_one_transaction(self, transactions: list[Transaction]) -> None:
+        if not transactions:
+            return
+        first, last = transactions[0], transactions[-1]
+        what = (f"applying transaction {first.transaction_id} of partition {first.partition_id}" if first is last
+                else f"applying transactions {first.transaction_id}..{last.transaction_id} of partition "
+                     f"{first.partition_id}")
+        skipped = self._retrying(what, lambda conn: self._apply_once(conn, transactions))
+        self.skipped += skipped
+
+    def _apply_once(self, conn: psycopg.Connection[Any], transactions: list[Transaction]) -> int:
+        """Apply what the database has not yet; how many it had (another instance applied them)."""
+        pid = transactions[0].partition_id
         lock = f"SELECT high_water_mark FROM {self.table} WHERE partition_id = %s FOR UPDATE"
         with conn.transaction():
             row = conn.execute(lock, (pid,)).fetchone()
@@ -158,37 +221,24 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
                              "ON CONFLICT (partition_id) DO NOTHING", (pid,))
                 row = conn.execute(lock, (pid,)).fetchone()
             assert row is not None
-            current = int(row[0])
-            if current >= txn_id:
-                self.skipped += 1
-                return
-            if current < txn_id - 1:
-                raise WaltzError(f"partition {pid}: the database's high-water mark is {current}, "
-                                 f"cannot apply transaction {txn_id}")
-            self.apply(transaction, PgGuardedConnection(conn))
-            conn.execute(f"UPDATE {self.table} SET high_water_mark = %s WHERE partition_id = %s", (txn_id, pid))
+            todo = still_to_apply(transactions, int(row[0]))
+            if todo:
+                self.apply_batch(todo, PgGuardedConnection(conn))
+                conn.execute(f"UPDATE {self.table} SET high_water_mark = %s WHERE partition_id = %s",
+                             (todo[-1].transaction_id, pid))
+            return len(transactions) - len(todo)
 
     def _retrying(self, what: str, work: Callable[[psycopg.Connection[Any]], R]) -> R:
         """work(connection) in a fresh database transaction, again after a lost connection, a deadlock or a
         serialization failure, until reconnect_timeout has passed."""
-        deadline = time.monotonic() + self.reconnect_timeout
-        delay = 0.05
+        retry = Retry(what, self.where, self.reconnect_timeout)
         while True:
             conn: psycopg.Connection[Any] | None = None
             try:
                 conn = self.connect()
                 return work(conn)
             except (psycopg.OperationalError, DatabaseUnavailableError) as exc:
-                transient = (isinstance(exc, _TRANSIENT) or conn is None or conn.closed or conn.broken)
-                if not transient:
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise DatabaseUnavailableError(
-                        f"{what}: PostgreSQL at {self.where} kept failing for {self.reconnect_timeout:g} s: "
-                        f"{str(exc).strip() or type(exc).__name__}") from exc
-                log.warning("%s: %s; trying again in %.2f s", what, str(exc).strip() or type(exc).__name__, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                time.sleep(retry.delay_after(exc, conn is None or conn.closed or conn.broken))
 
     def query_all(self, sql: Any, *parameters: Any) -> list[Any]:
         """Rows of a read-only query on this thread's connection (for applications and tests)."""
@@ -208,8 +258,14 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
         except psycopg.Error:
             pass
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Close every connection this object opened."""
+        """Close every connection this object opened (`with` does it on leaving)."""
         with self._guard:
             connections, self._connections = self._connections, []
         for conn in connections:

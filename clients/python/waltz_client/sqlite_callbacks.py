@@ -6,10 +6,12 @@ import re
 import sqlite3
 import threading
 from abc import abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from waltz_client.api import Transaction, WaltzClientCallbacks
+from waltz_client.apply_batch import still_to_apply
 from waltz_client.errors import WaltzError
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -45,14 +47,13 @@ class GuardedConnection:
 
 
 class SqliteClientCallbacks(WaltzClientCallbacks):
-    """Applies each transaction and moves the partition's high-water mark in ONE database
-    transaction, with compare-and-set, so that several application instances sharing the
-    database apply every transaction exactly once: the instance whose
-
-        UPDATE <table> SET high_water_mark = :txn WHERE partition_id = :p AND high_water_mark = :txn - 1
-
-    changes a row applies it; the others see no row changed and skip it. Subclasses implement
-    apply(transaction, connection) with the connection they are given (no commit/rollback).
+    """Applies each batch of transactions the feed brings (apply_transactions) and moves the
+    partition's high-water mark in ONE database transaction, so that several application instances
+    sharing the database apply every transaction exactly once: under BEGIN IMMEDIATE (the database's
+    write lock) an instance reads the mark, skips the transactions up to it (another instance applied
+    them; `skipped` counts these), applies the rest, moves the mark to the batch's last id and
+    commits. Subclasses implement apply(transaction, connection) with the connection they are given
+    (no commit/rollback), or apply_batch(transactions, connection) to write a batch at once.
     Connections are per thread; `connect()` gives the calling thread's (for reads in execute).
     """
 
@@ -99,28 +100,44 @@ class SqliteClientCallbacks(WaltzClientCallbacks):
                            (partition_id,)).fetchone()
         return int(row[0])
 
+    def apply_batch(self, transactions: Sequence[Transaction], connection: GuardedConnection) -> None:
+        """Make a batch's changes (consecutive transactions, in id order): apply() for each. Override it to
+        write a batch with fewer statements (executemany); the helper commits it with the high-water mark."""
+        for transaction in transactions:
+            self.apply(transaction, connection)
+
     def apply_transaction(self, transaction: Transaction) -> None:
+        self._apply_in_one_transaction([transaction])
+
+    def apply_transactions(self, transactions: list[Transaction]) -> None:
+        """Apply a batch in ONE database transaction with one high-water-mark update: all of it or none."""
+        self._apply_in_one_transaction(transactions)
+
+    def _apply_in_one_transaction(self, transactions: list[Transaction]) -> None:
+        if not transactions:
+            return
         conn = self.connect()
-        txn_id, pid = transaction.transaction_id, transaction.partition_id
-        conn.execute("BEGIN IMMEDIATE")
+        pid = transactions[0].partition_id
+        conn.execute("BEGIN IMMEDIATE")  # the write lock: no other instance moves the mark until COMMIT
         try:
-            changed = conn.execute(
-                f"UPDATE {self.table} SET high_water_mark = ? WHERE partition_id = ? AND high_water_mark = ?",
-                (txn_id, pid, txn_id - 1)).rowcount
-            if changed == 0:
-                current = self._stored_high_water_mark(conn, pid)
+            conn.execute(f"INSERT OR IGNORE INTO {self.table} (partition_id, high_water_mark) VALUES (?, -1)", (pid,))
+            current = self._stored_high_water_mark(conn, pid)
+            todo = still_to_apply(transactions, current)
+            if todo:
+                self.apply_batch(todo, GuardedConnection(conn))
+                changed = conn.execute(
+                    f"UPDATE {self.table} SET high_water_mark = ? WHERE partition_id = ? AND high_water_mark = ?",
+                    (todo[-1].transaction_id, pid, current)).rowcount
+                if changed != 1:  # cannot happen under the write lock: refuse rather than commit a doubt
+                    raise WaltzError(f"partition {pid}: the high-water mark moved under the write lock")
+                conn.execute("COMMIT")
+            else:
                 conn.execute("ROLLBACK")
-                if current < txn_id:
-                    raise WaltzError(f"partition {pid}: the database's high-water mark is {current}, "
-                                     f"cannot apply transaction {txn_id}")
-                self.skipped += 1
-                return
-            self.apply(transaction, GuardedConnection(conn))
-            conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        self.skipped += len(transactions) - len(todo)
 
     def query_all(self, sql: str, *parameters: Any) -> list[Any]:
         """Rows of a read-only query on this thread's connection (for applications and tests)."""
@@ -131,8 +148,14 @@ class SqliteClientCallbacks(WaltzClientCallbacks):
                            (partition_id,)).fetchone()
         return -1 if row is None else int(row[0])
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Close every connection this object opened."""
+        """Close every connection this object opened (`with` does it on leaving)."""
         with self._guard:
             for conn in self._connections:
                 conn.close()

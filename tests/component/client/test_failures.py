@@ -273,11 +273,11 @@ def test_feed_entries_of_another_partition_in_a_batch_are_ignored_and_logged(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     send_feed = MockServer._send_feed
 
-    def mixed(stream: Any, records: list[Record]) -> None:  # each batch also carries a stranger's entry
+    def mixed(server: MockServer, stream: Any, records: list[Record]) -> None:  # each batch also has a stranger
         stranger = Record(records[0].transaction_id, ReqId(99, 0, 1, 1), 0, b"", 0) if records else None
-        send_feed(stream, records + ([stranger] if stranger else []))
+        send_feed(server, stream, records + ([stranger] if stranger else []))
 
-    monkeypatch.setattr(MockServer, "_send_feed", staticmethod(mixed))
+    monkeypatch.setattr(MockServer, "_send_feed", mixed)
 
     async def main() -> None:
         server = MockServer(2)

@@ -1,8 +1,8 @@
 """One application instance for the PostgreSQL exactly-once test, run as its own process (so it can be
 killed with kill -9): applies the feed into a shared journal and submits COUNT transactions NAME-i.
 
-Usage: python pg_instance.py DSN CLIENT.yaml NAME COUNT. Prints `committed N` as it goes, then
-`hwm P H` per partition and `done` once it has applied everything up to the servers' high-water marks.
+Usage: python pg_instance.py DSN CLIENT.yaml NAME COUNT. Prints `committed N` as it goes, then `hwm P H` per
+partition, `applied N in B batches` and `done` once it has applied everything up to the servers' high-water marks.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def main() -> int:
             time.sleep(0.02)
         for p, h in hwms.items():
             print(f"hwm {p} {h}", flush=True)
+        print(f"applied {client.stats.applied} in {client.stats.apply_batches} batches", flush=True)
     journal.close()
     print("done", flush=True)
     return 0

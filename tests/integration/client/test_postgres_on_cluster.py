@@ -92,6 +92,9 @@ def test_two_instances_one_killed_mid_stream_apply_every_transaction_exactly_onc
         for each in instances:
             each.stop()
     assert killed_after < 400, "the kill came too late to be mid stream"
+    applied, batches = next((int(line.split()[1]), int(line.split()[3])) for line in b.lines
+                            if line.startswith("applied "))
+    assert 0 < batches <= applied  # the helper applied the feed in batches (apply_transactions)
     with psycopg.connect(postgres_dsn) as conn:
         rows = conn.execute("SELECT partition_id, transaction_id, data, count(*) FROM journal "
                             "GROUP BY 1, 2, 3").fetchall()

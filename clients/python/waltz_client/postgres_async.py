@@ -1,0 +1,228 @@
+"""AsyncPostgresClientCallbacks: PostgresClientCallbacks for asyncio applications (psycopg's AsyncConnection).
+
+Needs psycopg 3 (`pip install 'waltz-python[postgres]'`).
+
+How it runs: the client calls its callbacks on its callback thread (client.callbackThread, the default), as
+plain functions. This helper's are coroutines run on the application's event loop, the one it was opened on
+(`async with AsyncPostgresClientCallbacks(...)`), which is the loop AsyncWaltzClient runs on: the callback thread
+hands each batch to that loop and waits for it, so batches are still applied one at a time, in order, while the
+loop goes on serving the client and the application. The data of the batch's transactions is read on the
+callback thread first (Transaction.data() blocks, which a coroutine on the loop must not), so apply() finds it
+loaded. With client.callbackThread false the callbacks would run on the loop itself and wait for it: the helper
+refuses that with a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from abc import abstractmethod
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Self, TypeVar
+
+import psycopg
+
+from waltz_client.api import Transaction, WaltzClientCallbacks
+from waltz_client.apply_batch import still_to_apply
+from waltz_client.errors import WaltzError
+from waltz_client.postgres_callbacks import _NAME, DatabaseUnavailableError, Retry, describe
+from waltz_client.sqlite_callbacks import ForbiddenCallError
+
+R = TypeVar("R")
+
+
+class AsyncPgGuardedConnection:
+    """The connection apply() gets: statements (and savepoints) go through, commit and rollback do not."""
+
+    def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        self._connection = connection
+
+    async def execute(self, sql: Any, parameters: Any = None) -> psycopg.AsyncCursor[Any]:
+        return await self._connection.execute(sql, parameters)
+
+    def cursor(self) -> psycopg.AsyncCursor[Any]:
+        return self._connection.cursor()
+
+    def transaction(self) -> Any:
+        """A savepoint inside the helper's transaction (`async with connection.transaction():`)."""
+        return self._connection.transaction()
+
+    async def commit(self) -> None:
+        raise ForbiddenCallError("apply() must not commit: the helper commits with the high-water mark")
+
+    async def rollback(self) -> None:
+        raise ForbiddenCallError("apply() must not roll back: raise an exception instead")
+
+
+class AsyncPostgresClientCallbacks(WaltzClientCallbacks):
+    """PostgresClientCallbacks' exactly-once apply (a batch and the partition's high-water mark in one database
+    transaction, the partition's row locked FOR UPDATE, transactions up to the stored mark skipped), with
+    coroutines: subclasses implement `async def apply(transaction, connection)` (or `apply_batch`) and
+    `async def create_schema(connection)`. Use it as
+
+        async with AsyncPostgresClientCallbacks(dsn) as callbacks:      # connects, creates the schema
+            async with AsyncWaltzClient(callbacks, config) as client:   # same loop, callback thread on
+                ...
+
+    Its own connection applies the batches (one at a time); `query_all` reads on a second one, so an
+    application's reads never land inside an apply's transaction. A lost connection, a deadlock or a
+    serialization failure is retried as in PostgresClientCallbacks (reconnect_timeout, then
+    DatabaseUnavailableError, which the client reports and retries)."""
+
+    def __init__(self, conninfo: str, table: str = "waltz_client_high_water_mark", *,
+                 connect_timeout: float = 10.0, reconnect_timeout: float = 30.0) -> None:
+        if not _NAME.match(table):
+            raise ValueError(f"not a plain SQL table name: {table!r}")
+        self.conninfo = conninfo
+        self.table = table
+        self.connect_timeout = connect_timeout
+        self.reconnect_timeout = reconnect_timeout
+        self.where = describe(conninfo)
+        self.skipped = 0  # transactions another instance had applied already
+        self.reconnects = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._apply_conn: psycopg.AsyncConnection[Any] | None = None
+        self._query_conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Connect on the running loop (the one the client must run on) and create the schema."""
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.current_thread()
+        conn = await self._connection("_apply_conn")
+        async with conn.transaction():
+            # two instances starting together must not race on CREATE TABLE IF NOT EXISTS
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"waltz schema {self.table}",))
+            await conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} "
+                               "(partition_id INTEGER PRIMARY KEY, high_water_mark BIGINT NOT NULL)")
+            await self.create_schema(AsyncPgGuardedConnection(conn))
+
+    async def close(self) -> None:
+        """Close the helper's connections."""
+        for name in ("_apply_conn", "_query_conn"):
+            conn = getattr(self, name)
+            setattr(self, name, None)
+            if conn is not None:
+                await conn.close()
+
+    async def create_schema(self, connection: AsyncPgGuardedConnection) -> None:
+        """Create the application's tables (called by open(), in the schema transaction)."""
+
+    @abstractmethod
+    async def apply(self, transaction: Transaction, connection: AsyncPgGuardedConnection) -> None:
+        """Make the transaction's changes (its data() is loaded); the helper commits them with the high-water mark."""
+
+    async def apply_batch(self, transactions: Sequence[Transaction], connection: AsyncPgGuardedConnection) -> None:
+        """Make a batch's changes: apply() for each. Override it to write a batch at once (executemany, COPY)."""
+        for transaction in transactions:
+            await self.apply(transaction, connection)
+
+    # ---- what the client calls, on its callback thread --------------------------------------------
+
+    def get_client_high_water_mark(self, partition_id: int) -> int:
+        async def read(conn: psycopg.AsyncConnection[Any]) -> int:
+            await conn.execute(f"INSERT INTO {self.table} (partition_id, high_water_mark) VALUES (%s, -1) "
+                               "ON CONFLICT (partition_id) DO NOTHING", (partition_id,))
+            cursor = await conn.execute(f"SELECT high_water_mark FROM {self.table} WHERE partition_id = %s",
+                                        (partition_id,))
+            row = await cursor.fetchone()
+            return -1 if row is None else int(row[0])
+
+        return self._on_loop(self._retrying(f"reading partition {partition_id}'s high-water mark", "_apply_conn",
+                                            read))
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self._apply_in_one_transaction([transaction])
+
+    def apply_transactions(self, transactions: list[Transaction]) -> None:
+        """The batch's data read here (it blocks), then the batch applied on the loop in one database transaction."""
+        self._apply_in_one_transaction(transactions)
+
+    def _apply_in_one_transaction(self, transactions: list[Transaction]) -> None:
+        if not transactions:
+            return
+        for transaction in transactions:
+            transaction.data()
+        first, last = transactions[0], transactions[-1]
+        what = (f"applying transactions {first.transaction_id}..{last.transaction_id} of partition "
+                f"{first.partition_id}")
+        self.skipped += self._on_loop(self._retrying(what, "_apply_conn",
+                                                     lambda conn: self._apply_once(conn, transactions)))
+
+    # ---- on the loop ---------------------------------------------------------------------------
+
+    async def query_all(self, sql: Any, *parameters: Any) -> list[Any]:
+        """Rows of a read-only query, on the helper's query connection (for applications and tests)."""
+        async def query(conn: psycopg.AsyncConnection[Any]) -> list[Any]:
+            cursor = await conn.execute(sql, parameters or None)
+            return list(await cursor.fetchall())
+
+        return await self._retrying("a query", "_query_conn", query)
+
+    async def _apply_once(self, conn: psycopg.AsyncConnection[Any], transactions: list[Transaction]) -> int:
+        pid = transactions[0].partition_id
+        lock = f"SELECT high_water_mark FROM {self.table} WHERE partition_id = %s FOR UPDATE"
+        async with conn.transaction():
+            row = await (await conn.execute(lock, (pid,))).fetchone()
+            if row is None:  # no row to lock yet (no get_client_high_water_mark ran): make one, then lock it
+                await conn.execute(f"INSERT INTO {self.table} (partition_id, high_water_mark) VALUES (%s, -1) "
+                                   "ON CONFLICT (partition_id) DO NOTHING", (pid,))
+                row = await (await conn.execute(lock, (pid,))).fetchone()
+            assert row is not None
+            todo = still_to_apply(transactions, int(row[0]))
+            if todo:
+                await self.apply_batch(todo, AsyncPgGuardedConnection(conn))
+                await conn.execute(f"UPDATE {self.table} SET high_water_mark = %s WHERE partition_id = %s",
+                                   (todo[-1].transaction_id, pid))
+            return len(transactions) - len(todo)
+
+    async def _retrying(self, what: str, slot: str,
+                        work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[R]]) -> R:
+        retry = Retry(what, self.where, self.reconnect_timeout)
+        while True:
+            conn: psycopg.AsyncConnection[Any] | None = None
+            try:
+                conn = await self._connection(slot)
+                return await work(conn)
+            except (psycopg.OperationalError, DatabaseUnavailableError) as exc:
+                await asyncio.sleep(retry.delay_after(exc, conn is None or conn.closed or conn.broken))
+
+    async def _connection(self, slot: str) -> psycopg.AsyncConnection[Any]:
+        """The connection in that slot, (re)opened if it has none or it broke (DatabaseUnavailableError)."""
+        conn: psycopg.AsyncConnection[Any] | None = getattr(self, slot)
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        if conn is not None:
+            self.reconnects += 1
+            try:
+                await conn.close()
+            except psycopg.Error:
+                pass
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
+                                                        connect_timeout=max(1, round(self.connect_timeout)))
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailableError(f"cannot connect to PostgreSQL at {self.where}: "
+                                           f"{str(exc).strip() or type(exc).__name__}") from exc
+        setattr(self, slot, conn)
+        return conn
+
+    def _on_loop(self, coro: Coroutine[Any, Any, R]) -> R:
+        """Run coro on the helper's loop from the client's callback thread, and wait for it."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            coro.close()
+            raise WaltzError("AsyncPostgresClientCallbacks is not open: `async with` it (or await open()) "
+                             "on the loop the client runs on")
+        if threading.current_thread() is self._loop_thread:
+            coro.close()
+            raise WaltzError("AsyncPostgresClientCallbacks runs its coroutines on the event loop and waits for "
+                             "them: it needs the client's callback thread (client.callbackThread: true)")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()

@@ -1,0 +1,201 @@
+"""The PostgreSQL helpers (sync and async) and the SQLite one apply a batch in one database transaction with one
+high-water-mark update: all of it or none, transactions another instance applied skipped, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.component.client.helpers import FAST, Ctx, MemoryCallbacks
+from waltz_client import AsyncWaltzClient, MockServer, Transaction, WaltzClient, WaltzError
+from waltz_client.postgres_async import AsyncPgGuardedConnection, AsyncPostgresClientCallbacks
+from waltz_client.postgres_callbacks import PgGuardedConnection, PostgresClientCallbacks
+from waltz_client.sqlite_callbacks import GuardedConnection, SqliteClientCallbacks
+
+
+def _batch(first: int, count: int, partition: int = 0) -> list[Transaction]:
+    return [Transaction(partition, i, None, 0, lambda: b"", b"t%d" % i)  # type: ignore[arg-type]
+            for i in range(first, first + count)]
+
+
+class PgJournal(PostgresClientCallbacks):
+    """A row per apply and no unique key: an apply twice shows as two rows. fail_at: raise on that id (once)."""
+
+    fail_at: int | None = None
+    statements = 0
+
+    def create_schema(self, connection: PgGuardedConnection) -> None:
+        connection.execute("CREATE TABLE IF NOT EXISTS journal (partition_id INTEGER, transaction_id BIGINT, "
+                           "data BYTEA)")
+
+    def apply(self, transaction: Transaction, connection: PgGuardedConnection) -> None:
+        if transaction.transaction_id == self.fail_at:
+            self.fail_at = None
+            raise RuntimeError("constraint violated")
+        connection.execute("INSERT INTO journal VALUES (%s, %s, %s)",
+                           (transaction.partition_id, transaction.transaction_id, transaction.data()))
+
+
+class SqliteJournal(SqliteClientCallbacks):
+    fail_at: int | None = None
+
+    def create_schema(self, connection: sqlite3.Connection) -> None:
+        connection.execute("CREATE TABLE IF NOT EXISTS journal (partition_id INTEGER, transaction_id INTEGER, "
+                           "data BLOB)")
+
+    def apply(self, transaction: Transaction, connection: GuardedConnection) -> None:
+        if transaction.transaction_id == self.fail_at:
+            self.fail_at = None
+            raise RuntimeError("constraint violated")
+        connection.execute("INSERT INTO journal VALUES (?, ?, ?)",
+                           (transaction.partition_id, transaction.transaction_id, transaction.data()))
+
+
+class AsyncJournal(AsyncPostgresClientCallbacks):
+    async def create_schema(self, connection: AsyncPgGuardedConnection) -> None:
+        await connection.execute("CREATE TABLE IF NOT EXISTS journal (partition_id INTEGER, transaction_id BIGINT, "
+                                 "data BYTEA)")
+
+    async def apply(self, transaction: Transaction, connection: AsyncPgGuardedConnection) -> None:
+        await connection.execute("INSERT INTO journal VALUES (%s, %s, %s)",
+                                 (transaction.partition_id, transaction.transaction_id, transaction.data()))
+
+
+def _ids(rows: Sequence[tuple[int, ...]]) -> list[int]:
+    return [row[0] for row in rows]
+
+
+@pytest.mark.callback_modes("thread")
+def test_a_postgres_batch_is_one_transaction_all_or_nothing_and_skips_what_another_applied(postgres_dsn: str) -> None:
+    with PgJournal(postgres_dsn) as first, PgJournal(postgres_dsn) as second:
+        assert first.get_client_high_water_mark(0) == -1
+        first.apply_transactions(_batch(0, 50))
+        assert first.query_all("SELECT count(DISTINCT xmin::text) FROM journal") == [(1,)]  # one transaction
+        first.fail_at = 57
+        with pytest.raises(RuntimeError, match="constraint violated"):
+            first.apply_transactions(_batch(50, 10))  # rolled back whole: nothing of 50..59, the mark stays
+        assert first.get_client_high_water_mark(0) == 49
+        second.apply_transactions(_batch(40, 30))  # 40..49 applied by the first instance: skipped
+        assert second.skipped == 10
+        with pytest.raises(WaltzError, match="cannot apply transaction 80"):
+            second.apply_transactions(_batch(80, 5))
+        rows = first.query_all("SELECT transaction_id FROM journal ORDER BY 1")
+        assert _ids(rows) == list(range(70))  # each once
+        assert first.get_client_high_water_mark(0) == 69
+
+
+@pytest.mark.callback_modes("thread")
+def test_a_sqlite_batch_is_one_transaction_all_or_nothing_and_skips_what_another_applied(tmp_path: Path) -> None:
+    database = tmp_path / "app.db"
+    with SqliteJournal(database) as first, SqliteJournal(database) as second:
+        first.apply_transactions(_batch(0, 50))  # no get_client_high_water_mark first: the row is made
+        first.fail_at = 57
+        with pytest.raises(RuntimeError, match="constraint violated"):
+            first.apply_transactions(_batch(50, 10))
+        assert first.get_client_high_water_mark(0) == 49
+        second.apply_transactions(_batch(40, 30))
+        assert second.skipped == 10
+        with pytest.raises(WaltzError, match="cannot apply transaction 80"):
+            second.apply_transactions(_batch(80, 5))
+        with pytest.raises(WaltzError, match="consecutive"):
+            second.apply_transactions([*_batch(70, 2), *_batch(73, 1)])
+        assert _ids(first.query_all("SELECT transaction_id FROM journal ORDER BY 1")) == list(range(70))
+        assert first.get_client_high_water_mark(0) == 69
+
+
+@pytest.mark.callback_modes("thread")  # applies fetch the other client's data
+def test_postgres_instances_catch_up_in_batches_exactly_once(postgres_dsn: str) -> None:
+    server = MockServer(2)
+    server.feed_batch_size = 7
+    with WaltzClient(MemoryCallbacks(), FAST, driver=server) as writer:
+        futures = [writer.submit(Ctx(b"w%d" % i, partition=i)) for i in range(60)]
+        assert all(f.result(timeout=30) for f in futures)
+    with PgJournal(postgres_dsn) as a_db, PgJournal(postgres_dsn) as b_db, \
+            WaltzClient(a_db, FAST, driver=server) as a, WaltzClient(b_db, FAST, driver=server) as b:
+        a.wait_mounted()
+        b.wait_mounted()
+        batches = a.stats.apply_batches + b.stats.apply_batches
+        rows = a_db.query_all("SELECT partition_id, transaction_id, data FROM journal ORDER BY 1, 2")
+    assert rows == [(p, r.transaction_id, r.data) for p in (0, 1) for r in server.records(p)] and len(rows) == 60
+    assert batches >= 10  # 30 transactions a partition in feed batches of 7: 5 calls at least for each
+    # (how many each instance skipped depends on the race: an instance that mounts after the other applied
+    # some starts at the database's mark, and never sees those)
+
+
+@pytest.mark.callback_modes("thread")  # the helper needs the callback thread (it waits for the loop)
+def test_the_async_helper_applies_batches_exactly_once_with_another_instance(postgres_dsn: str) -> None:
+    server = MockServer(2)
+    server.feed_batch_size = 7
+
+    async def scenario() -> tuple[list[tuple[int, int, bytes]], int, int]:
+        async with AsyncJournal(postgres_dsn) as a_db, AsyncJournal(postgres_dsn) as b_db, \
+                AsyncWaltzClient(a_db, FAST, driver=server) as a, AsyncWaltzClient(b_db, FAST, driver=server) as b:
+            await a.wait_mounted()
+            await b.wait_mounted()
+            futures = [await a.submit(Ctx(b"a%d" % i, partition=i)) for i in range(30)]
+            futures += [await b.submit(Ctx(b"b%d" % i, partition=i)) for i in range(30)]
+            assert all(await asyncio.gather(*futures))
+            for c in (a, b):
+                for p in (0, 1):
+                    while c.client_high_water_mark(p) < server.high_water_mark(p):
+                        await asyncio.sleep(0.01)
+            rows = await a_db.query_all("SELECT partition_id, transaction_id, data FROM journal ORDER BY 1, 2")
+            return rows, a_db.skipped + b_db.skipped, a.stats.apply_batches
+
+    rows, skipped, batches = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert rows == [(p, r.transaction_id, r.data) for p in (0, 1) for r in server.records(p)] and len(rows) == 60
+    assert skipped == 60 and batches > 0  # each transaction reached both instances; one applied it
+
+
+@pytest.mark.callback_modes("loop")
+def test_the_async_helper_refuses_to_run_on_the_loop_it_waits_for(postgres_dsn: str) -> None:
+    async def scenario() -> None:
+        async with AsyncJournal(postgres_dsn) as db:
+            with pytest.raises(WaltzError, match="needs the client's callback thread"):
+                db.get_client_high_water_mark(0)  # here, on the loop: as with client.callbackThread false
+
+    asyncio.run(scenario())
+    closed = AsyncJournal(postgres_dsn)
+    with pytest.raises(WaltzError, match="is not open"):
+        closed.get_client_high_water_mark(0)
+
+
+BATCH_HOLDER = """
+import sys, time
+from tests.component.client.test_postgres_batches import PgJournal, _batch
+
+class Stuck(PgJournal):
+    use_pipeline = False  # each row sent as apply() runs: two rows written, uncommitted, when it stops
+    def apply(self, transaction, connection):
+        super().apply(transaction, connection)
+        if transaction.transaction_id == 2:
+            print("holding", flush=True)  # mid batch: 0..2 written, the partition's row locked, nothing committed
+            time.sleep(600)
+
+Stuck(sys.argv[1]).apply_transactions(_batch(0, 5))
+"""
+
+
+@pytest.mark.callback_modes("thread")
+def test_an_instance_killed_mid_batch_leaves_none_of_it_and_another_applies_it_once(postgres_dsn: str) -> None:
+    with PgJournal(postgres_dsn) as survivor:
+        survivor.get_client_high_water_mark(0)
+        holder = subprocess.Popen([sys.executable, "-c", BATCH_HOLDER, postgres_dsn], stdout=subprocess.PIPE,
+                                  text=True, cwd=Path(__file__).resolve().parents[3])
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+            holder.kill()  # kill -9 inside the batch's database transaction
+            holder.wait(30)
+            survivor.apply_transactions(_batch(0, 5))
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+                holder.wait(30)
+        assert _ids(survivor.query_all("SELECT transaction_id FROM journal ORDER BY 1")) == list(range(5))
+        assert survivor.skipped == 0 and survivor.get_client_high_water_mark(0) == 4
