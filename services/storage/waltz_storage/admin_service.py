@@ -138,6 +138,8 @@ class AdminConnection:
 
     async def _digest(self, msg: Any) -> storage_admin_pb2.AdminResponse:
         protocol.check_list_request(msg.transaction_id, msg.max_records)
+        if msg.max_records < 1:
+            raise InvalidRequest(f"a digest covers at least one record: max_records is {msg.max_records}")
         count = min(msg.max_records, MAX_DIGEST_RECORDS)
 
         def digest() -> storage_admin_pb2.PartitionDigestResponse:

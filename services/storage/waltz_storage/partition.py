@@ -7,7 +7,6 @@ import hashlib
 import json
 import logging
 import shutil
-import struct
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
+from waltz_common.record_layout import RECORD_PREFIX
 from waltz_common.types import Record, RecordHeader
 from waltz_storage import rules
 from waltz_storage.batch import EncodedBatch, encode_records
@@ -49,9 +49,6 @@ DEFAULT_SEGMENT_CACHE_CAPACITY = 5
 
 T = TypeVar("T")
 
-DIGEST_FIELDS = struct.Struct(">qiiiiiiI")
-"""A record's fields in a digest (PartitionDigestResponse): transaction id, client id, generation, partition
-id, seq num, header, data length, data checksum."""
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +328,7 @@ class StoragePartition:
             )
         info = self.last_session_info()
         if info.session_id > session_id:
-            self._control.set_partition_info(
+            self._control.overwrite_partition_info(
                 self.partition_id, PartitionInfoStruct(session_id, info.low_water_mark, info.local_low_water_mark)
             )
         self.fence.reset(session_id)
@@ -418,7 +415,8 @@ class StoragePartition:
 
     def digest(self, transaction_id: int, max_n: int, max_bytes: int) -> tuple[int, bytes]:
         """How many consecutive records from transaction_id (at most max_n) and the SHA-256 over them, each as
-        its fields (DIGEST_FIELDS, big-endian) then its data; read max_bytes at a time, checksums verified."""
+        its fields (packed as the data file's RECORD_PREFIX) then its data; read max_bytes at a time, checksums
+        verified."""
         digest = hashlib.sha256()
         count = 0
         while count < max_n:
@@ -426,7 +424,7 @@ class StoragePartition:
             if not got:
                 break
             for txn, client_id, generation, pid, seq_num, header, data, checksum in got:
-                digest.update(DIGEST_FIELDS.pack(txn, client_id, generation, pid, seq_num, header, len(data), checksum))
+                digest.update(RECORD_PREFIX.pack(txn, client_id, generation, pid, seq_num, header, len(data), checksum))
                 digest.update(data)
             count += len(got)
         return count, digest.digest()
