@@ -34,6 +34,7 @@ class ReplicaView:
     error: str = ""
     write_failure: str = ""  # its writes fail on the node's disk: the last error
     low_water_mark: int = -1
+    fence_session_id: int = -1
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,14 @@ def _ask_node(ctx: Context, node: str) -> dict[int, ReplicaView] | str:
         return str(exc)
     return {
         p.partition_id: ReplicaView(
-            p.readable, p.writable, p.session_id, p.max_transaction_id, p.error, p.write_failure, p.low_water_mark
+            p.readable,
+            p.writable,
+            p.session_id,
+            p.max_transaction_id,
+            p.error,
+            p.write_failure,
+            p.low_water_mark,
+            p.fence_session_id,
         )
         for p in listed
     }
@@ -375,6 +383,14 @@ def check_replicas(facts: Facts, wanted: list[int]) -> Check:
                         f"partition {pid}: replica {node} has low-water mark {v.low_water_mark}, above the "
                         f"high-water mark {hwm}"
                     )
+        session = facts.sessions.get(pid)
+        for node, v in sorted(views.items()):
+            if session is not None and v.fence_session_id > session:
+                check.reasons.append(
+                    f"partition {pid}: replica {node} fences sessions below {v.fence_session_id}, above the "
+                    f"partition's session {session}: its next sessions are refused there "
+                    f"(waltz storage reset-fence -s {node} -p {pid})"
+                )
         for txn, digests in facts.differences.get(pid, []):
             groups: dict[bytes, list[str]] = {}
             for node, digest in sorted(digests.items()):

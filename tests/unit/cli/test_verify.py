@@ -232,3 +232,11 @@ def test_first_difference_bisects_to_the_first_differing_record():
     assert len(asked) <= 3 * 7  # log2(100) rounds, one digest per node each
     assert first_difference(["a", "b"], fetch, 0, 100) == 80
     assert first_difference(["a", "b"], fetch, 50, 1) == 50  # one record: that is the one
+
+
+def test_a_poisoned_fence_is_named_with_its_remedy():
+    facts = at_high_water_mark()
+    facts.nodes["h:2"][0] = ReplicaView(session_id=10**12, max_transaction_id=10, fence_session_id=10**12)  # type: ignore[index]
+    (reason,) = failures(facts, [0])[REPLICAS]
+    assert "replica h:2 fences sessions below 1000000000000, above the partition's session 4" in reason
+    assert "waltz storage reset-fence -s h:2 -p 0" in reason
