@@ -190,7 +190,7 @@ def check_connectivity_cmd(ctx: Context, args: argparse.Namespace) -> Result:
 def verify_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     """Collect the cluster's state and check it; exit 1 when any check fails."""
     wanted = ctx.partitions(args.partitions)
-    facts = verify.collect(ctx)
+    facts = verify.collect(ctx, wanted)
     checks = verify.check(facts, wanted)
     passed = all(c.passed for c in checks)
     lines = []

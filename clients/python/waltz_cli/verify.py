@@ -128,8 +128,9 @@ def _ask_node(ctx: Context, node: str) -> dict[int, ReplicaView] | str:
     }
 
 
-def collect(ctx: Context) -> Facts:
-    """Read ZooKeeper, then ask every registered server and every storage node."""
+def collect(ctx: Context, wanted: Sequence[int] | None = None) -> Facts:
+    """Read ZooKeeper, then ask every registered server and every storage node; compare the records of the
+    wanted partitions' replicas (all partitions when None)."""
     zk, paths = ctx.zk, ctx.paths
     facts = Facts(
         num_partitions=ctx.num_partitions(),
@@ -158,7 +159,7 @@ def collect(ctx: Context) -> Facts:
         for node in nodes:
             facts.nodes[node] = _ask_node(ctx, node)
             bar.update(1)
-    for pid in range(facts.num_partitions):
+    for pid in range(facts.num_partitions) if wanted is None else wanted:
         _compare_records(ctx, facts, pid)
     return facts
 

@@ -49,7 +49,6 @@ DEFAULT_SEGMENT_CACHE_CAPACITY = 5
 
 T = TypeVar("T")
 
-
 log = logging.getLogger(__name__)
 
 
