@@ -103,7 +103,7 @@ def test_a_read_with_a_huge_session_stops_nothing(cluster, capsys):
     for node in cluster.storage:
         probe = SyncSession(node.connect_string, cluster.cluster_key, 1, session_id=HUGE)
         try:
-            assert probe.ask("max_transaction_id").transaction_id >= 0
+            assert probe.ask("max_transaction_id").transaction_id >= -1  # answered, and raises no fence
         finally:
             probe.close()
     before = state(cluster, 0).max_transaction_id
