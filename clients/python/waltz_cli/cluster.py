@@ -205,7 +205,7 @@ def verify_cmd(ctx: Context, args: argparse.Namespace) -> Result:
         raise UsageError("--expect-servers must be at least 0 and --replicas at least 1")
     expected_addresses, ctx.servers = ctx.servers, ()  # the servers that must be up; verify reads ZooKeeper
     wanted = ctx.partitions(args.partitions)
-    facts = verify.collect(ctx)
+    facts = verify.collect(ctx, wanted)
     checks = verify.check(facts, wanted)
     checks.append(verify.check_missing(facts, wanted, args.expect_servers, expected_addresses, args.replicas))
     passed = all(c.passed for c in checks)

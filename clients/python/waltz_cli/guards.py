@@ -132,3 +132,22 @@ def delete_unique(view: PartitionView, node: str, local_max: int, others: Mappin
         f"recover a replica from it first (waltz storage recover-partition -s {node} ...) or bring the others up",
         f"transactions {best + 1}..{local_max} of partition {pid} are gone if nothing else holds them",
     )
+
+
+def reset_fence(partition_id: int, fence: int, target: int, current_session: int) -> Refusal | None:
+    """`waltz storage reset-fence`: the fence goes back to target, normally ZooKeeper's current session of the
+    partition. Refused when there is nothing to clear (the fence is not above target), and when target is
+    above the current session (the fence would still lock the partition's next sessions out)."""
+    if target < -1:
+        return Refusal(f"partition {partition_id}: session {target} is not a session id", "give one >= -1")
+    if fence <= target:
+        return Refusal(
+            f"partition {partition_id}: the node's fence is at session {fence}, not above {target}",
+            "nothing to clear",
+        )
+    if target > current_session:
+        return Refusal(
+            f"partition {partition_id}: session {target} is above ZooKeeper's current session {current_session}",
+            "reset the fence to the current session (leave out --session)",
+        )
+    return None

@@ -63,7 +63,8 @@ def _status(admin: Any, pid: int) -> Any | None:
     return next((p for p in admin.list_partitions() if p.partition_id == pid), None)
 
 
-def _current_session(ctx: Context, pid: int) -> int:
+def current_session(ctx: Context, pid: int) -> int:
+    """The partition's current store session id in ZooKeeper (-1 when none)."""
     read = zkmeta.read(ctx.zk, ctx.paths.partition_metadata(pid), metadata_pb2.PartitionMetadata)
     return read[0].session_id if read is not None else -1
 
@@ -99,7 +100,7 @@ def recover_one(ctx: Context, source: str, destination: str, pid: int, batch: in
             raise CliError(f"destination {destination}: partition {pid} is not usable: {d.error if d else 'missing'}")
         dst.set_writable(pid, False)
         try:
-            session_id = max(d.session_id, s.session_id, _current_session(ctx, pid))
+            session_id = max(d.session_id, s.session_id, current_session(ctx, pid))
             with StorageSession(
                 destination, params.cluster_key, params.num_partitions, ctx.rpc_timeout_s, tls_files=ctx.tls
             ) as session:

@@ -58,6 +58,10 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--remove-extra", action="store_true", help="also delete partitions ZooKeeper does not assign")
     p.add_argument("--force", action="store_true", help="with --remove-extra: even the only copy of transactions")
     cmd("max-transaction-id", max_txn_cmd, "the highest transaction id of partitions on a node", True, False)
+    p = cmd("reset-fence", reset_fence_cmd, "clear a poisoned session fence of partitions on a node", True, True)
+    p.add_argument(
+        "--session", type=int, help="the session id the fence goes back to (default: ZooKeeper's current session)"
+    )
     recover.register(sub, common)
 
 
@@ -133,6 +137,8 @@ def _node_partitions(ctx: Context, node: str) -> list[dict[str, Any]]:
             "max_transaction_id": p.max_transaction_id,
             "error": p.error,
             "write_failure": p.write_failure,
+            "fence": p.fence_session_id,
+            "committed": p.committed_high_water_mark,
         }
         for p in sorted(listed, key=lambda p: p.partition_id)
     ]
@@ -143,7 +149,7 @@ def list_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     if args.storage:
         rows = _node_partitions(ctx, args.storage)
         headers = ["partition", "readable", "writable", "session", "lwm", "local lwm", "max txn", "error"]
-        headers.append("write failure")
+        headers += ["write failure", "fence", "committed"]
         text = table(headers, [[r[k] for k in list(rows[0])] for r in rows] if rows else [])
         return Result({"node": args.storage, "partitions": rows}, text)
     nodes = cluster_admin.storage_nodes(ctx.zk, ctx.paths)
@@ -261,3 +267,33 @@ def max_txn_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     return Result(
         data, table(["partition", "max transaction id"], [[r["partition"], r["max_transaction_id"]] for r in rows])
     )
+
+
+def reset_fence_cmd(ctx: Context, args: argparse.Namespace) -> Result:
+    """Set poisoned session fences back to ZooKeeper's current session (or --session): each partition is made
+    unwritable for the reset (the node accepts it only then), then writable again if it was."""
+    pids = ctx.partitions(args.partitions)
+    done: list[dict[str, int]] = []
+    with rpc.storage_admin(ctx, args.storage) as admin:
+        listed = {p.partition_id: p for p in admin.list_partitions()}
+        for pid in pids:
+            state = listed.get(pid)
+            if state is None or state.error:
+                raise CliError(
+                    f"storage node {args.storage} cannot reset partition {pid}: {state.error if state else 'not held'}"
+                )
+            current = recover.current_session(ctx, pid)
+            target = current if args.session is None else args.session
+            refusal = guards.reset_fence(pid, state.fence_session_id, target, current)
+            if refusal is not None:
+                raise CliError(refusal.message(forceable=False))
+            if state.writable:
+                admin.set_writable(pid, False)
+            try:
+                admin.reset_fence(pid, target)
+            finally:
+                if state.writable:
+                    admin.set_writable(pid, True)
+            done.append({"partition": pid, "fence_was": state.fence_session_id, "fence": target})
+    text = table(["partition", "fence was", "fence now"], [[d["partition"], d["fence_was"], d["fence"]] for d in done])
+    return Result({"node": args.storage, "partitions": done}, text)

@@ -96,6 +96,11 @@ class StorageSession:
         )
         return self._request(field, message)
 
+    def max_transaction_id(self, partition_id: int, session_id: int) -> int:
+        """The partition's max transaction id (a read: it never raises the node's session fence)."""
+        response = self._send("max_transaction_id", storage_pb2.MaxTransactionIdRequest, partition_id, session_id)
+        return int(response.max_transaction_id.transaction_id)
+
     def truncate(self, partition_id: int, session_id: int, transaction_id: int) -> int:
         """Truncate; returns the max transaction id afterwards."""
         response = self._send(

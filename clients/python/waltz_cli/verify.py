@@ -1,7 +1,15 @@
-"""`waltz cluster verify`: collect what ZooKeeper, servers and storage nodes say, then check it (pure)."""
+"""`waltz cluster verify`: collect what ZooKeeper, servers and storage nodes say, then check it (pure).
+
+The replicas of each partition are compared with its high-water mark (from the owning server) and with
+each other: their max transaction ids, low-water marks, and digests of their records (PartitionDigest,
+computed on each node over ranges of DIGEST_RANGE records; where the digests of a range differ, collect
+bisects it down to the first transaction id whose records differ).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from waltz.v1 import metadata_pb2, server_pb2
@@ -11,6 +19,8 @@ from waltz_cli.errors import CliError
 from waltz_cli.output import Counter
 from waltz_common import cluster_admin
 from waltz_common import zk as zkmeta
+
+DIGEST_RANGE = 10_000  # records per digest request (the node caps it there too)
 
 
 @dataclass(frozen=True)
@@ -23,6 +33,8 @@ class ReplicaView:
     max_transaction_id: int = -1
     error: str = ""
     write_failure: str = ""  # its writes fail on the node's disk: the last error
+    low_water_mark: int = -1
+    fence_session_id: int = -1
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,7 @@ class ServerPartition:
     session_id: int
     healthy: bool
     detail: str = ""
+    high_water_mark: int | None = None  # None while no store session is open
 
 
 @dataclass
@@ -57,6 +70,10 @@ class Facts:
     nodes: dict[str, dict[int, ReplicaView] | str] = field(default_factory=dict)  # str: why unreachable
     sessions: dict[int, int] = field(default_factory=dict)  # pid -> current session id
     replica_states: dict[int, dict[str, tuple[int, int]]] = field(default_factory=dict)  # pid -> node -> state
+    # pid -> the first transaction ids (of each range compared) at which replicas hold different records, with
+    # each replica's digest of its record there
+    differences: dict[int, list[tuple[int, dict[str, bytes]]]] = field(default_factory=dict)
+    digest_errors: list[str] = field(default_factory=list)  # digests that could not be computed
 
 
 @dataclass
@@ -77,7 +94,10 @@ def _ask_server(ctx: Context, sid: int, target: str) -> ServerView:
     try:
         owned = rpc.server_call(ctx, target, what, "GetServerPartitions", server_pb2.ServerPartitionsRequest())
         view.partitions = {
-            p.partition_id: ServerPartition(p.generation, p.session_id, p.healthy, p.detail) for p in owned.partitions
+            p.partition_id: ServerPartition(
+                p.generation, p.session_id, p.healthy, p.detail, p.high_water_mark if p.healthy else None
+            )
+            for p in owned.partitions
         }
         request = server_pb2.StorageConnectivityRequest()
         reach = rpc.server_call(ctx, target, what, "CheckStorageConnectivity", request)
@@ -95,14 +115,22 @@ def _ask_node(ctx: Context, node: str) -> dict[int, ReplicaView] | str:
         return str(exc)
     return {
         p.partition_id: ReplicaView(
-            p.readable, p.writable, p.session_id, p.max_transaction_id, p.error, p.write_failure
+            p.readable,
+            p.writable,
+            p.session_id,
+            p.max_transaction_id,
+            p.error,
+            p.write_failure,
+            p.low_water_mark,
+            p.fence_session_id,
         )
         for p in listed
     }
 
 
-def collect(ctx: Context) -> Facts:
-    """Read ZooKeeper, then ask every registered server and every storage node."""
+def collect(ctx: Context, wanted: Sequence[int] | None = None) -> Facts:
+    """Read ZooKeeper, then ask every registered server and every storage node; compare the records of the
+    wanted partitions' replicas (all partitions when None)."""
     zk, paths = ctx.zk, ctx.paths
     facts = Facts(
         num_partitions=ctx.num_partitions(),
@@ -131,7 +159,52 @@ def collect(ctx: Context) -> Facts:
         for node in nodes:
             facts.nodes[node] = _ask_node(ctx, node)
             bar.update(1)
+    for pid in range(facts.num_partitions) if wanted is None else wanted:
+        _compare_records(ctx, facts, pid)
     return facts
+
+
+Digest = tuple[int, bytes]  # (records covered, SHA-256)
+
+
+def first_difference(nodes: Sequence[str], fetch: Callable[[str, int, int], Digest], first: int, count: int) -> int:
+    """The first id of first..first+count-1 at which the nodes' records differ, given that their digests of
+    that range differ, by bisection: log2(count) digests per node."""
+    while count > 1:
+        half = count // 2
+        if len({fetch(n, first, half) for n in nodes}) > 1:
+            count = half
+        else:
+            first, count = first + half, count - half
+    return first
+
+
+def _compare_records(ctx: Context, facts: Facts, pid: int) -> None:
+    """Digest the records every readable replica of pid holds (0..the lowest max id among them), range by range,
+    and note in facts the first differing id of each range whose digests differ."""
+    held = {n: _replica_view(facts, n, pid) for n in _replicas(facts, pid)}
+    nodes = sorted(n for n, v in held.items() if v is not None and v.readable and not v.error)
+    if len(nodes) < 2:
+        return
+    end = min(held[n].max_transaction_id for n in nodes)  # type: ignore[union-attr]
+    try:
+        with ExitStack() as stack:
+            admins = {node: stack.enter_context(rpc.storage_admin(ctx, node)) for node in nodes}
+
+            def fetch(node: str, first: int, count: int) -> Digest:
+                got = admins[node].digest(pid, first, count)
+                return got.record_count, got.digest
+
+            first = 0
+            while first <= end:
+                count = min(DIGEST_RANGE, end - first + 1)
+                if len({fetch(n, first, count) for n in nodes}) > 1:
+                    txn = first_difference(nodes, fetch, first, count)
+                    at = {n: fetch(n, txn, 1)[1] for n in nodes}
+                    facts.differences.setdefault(pid, []).append((txn, at))
+                first += count
+    except CliError as exc:
+        facts.digest_errors.append(f"partition {pid}: the replicas' records could not be compared: {exc}")
 
 
 def _replicas(facts: Facts, pid: int) -> list[str]:
@@ -270,9 +343,78 @@ def check_recovery(facts: Facts, wanted: list[int]) -> Check:
     return check
 
 
+def _high_water_mark(facts: Facts, pid: int) -> int | None:
+    """The partition's high-water mark as its owning server reports it, None when not known."""
+    sid = facts.ownership.get(pid, (-1, 0))[0]
+    view = facts.servers.get(sid)
+    part = (view.partitions or {}).get(pid) if view is not None else None
+    return part.high_water_mark if part is not None else None
+
+
+def check_replicas(facts: Facts, wanted: list[int]) -> Check:
+    """Every replica holds exactly the high-water mark's transactions, the same records as the others."""
+    check = Check("replicas hold the same records, up to the high-water mark")
+    for pid in wanted:
+        views = {n: v for n in _replicas(facts, pid) if (v := _replica_view(facts, n, pid)) is not None and not v.error}
+        if not views:
+            continue
+        hwm = _high_water_mark(facts, pid)
+        maxes = {n: v.max_transaction_id for n, v in views.items()}
+        if len(set(maxes.values())) > 1:
+            listed = ", ".join(f"{n} {m}" for n, m in sorted(maxes.items()))
+            check.reasons.append(f"partition {pid}: replicas at different max transaction ids: {listed}")
+        if hwm is not None:
+            for node, top in sorted(maxes.items()):
+                if top < hwm:
+                    check.reasons.append(
+                        f"partition {pid}: replica {node} holds up to {top}, below the high-water mark {hwm}: "
+                        f"transactions {top + 1}..{hwm} are missing there"
+                    )
+                elif top > hwm:
+                    check.reasons.append(
+                        f"partition {pid}: replica {node} holds up to {top}, above the high-water mark {hwm}: "
+                        f"transactions {hwm + 1}..{top} are not committed"
+                    )
+            best = max(maxes.values())
+            if best < hwm:
+                check.reasons.append(f"partition {pid}: transactions {best + 1}..{hwm} are lost: no replica holds them")
+            for node, v in sorted(views.items()):
+                if v.low_water_mark > hwm:
+                    check.reasons.append(
+                        f"partition {pid}: replica {node} has low-water mark {v.low_water_mark}, above the "
+                        f"high-water mark {hwm}"
+                    )
+        session = facts.sessions.get(pid)
+        for node, v in sorted(views.items()):
+            if session is not None and v.fence_session_id > session:
+                check.reasons.append(
+                    f"partition {pid}: replica {node} fences sessions below {v.fence_session_id}, above the "
+                    f"partition's session {session}: its next sessions are refused there "
+                    f"(waltz storage reset-fence -s {node} -p {pid})"
+                )
+        for txn, digests in facts.differences.get(pid, []):
+            groups: dict[bytes, list[str]] = {}
+            for node, digest in sorted(digests.items()):
+                groups.setdefault(digest, []).append(node)
+            held = "; ".join(", ".join(g) for g in sorted(groups.values()))
+            check.reasons.append(
+                f"partition {pid}: replicas hold different records at transaction {txn} (alike: {held})"
+            )
+    check.reasons.extend(e for e in facts.digest_errors if any(e.startswith(f"partition {p}:") for p in wanted))
+    return check
+
+
 def check(facts: Facts, wanted: list[int]) -> list[Check]:
-    """Run the six checks over the wanted partitions."""
-    checks = (check_zookeeper, check_ownership, check_server_storage, check_storage, check_health, check_recovery)
+    """Run the seven checks over the wanted partitions."""
+    checks = (
+        check_zookeeper,
+        check_ownership,
+        check_server_storage,
+        check_storage,
+        check_health,
+        check_recovery,
+        check_replicas,
+    )
     return [c(facts, wanted) for c in checks]
 
 

@@ -26,7 +26,7 @@ from waltz.v1 import common_pb2 as waltz_dot_v1_dot_common__pb2
 from waltz.v1 import storage_pb2 as waltz_dot_v1_dot_storage__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cwaltz/v1/storage_admin.proto\x12\x08waltz.v1\x1a\x15waltz/v1/common.proto\x1a\x16waltz/v1/storage.proto\"\xf4\x02\n\x0c\x41\x64minRequest\x12*\n\x04open\x18\x01 \x01(\x0b\x32\x1a.waltz.v1.AdminOpenRequestH\x00\x12\x44\n\x14partition_assignment\x18\x02 \x01(\x0b\x32$.waltz.v1.PartitionAssignmentRequestH\x00\x12\x38\n\x0epartition_read\x18\x03 \x01(\x0b\x32\x1e.waltz.v1.PartitionReadRequestH\x00\x12:\n\x0fpartition_write\x18\x04 \x01(\x0b\x32\x1f.waltz.v1.PartitionWriteRequestH\x00\x12\x38\n\x0epartition_list\x18\x05 \x01(\x0b\x32\x1e.waltz.v1.PartitionListRequestH\x00\x12\x37\n\x0brecord_list\x18\x06 \x01(\x0b\x32 .waltz.v1.AdminRecordListRequestH\x00\x42\t\n\x07request\"\xf6\x01\n\rAdminResponse\x12\x31\n\x07success\x18\x01 \x01(\x0b\x32\x1e.waltz.v1.AdminSuccessResponseH\x00\x12\x31\n\x07\x66\x61ilure\x18\x02 \x01(\x0b\x32\x1e.waltz.v1.AdminFailureResponseH\x00\x12\x39\n\x0epartition_list\x18\x03 \x01(\x0b\x32\x1f.waltz.v1.PartitionListResponseH\x00\x12\x38\n\x0brecord_list\x18\x04 \x01(\x0b\x32!.waltz.v1.AdminRecordListResponseH\x00\x42\n\n\x08response\"P\n\x10\x41\x64minOpenRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x13\n\x0b\x63luster_key\x18\x02 \x01(\t\x12\x16\n\x0enum_partitions\x18\x03 \x01(\x05\"T\n\x1aPartitionAssignmentRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x05\x12\x0f\n\x07toggled\x18\x03 \x01(\x08\"N\n\x14PartitionReadRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x05\x12\x0f\n\x07toggled\x18\x03 \x01(\x08\"O\n\x15PartitionWriteRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x05\x12\x0f\n\x07toggled\x18\x03 \x01(\x08\"\'\n\x14PartitionListRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\"W\n\x15PartitionListResponse\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12-\n\npartitions\x18\x02 \x03(\x0b\x32\x19.waltz.v1.PartitionStatus\"\xe9\x01\n\x0fPartitionStatus\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x10\n\x08\x61ssigned\x18\x02 \x01(\x08\x12\x10\n\x08readable\x18\x03 \x01(\x08\x12\x10\n\x08writable\x18\x04 \x01(\x08\x12\x12\n\nsession_id\x18\x05 \x01(\x03\x12\x16\n\x0elow_water_mark\x18\x06 \x01(\x03\x12\x1c\n\x14local_low_water_mark\x18\x07 \x01(\x03\x12\x1a\n\x12max_transaction_id\x18\x08 \x01(\x03\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x15\n\rwrite_failure\x18\n \x01(\t\"l\n\x16\x41\x64minRecordListRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x05\x12\x16\n\x0etransaction_id\x18\x03 \x01(\x03\x12\x13\n\x0bmax_records\x18\x04 \x01(\x05\"\x7f\n\x17\x41\x64minRecordListResponse\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x05\x12\x1a\n\x12record_list_length\x18\x03 \x01(\x05\x12!\n\x07records\x18\x04 \x03(\x0b\x32\x10.waltz.v1.Record\"\'\n\x14\x41\x64minSuccessResponse\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\"Y\n\x14\x41\x64minFailureResponse\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x30\n\texception\x18\x02 \x01(\x0b\x32\x1d.waltz.v1.StorageRpcException2Q\n\x11WaltzStorageAdmin\x12<\n\x05\x41\x64min\x12\x16.waltz.v1.AdminRequest\x1a\x17.waltz.v1.AdminResponse(\x01\x30\x01\x42\"\n\x0c\x63om.waltz.v1P\x01Z\x10waltz/v1;waltzv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cwaltz/v1/storage_admin.proto\x12\x08waltz.v1\x1a\x15waltz/v1/common.proto\x1a\x16waltz/v1/storage.proto\"\xe5\x03\n\x0c\x41\x64minRequest\x12*\n\x04open\x18\x01 \x01(\x0b\x32\x1a.waltz.v1.AdminOpenRequestH\x00\x12\x44\n\x14partition_assignment\x18\x02 \x01(\x0b\x32$.waltz.v1.PartitionAssignmentRequestH\x00\x12\x38\n\x0epartition_read\x18\x03 \x01(\x0b\x32\x1e.waltz.v1.PartitionReadRequestH\x00\x12:\n\x0fpartition_write\x18\x04 \x01(\x0b\x32\x1f.waltz.v1.PartitionWriteRequestH\x00\x12\x38\n\x0epartition_list\x18\x05 \x01(\x0b\x32\x1e.waltz.v1.PartitionListRequestH\x00\x12\x37\n\x0brecord_list\x18\x06 \x01(\x0b\x32 .waltz.v1.AdminRecordListRequestH\x00\x12;\n\x0b\x66\x65nce_reset\x18\x07 \x01(\x0b\x32$.waltz.v1.PartitionFenceResetRequestH\x00\x12\x32\n\x06\x64igest\x18\x08 \x01(\x0b\x32 .waltz.v1.PartitionDigestRequestH\x00\x42\t\n\x07request\"\xab\x02\n\rAdminResponse\x12\x31\n\x07success\x18\x01 \x01(\x0b\x32\x1e.waltz.v1.AdminSuccessResponseH\x00\x12\x31\n\x07\x66\x61ilure\x18\x02 \x01(\x0b\x32\x1e.waltz.v1.AdminFailureResponseH\x00\x12\x39\n\x0epartition_list\x18\x03 \x01(\x0b\x32\x1f.waltz.v1.PartitionListResponseH\x00\x12\x38\n\x0brecord_list\x18\x04 \x01(\x0b\x32!.waltz.v1.AdminRecordListResponseH\x00\x12\x33\n\x06\x64igest\x18\x05 \x01(\x0b\x32!.waltz.v1.PartitionDigestResponseH\x00\x42\n\n\x08response\"P\n\x10\x41\x64minOpenRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x13\n\x0b\x63luster_key\x18\x02 \x01(\t\x12\x16\n\x0enum_partitions\x18\x03 \x01(\x05\"T\n\x1aPartitionAssignmentRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x05\x12\x0f\n\x07toggled\x18\x03 \x01(\x08\"N\n\x14PartitionReadRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x05\x12\x0f\n\x07toggled\x18\x03 \x01(\x08\"O\n\x15PartitionWriteRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x05\x12\x0f\n\x07toggled\x18\x03 \x01(\x08\"\'\n\x14PartitionListRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\"W\n\x15PartitionListResponse\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12-\n\npartitions\x18\x02 \x03(\x0b\x32\x19.waltz.v1.PartitionStatus\"\xa6\x02\n\x0fPartitionStatus\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x10\n\x08\x61ssigned\x18\x02 \x01(\x08\x12\x10\n\x08readable\x18\x03 \x01(\x08\x12\x10\n\x08writable\x18\x04 \x01(\x08\x12\x12\n\nsession_id\x18\x05 \x01(\x03\x12\x16\n\x0elow_water_mark\x18\x06 \x01(\x03\x12\x1c\n\x14local_low_water_mark\x18\x07 \x01(\x03\x12\x1a\n\x12max_transaction_id\x18\x08 \x01(\x03\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x15\n\rwrite_failure\x18\n \x01(\t\x12\x18\n\x10\x66\x65nce_session_id\x18\x0b \x01(\x03\x12!\n\x19\x63ommitted_high_water_mark\x18\x0c \x01(\x03\"l\n\x16\x41\x64minRecordListRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x05\x12\x16\n\x0etransaction_id\x18\x03 \x01(\x03\x12\x13\n\x0bmax_records\x18\x04 \x01(\x05\"\x7f\n\x17\x41\x64minRecordListResponse\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x05\x12\x1a\n\x12record_list_length\x18\x03 \x01(\x05\x12!\n\x07records\x18\x04 \x03(\x0b\x32\x10.waltz.v1.Record\"\'\n\x14\x41\x64minSuccessResponse\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\"Y\n\x14\x41\x64minFailureResponse\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x30\n\texception\x18\x02 \x01(\x0b\x32\x1d.waltz.v1.StorageRpcException\"W\n\x1aPartitionFenceResetRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x05\x12\x12\n\nsession_id\x18\x03 \x01(\x03\"l\n\x16PartitionDigestRequest\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x05\x12\x16\n\x0etransaction_id\x18\x03 \x01(\x03\x12\x13\n\x0bmax_records\x18\x04 \x01(\x05\"\xb2\x01\n\x17PartitionDigestResponse\x12\x0f\n\x07seq_num\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x05\x12\x16\n\x0etransaction_id\x18\x03 \x01(\x03\x12\x14\n\x0crecord_count\x18\x04 \x01(\x05\x12\x0e\n\x06\x64igest\x18\x05 \x01(\x0c\x12\x1a\n\x12max_transaction_id\x18\x06 \x01(\x03\x12\x16\n\x0elow_water_mark\x18\x07 \x01(\x03\x32Q\n\x11WaltzStorageAdmin\x12<\n\x05\x41\x64min\x12\x16.waltz.v1.AdminRequest\x1a\x17.waltz.v1.AdminResponse(\x01\x30\x01\x42\"\n\x0c\x63om.waltz.v1P\x01Z\x10waltz/v1;waltzv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,31 +35,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\014com.waltz.v1P\001Z\020waltz/v1;waltzv1'
   _globals['_ADMINREQUEST']._serialized_start=90
-  _globals['_ADMINREQUEST']._serialized_end=462
-  _globals['_ADMINRESPONSE']._serialized_start=465
-  _globals['_ADMINRESPONSE']._serialized_end=711
-  _globals['_ADMINOPENREQUEST']._serialized_start=713
-  _globals['_ADMINOPENREQUEST']._serialized_end=793
-  _globals['_PARTITIONASSIGNMENTREQUEST']._serialized_start=795
-  _globals['_PARTITIONASSIGNMENTREQUEST']._serialized_end=879
-  _globals['_PARTITIONREADREQUEST']._serialized_start=881
-  _globals['_PARTITIONREADREQUEST']._serialized_end=959
-  _globals['_PARTITIONWRITEREQUEST']._serialized_start=961
-  _globals['_PARTITIONWRITEREQUEST']._serialized_end=1040
-  _globals['_PARTITIONLISTREQUEST']._serialized_start=1042
-  _globals['_PARTITIONLISTREQUEST']._serialized_end=1081
-  _globals['_PARTITIONLISTRESPONSE']._serialized_start=1083
-  _globals['_PARTITIONLISTRESPONSE']._serialized_end=1170
-  _globals['_PARTITIONSTATUS']._serialized_start=1173
-  _globals['_PARTITIONSTATUS']._serialized_end=1406
-  _globals['_ADMINRECORDLISTREQUEST']._serialized_start=1408
-  _globals['_ADMINRECORDLISTREQUEST']._serialized_end=1516
-  _globals['_ADMINRECORDLISTRESPONSE']._serialized_start=1518
-  _globals['_ADMINRECORDLISTRESPONSE']._serialized_end=1645
-  _globals['_ADMINSUCCESSRESPONSE']._serialized_start=1647
-  _globals['_ADMINSUCCESSRESPONSE']._serialized_end=1686
-  _globals['_ADMINFAILURERESPONSE']._serialized_start=1688
-  _globals['_ADMINFAILURERESPONSE']._serialized_end=1777
-  _globals['_WALTZSTORAGEADMIN']._serialized_start=1779
-  _globals['_WALTZSTORAGEADMIN']._serialized_end=1860
+  _globals['_ADMINREQUEST']._serialized_end=575
+  _globals['_ADMINRESPONSE']._serialized_start=578
+  _globals['_ADMINRESPONSE']._serialized_end=877
+  _globals['_ADMINOPENREQUEST']._serialized_start=879
+  _globals['_ADMINOPENREQUEST']._serialized_end=959
+  _globals['_PARTITIONASSIGNMENTREQUEST']._serialized_start=961
+  _globals['_PARTITIONASSIGNMENTREQUEST']._serialized_end=1045
+  _globals['_PARTITIONREADREQUEST']._serialized_start=1047
+  _globals['_PARTITIONREADREQUEST']._serialized_end=1125
+  _globals['_PARTITIONWRITEREQUEST']._serialized_start=1127
+  _globals['_PARTITIONWRITEREQUEST']._serialized_end=1206
+  _globals['_PARTITIONLISTREQUEST']._serialized_start=1208
+  _globals['_PARTITIONLISTREQUEST']._serialized_end=1247
+  _globals['_PARTITIONLISTRESPONSE']._serialized_start=1249
+  _globals['_PARTITIONLISTRESPONSE']._serialized_end=1336
+  _globals['_PARTITIONSTATUS']._serialized_start=1339
+  _globals['_PARTITIONSTATUS']._serialized_end=1633
+  _globals['_ADMINRECORDLISTREQUEST']._serialized_start=1635
+  _globals['_ADMINRECORDLISTREQUEST']._serialized_end=1743
+  _globals['_ADMINRECORDLISTRESPONSE']._serialized_start=1745
+  _globals['_ADMINRECORDLISTRESPONSE']._serialized_end=1872
+  _globals['_ADMINSUCCESSRESPONSE']._serialized_start=1874
+  _globals['_ADMINSUCCESSRESPONSE']._serialized_end=1913
+  _globals['_ADMINFAILURERESPONSE']._serialized_start=1915
+  _globals['_ADMINFAILURERESPONSE']._serialized_end=2004
+  _globals['_PARTITIONFENCERESETREQUEST']._serialized_start=2006
+  _globals['_PARTITIONFENCERESETREQUEST']._serialized_end=2093
+  _globals['_PARTITIONDIGESTREQUEST']._serialized_start=2095
+  _globals['_PARTITIONDIGESTREQUEST']._serialized_end=2203
+  _globals['_PARTITIONDIGESTRESPONSE']._serialized_start=2206
+  _globals['_PARTITIONDIGESTRESPONSE']._serialized_end=2384
+  _globals['_WALTZSTORAGEADMIN']._serialized_start=2386
+  _globals['_WALTZSTORAGEADMIN']._serialized_end=2467
 # @@protoc_insertion_point(module_scope)

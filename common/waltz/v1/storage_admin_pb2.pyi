@@ -35,6 +35,8 @@ class AdminRequest(_message.Message):
     PARTITION_WRITE_FIELD_NUMBER: _builtins.int
     PARTITION_LIST_FIELD_NUMBER: _builtins.int
     RECORD_LIST_FIELD_NUMBER: _builtins.int
+    FENCE_RESET_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def open(self) -> Global___AdminOpenRequest: ...
     @_builtins.property
@@ -47,6 +49,10 @@ class AdminRequest(_message.Message):
     def partition_list(self) -> Global___PartitionListRequest: ...
     @_builtins.property
     def record_list(self) -> Global___AdminRecordListRequest: ...
+    @_builtins.property
+    def fence_reset(self) -> Global___PartitionFenceResetRequest: ...
+    @_builtins.property
+    def digest(self) -> Global___PartitionDigestRequest: ...
     def __init__(
         self,
         *,
@@ -56,12 +62,14 @@ class AdminRequest(_message.Message):
         partition_write: Global___PartitionWriteRequest | None = ...,
         partition_list: Global___PartitionListRequest | None = ...,
         record_list: Global___AdminRecordListRequest | None = ...,
+        fence_reset: Global___PartitionFenceResetRequest | None = ...,
+        digest: Global___PartitionDigestRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["open", b"open", "partition_assignment", b"partition_assignment", "partition_list", b"partition_list", "partition_read", b"partition_read", "partition_write", b"partition_write", "record_list", b"record_list", "request", b"request"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "fence_reset", b"fence_reset", "open", b"open", "partition_assignment", b"partition_assignment", "partition_list", b"partition_list", "partition_read", b"partition_read", "partition_write", b"partition_write", "record_list", b"record_list", "request", b"request"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["open", b"open", "partition_assignment", b"partition_assignment", "partition_list", b"partition_list", "partition_read", b"partition_read", "partition_write", b"partition_write", "record_list", b"record_list", "request", b"request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "fence_reset", b"fence_reset", "open", b"open", "partition_assignment", b"partition_assignment", "partition_list", b"partition_list", "partition_read", b"partition_read", "partition_write", b"partition_write", "record_list", b"record_list", "request", b"request"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["open", "partition_assignment", "partition_read", "partition_write", "partition_list", "record_list"]  # noqa: Y015
+    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["open", "partition_assignment", "partition_read", "partition_write", "partition_list", "record_list", "fence_reset", "digest"]  # noqa: Y015
     _WhichOneofArgType_request: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_request) -> _WhichOneofReturnType_request | None: ...
 
@@ -75,6 +83,7 @@ class AdminResponse(_message.Message):
     FAILURE_FIELD_NUMBER: _builtins.int
     PARTITION_LIST_FIELD_NUMBER: _builtins.int
     RECORD_LIST_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def success(self) -> Global___AdminSuccessResponse: ...
     @_builtins.property
@@ -83,6 +92,8 @@ class AdminResponse(_message.Message):
     def partition_list(self) -> Global___PartitionListResponse: ...
     @_builtins.property
     def record_list(self) -> Global___AdminRecordListResponse: ...
+    @_builtins.property
+    def digest(self) -> Global___PartitionDigestResponse: ...
     def __init__(
         self,
         *,
@@ -90,12 +101,13 @@ class AdminResponse(_message.Message):
         failure: Global___AdminFailureResponse | None = ...,
         partition_list: Global___PartitionListResponse | None = ...,
         record_list: Global___AdminRecordListResponse | None = ...,
+        digest: Global___PartitionDigestResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "partition_list", b"partition_list", "record_list", b"record_list", "response", b"response", "success", b"success"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "failure", b"failure", "partition_list", b"partition_list", "record_list", b"record_list", "response", b"response", "success", b"success"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "partition_list", b"partition_list", "record_list", b"record_list", "response", b"response", "success", b"success"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "failure", b"failure", "partition_list", b"partition_list", "record_list", b"record_list", "response", b"response", "success", b"success"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_response: _TypeAlias = _typing.Literal["success", "failure", "partition_list", "record_list"]  # noqa: Y015
+    _WhichOneofReturnType_response: _TypeAlias = _typing.Literal["success", "failure", "partition_list", "record_list", "digest"]  # noqa: Y015
     _WhichOneofArgType_response: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_response) -> _WhichOneofReturnType_response | None: ...
 
@@ -289,6 +301,8 @@ class PartitionStatus(_message.Message):
     MAX_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     WRITE_FAILURE_FIELD_NUMBER: _builtins.int
+    FENCE_SESSION_ID_FIELD_NUMBER: _builtins.int
+    COMMITTED_HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
     partition_id: _builtins.int
     assigned: _builtins.bool
     readable: _builtins.bool
@@ -307,6 +321,14 @@ class PartitionStatus(_message.Message):
     """ADDITION: non-empty while the partition's writes fail with an I/O error (a full or failing disk):
     the last such error. The next append that succeeds clears it. The node's health reports it too.
     """
+    fence_session_id: _builtins.int
+    """ADDITION: the session fence: the highest session id that set the low-water mark (requests of older
+    sessions are refused STALE_SESSION).
+    """
+    committed_high_water_mark: _builtins.int
+    """ADDITION: the highest transaction id a session told this node is committed, or its low-water mark if
+    higher (no Truncate goes below it); -1 when none.
+    """
     def __init__(
         self,
         *,
@@ -320,10 +342,12 @@ class PartitionStatus(_message.Message):
         max_transaction_id: _builtins.int = ...,
         error: _builtins.str = ...,
         write_failure: _builtins.str = ...,
+        fence_session_id: _builtins.int = ...,
+        committed_high_water_mark: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned", b"assigned", "error", b"error", "local_low_water_mark", b"local_low_water_mark", "low_water_mark", b"low_water_mark", "max_transaction_id", b"max_transaction_id", "partition_id", b"partition_id", "readable", b"readable", "session_id", b"session_id", "writable", b"writable", "write_failure", b"write_failure"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned", b"assigned", "committed_high_water_mark", b"committed_high_water_mark", "error", b"error", "fence_session_id", b"fence_session_id", "local_low_water_mark", b"local_low_water_mark", "low_water_mark", b"low_water_mark", "max_transaction_id", b"max_transaction_id", "partition_id", b"partition_id", "readable", b"readable", "session_id", b"session_id", "writable", b"writable", "write_failure", b"write_failure"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -448,3 +472,121 @@ class AdminFailureResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AdminFailureResponse: _TypeAlias = AdminFailureResponse  # noqa: Y015
+
+@_typing.final
+class PartitionFenceResetRequest(_message.Message):
+    """ADDITION: clear a poisoned session fence (`waltz storage reset-fence`). Accepted only while the partition
+    is unwritable. Sets the partition's fence, and the session id its control file records, to session_id
+    (normally the partition's current session in ZooKeeper), keeping the low-water marks. Refused when
+    session_id is not below the fence (nothing to clear). -> { Admin Success | Admin Failure }.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_NUM_FIELD_NUMBER: _builtins.int
+    PARTITION_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    seq_num: _builtins.int
+    """Sequence number: the message sequence number."""
+    partition_id: _builtins.int
+    """Partition ID: the partition ID."""
+    session_id: _builtins.int
+    """The session id the fence goes back to (>= -1)."""
+    def __init__(
+        self,
+        *,
+        seq_num: _builtins.int = ...,
+        partition_id: _builtins.int = ...,
+        session_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition_id", b"partition_id", "seq_num", b"seq_num", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionFenceResetRequest: _TypeAlias = PartitionFenceResetRequest  # noqa: Y015
+
+@_typing.final
+class PartitionDigestRequest(_message.Message):
+    """ADDITION: a digest of the records first.. (at most max_records, capped by the node), computed on the node
+    from the records as stored, so that `waltz cluster verify` can compare replicas without copying them.
+    -> { PartitionDigestResponse | Admin Failure }.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_NUM_FIELD_NUMBER: _builtins.int
+    PARTITION_ID_FIELD_NUMBER: _builtins.int
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    MAX_RECORDS_FIELD_NUMBER: _builtins.int
+    seq_num: _builtins.int
+    """Sequence number: the message sequence number."""
+    partition_id: _builtins.int
+    """Partition ID: the partition ID."""
+    transaction_id: _builtins.int
+    """The first transaction id of the range (>= 0)."""
+    max_records: _builtins.int
+    """The most records to cover (>= 1); the node covers fewer past its max transaction id or its cap."""
+    def __init__(
+        self,
+        *,
+        seq_num: _builtins.int = ...,
+        partition_id: _builtins.int = ...,
+        transaction_id: _builtins.int = ...,
+        max_records: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_records", b"max_records", "partition_id", b"partition_id", "seq_num", b"seq_num", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionDigestRequest: _TypeAlias = PartitionDigestRequest  # noqa: Y015
+
+@_typing.final
+class PartitionDigestResponse(_message.Message):
+    """ADDITION: the answer to PartitionDigestRequest."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_NUM_FIELD_NUMBER: _builtins.int
+    PARTITION_ID_FIELD_NUMBER: _builtins.int
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    RECORD_COUNT_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    MAX_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    LOW_WATER_MARK_FIELD_NUMBER: _builtins.int
+    seq_num: _builtins.int
+    """Sequence number: the message sequence number."""
+    partition_id: _builtins.int
+    """Partition ID: the partition ID."""
+    transaction_id: _builtins.int
+    """The first transaction id covered (as asked)."""
+    record_count: _builtins.int
+    """How many consecutive records the digest covers (0: the node holds none from transaction_id)."""
+    digest: _builtins.bytes
+    """SHA-256 over the covered records, each as its fields: transaction id, ReqId (client id, generation,
+    partition id, seq num), header, data length and data checksum, big-endian, then the data.
+    """
+    max_transaction_id: _builtins.int
+    """The partition's max transaction id and low-water mark when the digest was computed."""
+    low_water_mark: _builtins.int
+    def __init__(
+        self,
+        *,
+        seq_num: _builtins.int = ...,
+        partition_id: _builtins.int = ...,
+        transaction_id: _builtins.int = ...,
+        record_count: _builtins.int = ...,
+        digest: _builtins.bytes = ...,
+        max_transaction_id: _builtins.int = ...,
+        low_water_mark: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "low_water_mark", b"low_water_mark", "max_transaction_id", b"max_transaction_id", "partition_id", b"partition_id", "record_count", b"record_count", "seq_num", b"seq_num", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionDigestResponse: _TypeAlias = PartitionDigestResponse  # noqa: Y015

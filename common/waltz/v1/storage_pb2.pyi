@@ -10,8 +10,10 @@ id; every response echoes them, so responses are matched to requests by sequence
 Requests for one partition are applied in the order they arrive; different partitions do not
 wait for each other, so responses for different partitions may interleave.
 
-Fencing: a storage partition remembers the highest session id it has seen and answers a
-Failure to any request that carries a lower one.
+Fencing: a storage partition remembers the highest session id that set its low-water mark (a
+SetLowWaterMark of the server role, or an offline one) and answers a Failure to any request that carries
+a lower one. Reads, Appends and Truncates are checked against it but never raise it (ADDITION: the
+original raised it on every request, so a read with a huge session id poisoned the partition).
 """
 
 from collections import abc as _abc
@@ -446,6 +448,7 @@ class StorageAppendRequest(_message.Message):
     RECORDS_FIELD_NUMBER: _builtins.int
     OFFLINE_FIELD_NUMBER: _builtins.int
     ENCODED_RECORDS_FIELD_NUMBER: _builtins.int
+    COMMITTED_HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
     """Session ID: the store session ID."""
     seq_num: _builtins.int
@@ -467,6 +470,12 @@ class StorageAppendRequest(_message.Message):
     per record. A storage node from before this field sees no records and refuses such an append
     (record_list_length counts records it does not see): upgrade storage nodes before servers.
     """
+    committed_high_water_mark: _builtins.int
+    """ADDITION: the sender's high-water mark when it sent this append: every transaction up to it is held by
+    a majority of the replicas (committed). The storage node remembers the highest it was told (capped at
+    what it holds) and refuses any Truncate below it, so a committed transaction is never cut by a later
+    session's recovery, nor by anyone else. Unset: the sender tells nothing (catch-up copies, old servers).
+    """
     @_builtins.property
     def records(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Record]:
         """Record List: the list of records."""
@@ -481,12 +490,15 @@ class StorageAppendRequest(_message.Message):
         records: _abc.Iterable[_common_pb2.Record] | None = ...,
         offline: _builtins.bool = ...,
         encoded_records: _builtins.bytes = ...,
+        committed_high_water_mark: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_committed_high_water_mark", b"_committed_high_water_mark", "committed_high_water_mark", b"committed_high_water_mark"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["encoded_records", b"encoded_records", "offline", b"offline", "partition_id", b"partition_id", "record_list_length", b"record_list_length", "records", b"records", "seq_num", b"seq_num", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_committed_high_water_mark", b"_committed_high_water_mark", "committed_high_water_mark", b"committed_high_water_mark", "encoded_records", b"encoded_records", "offline", b"offline", "partition_id", b"partition_id", "record_list_length", b"record_list_length", "records", b"records", "seq_num", b"seq_num", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__committed_high_water_mark: _TypeAlias = _typing.Literal["committed_high_water_mark"]  # noqa: Y015
+    _WhichOneofArgType__committed_high_water_mark: _TypeAlias = _typing.Literal["_committed_high_water_mark", b"_committed_high_water_mark"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__committed_high_water_mark) -> _WhichOneofReturnType__committed_high_water_mark | None: ...
 
 Global___StorageAppendRequest: _TypeAlias = StorageAppendRequest  # noqa: Y015
 
@@ -894,6 +906,15 @@ class StorageRpcException(_message.Message):
         """An I/O error on this node."""
         SHUTTING_DOWN: StorageRpcException._ErrorCode.ValueType  # 9
         """The storage node is shutting down."""
+        PERMISSION_DENIED: StorageRpcException._ErrorCode.ValueType  # 10
+        """ADDITION: the caller's role does not allow this request (under mutual TLS: online writes need the
+        server role; an operator certificate may only send offline requests).
+        """
+        COMMITTED_DATA: StorageRpcException._ErrorCode.ValueType  # 11
+        """ADDITION: the request would remove or disown committed transactions: a Truncate below the
+        partition's low-water mark or below the high-water mark a session told it, or a SetLowWaterMark
+        lower than the one recorded.
+        """
 
     class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper): ...
     ERROR_CODE_UNSPECIFIED: StorageRpcException.ErrorCode.ValueType  # 0
@@ -915,6 +936,15 @@ class StorageRpcException(_message.Message):
     """An I/O error on this node."""
     SHUTTING_DOWN: StorageRpcException.ErrorCode.ValueType  # 9
     """The storage node is shutting down."""
+    PERMISSION_DENIED: StorageRpcException.ErrorCode.ValueType  # 10
+    """ADDITION: the caller's role does not allow this request (under mutual TLS: online writes need the
+    server role; an operator certificate may only send offline requests).
+    """
+    COMMITTED_DATA: StorageRpcException.ErrorCode.ValueType  # 11
+    """ADDITION: the request would remove or disown committed transactions: a Truncate below the
+    partition's low-water mark or below the high-water mark a session told it, or a SetLowWaterMark
+    lower than the one recorded.
+    """
 
     MESSAGE_FIELD_NUMBER: _builtins.int
     STACK_TRACE_LENGTH_FIELD_NUMBER: _builtins.int

@@ -253,7 +253,10 @@ class RecoveryManager:
         elif facts.session_id < previous.session_id:
             truncate_to = facts.low_water_mark  # storage restored or replaced: clean it, no proposal
         elif previous.closing_high_water_mark != UNRESOLVED:
-            truncate_to = previous.closing_high_water_mark  # dirty tail of a session closed without it
+            # Dirty tail of a session closed without it. Never below the low-water mark its storage recorded:
+            # a later session's recovery set it (the metadata did not record that session) after copying the
+            # committed prefix up to it there, and the storage node refuses to truncate below it.
+            truncate_to = max(previous.closing_high_water_mark, facts.low_water_mark)
         elif max_id >= facts.low_water_mark:
             proposal = max_id  # may hold uncommitted transactions: it votes
         if truncate_to is not None and max_id <= truncate_to:

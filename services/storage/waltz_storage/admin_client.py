@@ -44,6 +44,19 @@ class PartitionState:
     max_transaction_id: int
     error: str
     write_failure: str = ""
+    fence_session_id: int = -1
+    committed_high_water_mark: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class RangeDigest:
+    """A digest of record_count consecutive records from transaction_id, and the partition's state then."""
+
+    transaction_id: int
+    record_count: int
+    digest: bytes
+    max_transaction_id: int
+    low_water_mark: int
 
 
 class StorageAdminClient:
@@ -159,6 +172,8 @@ class StorageAdminClient:
                 p.max_transaction_id,
                 p.error,
                 p.write_failure,
+                p.fence_session_id,
+                p.committed_high_water_mark,
             )
             for p in response.partition_list.partitions
         ]
@@ -172,6 +187,29 @@ class StorageAdminClient:
             ),
         )
         return [record_from_proto(r) for r in response.record_list.records]
+
+    def reset_fence(self, partition_id: int, session_id: int) -> None:
+        """Set a poisoned session fence back to session_id (the partition must be unwritable)."""
+        self._request(
+            "fence_reset",
+            storage_admin_pb2.PartitionFenceResetRequest(partition_id=partition_id, session_id=session_id),
+        )
+
+    def digest(self, partition_id: int, transaction_id: int, max_records: int) -> RangeDigest:
+        """The node's digest of up to max_records records from transaction_id (fewer at the end or its cap)."""
+        response = self._request(
+            "digest",
+            storage_admin_pb2.PartitionDigestRequest(
+                partition_id=partition_id, transaction_id=transaction_id, max_records=max_records
+            ),
+        ).digest
+        return RangeDigest(
+            response.transaction_id,
+            response.record_count,
+            response.digest,
+            response.max_transaction_id,
+            response.low_water_mark,
+        )
 
     def close(self) -> None:
         """Half-close the stream and release the channel; safe to call twice."""

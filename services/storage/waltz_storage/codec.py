@@ -79,7 +79,7 @@ class ControlFileHeader:
         if self.version != FORMAT_VERSION:
             raise CorruptionError(f"{where}: unsupported format version {self.version}")
         if self.cluster_key != cluster_key:
-            raise ClusterKeyMismatch(f"{where}: cluster key is {self.cluster_key}, expected {cluster_key}")
+            raise ClusterKeyMismatch(f"{where}: belongs to another cluster (its cluster key differs from this one's)")
         if self.num_partitions != num_partitions:
             raise PartitionCountMismatch(
                 f"{where}: number of partitions is {self.num_partitions}, expected {num_partitions}"
@@ -212,7 +212,7 @@ class SegmentFileHeader:
         if self.version != FORMAT_VERSION:
             raise CorruptionError(f"{where}: unsupported format version {self.version}")
         if self.cluster_key != cluster_key:
-            raise ClusterKeyMismatch(f"{where}: cluster key is {self.cluster_key}, expected {cluster_key}")
+            raise ClusterKeyMismatch(f"{where}: belongs to another cluster (its cluster key differs from this one's)")
         if self.partition_id != partition_id:
             raise CorruptionError(f"{where}: header names partition {self.partition_id}, expected {partition_id}")
         if self.first_transaction_id != first_transaction_id:

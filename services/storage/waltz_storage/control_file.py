@@ -155,6 +155,16 @@ class ControlFile:
         os.fsync(self._require_fd())
         self._infos[partition_id] = new
 
+    def overwrite_partition_info(self, partition_id: int, info: PartitionInfoStruct) -> None:
+        """Durably write info into both slots, even if it is older than the current one: only for an operator
+        clearing a poisoned session fence (StoragePartition.reset_fence). A write torn across the two slots
+        leaves one of them failing its checksum and the other holding the old or the new info."""
+        self.check_partition_id(partition_id)
+        both = PartitionInfo(partition_id, (info, info))
+        pwrite_all(self._require_fd(), both.encode(), partition_info_offset(partition_id))
+        os.fsync(self._require_fd())
+        self._infos[partition_id] = both
+
     def reset_partition_info(self, partition_id: int) -> None:
         """Durably overwrite both slots with fresh (-1, -1, -1) structs (unassign, or repair)."""
         self.check_partition_id(partition_id)

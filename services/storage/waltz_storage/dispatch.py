@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from waltz.v1 import storage_pb2
-from waltz_storage import protocol
+from waltz_storage import protocol, rules
 from waltz_storage.batch import encode_appends
 from waltz_storage.codec import RecordFields
 from waltz_storage.errors import InvalidRequest
@@ -19,7 +19,7 @@ from waltz_storage.partition import StoragePartition
 from waltz_storage.storage_manager import StorageManager
 
 READS = frozenset({"record_header", "record", "record_header_list", "record_list"})
-WRITES = frozenset({"truncate", "set_low_water_mark", "append"})
+WRITES = rules.WRITES
 MAX_LIST_LENGTH = 10_000  # records or headers in one list response, whatever was asked
 MAX_GROUP_REQUESTS = 1000  # appends merged into one write and fdatasync
 
@@ -48,6 +48,7 @@ class StreamRequest(NamedTuple):
     kind: str
     msg: Any
     stream: Answerable
+    caller: rules.Caller = rules.PLAINTEXT
 
 
 class Answers(NamedTuple):
@@ -72,8 +73,12 @@ def _mergeable(first: StreamRequest, other: StreamRequest) -> bool:
     )
 
 
-def admit(partition: StoragePartition, kind: str, session_id: int, offline: bool) -> None:
-    """Permission and fencing: raise unless this request may run on the partition now."""
+def admit(
+    partition: StoragePartition, kind: str, session_id: int, offline: bool, caller: rules.Caller = rules.PLAINTEXT
+) -> None:
+    """Permission and fencing: raise unless this caller's request may run on the partition now. The fence is
+    checked, never raised, here: only a SetLowWaterMark raises it (StoragePartition.set_low_water_mark)."""
+    rules.admit_caller(caller, kind, offline, partition.partition_id)
     if offline:
         # Offline recovery repairs a partition nobody writes to; it cannot hold a live session's id.
         if partition.writable:
@@ -99,11 +104,11 @@ class RequestExecutor:
         self.metrics = metrics
         self.write_failures = WriteFailures()
 
-    def execute(self, kind: str, msg: Any) -> storage_pb2.StorageResponse:
-        """Answer one request (any kind but open); a Failure for anything that goes wrong."""
+    def execute(self, kind: str, msg: Any, caller: rules.Caller = rules.PLAINTEXT) -> storage_pb2.StorageResponse:
+        """Answer one request (any kind but open) of caller; a Failure for anything that goes wrong."""
         try:
             partition = self.manager.partition(msg.partition_id)
-            admit(partition, kind, msg.session_id, getattr(msg, "offline", False))
+            admit(partition, kind, msg.session_id, getattr(msg, "offline", False), caller)
             response = getattr(self, "_" + kind)(partition, msg)
         except Exception as e:
             if kind in WRITES and is_disk_failure(e):
@@ -113,21 +118,23 @@ class RequestExecutor:
             self.write_failures.succeeded(msg.partition_id)
         return response
 
-    def execute_appends(self, msgs: Sequence[storage_pb2.StorageAppendRequest]) -> list[storage_pb2.StorageResponse]:
+    def execute_appends(
+        self, msgs: Sequence[storage_pb2.StorageAppendRequest], caller: rules.Caller = rules.PLAINTEXT
+    ) -> list[storage_pb2.StorageResponse]:
         """Group commit: consecutive appends of one session written with one fdatasync, answered alike.
 
         If the combined batch is refused, each append is retried alone, so every request gets the
         answer it would have had on its own (the engine writes nothing of a refused batch).
         """
         if len(msgs) == 1:
-            return [self.execute("append", msgs[0])]
+            return [self.execute("append", msgs[0], caller)]
         first = msgs[0]
         try:
             partition = self.manager.partition(first.partition_id)
-            admit(partition, "append", first.session_id, first.offline)
+            admit(partition, "append", first.session_id, first.offline, caller)
             self._write(partition, msgs)
         except Exception:
-            return [self.execute("append", m) for m in msgs]
+            return [self.execute("append", m, caller) for m in msgs]
         self.write_failures.succeeded(first.partition_id)
         return [protocol.success(m.session_id, m.seq_num, m.partition_id) for m in msgs]
 
@@ -149,7 +156,9 @@ class RequestExecutor:
             msgs = [r.msg for r in run[i:end]]
             try:
                 responses = (
-                    self.execute_appends(msgs) if first.kind == "append" else [self.execute(first.kind, first.msg)]
+                    self.execute_appends(msgs, first.caller)
+                    if first.kind == "append"
+                    else [self.execute(first.kind, first.msg, first.caller)]
                 )
             except Exception as e:  # neither raises; should they, the stream still gets an answer to each
                 responses = [self.failure(m, e) for m in msgs]
@@ -178,6 +187,9 @@ class RequestExecutor:
             batch = partition.encode_checked([r for m in msgs for r in protocol.records_from_append(m)])
         started = time.perf_counter()
         partition.append_batch(batch)
+        for m in msgs:  # after the write: what the server says is committed is capped at what is held
+            if m.HasField("committed_high_water_mark"):
+                partition.note_committed(m.committed_high_water_mark)
         seconds = time.perf_counter() - started if batch.record_count else None
         self.metrics.appended(len(msgs), batch.record_count, len(batch.data), seconds)
 
@@ -218,12 +230,12 @@ class RequestExecutor:
     def _truncate(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
         if m.transaction_id < -1:
             raise InvalidRequest(f"cannot truncate to transaction {m.transaction_id} (-1 empties the partition)")
-        return self._max_txn(m, p.truncate(m.transaction_id))
+        return self._max_txn(m, p.truncate_checked(m.transaction_id, m.offline))
 
     def _set_low_water_mark(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
         if m.low_water_mark < -1:
             raise InvalidRequest(f"low-water mark {m.low_water_mark} is below -1")
-        p.set_low_water_mark(m.session_id, m.low_water_mark)
+        p.set_low_water_mark(m.session_id, m.low_water_mark, m.offline)
         return protocol.success(m.session_id, m.seq_num, m.partition_id)
 
     def _append(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:

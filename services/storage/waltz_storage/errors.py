@@ -94,3 +94,14 @@ class RecordTooLarge(InvalidRequest):
 
 class BatchTooLarge(InvalidRequest):
     """An append batch's encoded size exceeds the configured maximum."""
+
+
+# --- The caller may not do this, or it would lose committed data ---
+
+
+class PermissionDenied(StorageError):
+    """The caller's role does not allow the request (an operator's online write, under mutual TLS)."""
+
+
+class CommittedDataError(PreconditionFailed):
+    """The request would remove or disown committed transactions (a truncate below the committed floor)."""

@@ -1,4 +1,5 @@
-"""Session fencing: a partition refuses requests of any store session older than the newest it has seen."""
+"""Session fencing: a partition refuses requests of any store session older than the newest that set its
+low-water mark. Only advance (a SetLowWaterMark) raises the fence; check never does (waltz_storage.rules)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from waltz_storage.errors import StaleSession
 
 
 class SessionFence:
-    """Remembers the highest session id seen for one partition; pure, no I/O."""
+    """Remembers the highest session id that set the partition's low-water mark; pure, no I/O."""
 
     def __init__(self, partition_id: int, highest_session_id: int = -1):
         self.partition_id = partition_id
@@ -17,9 +18,17 @@ class SessionFence:
         return self._highest
 
     def check(self, session_id: int) -> None:
-        """Admit session_id (raising the fence if it is newer) or raise StaleSession if it is older."""
+        """Raise StaleSession if session_id is older than the fence; a newer one is admitted, not remembered."""
         if session_id < self._highest:
             raise StaleSession(
                 f"stale session {session_id}, partition {self.partition_id} is at session {self._highest}"
             )
+
+    def advance(self, session_id: int) -> None:
+        """A session sets the low-water mark: check it, then raise the fence to it."""
+        self.check(session_id)
+        self._highest = session_id
+
+    def reset(self, session_id: int) -> None:
+        """An operator clears a poisoned fence (waltz storage reset-fence): back to session_id."""
         self._highest = session_id

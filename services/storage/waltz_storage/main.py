@@ -131,10 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, MetadataError, StorageError, OSError) as e:
         print(f"waltz-storage: {e}", file=sys.stderr)
         return 1
-    log.info(
-        "storage directory %s: cluster key %s, %d partitions, assigned here: %s",
+    log.info(  # never the cluster key: without TLS it is the storage port's credential
+        "storage directory %s: %d partitions, assigned here: %s",
         config["storage.directory"],
-        cluster_key,
         num_partitions,
         node.manager.assigned_partitions() or "none",
     )

@@ -233,17 +233,19 @@ class StorageNode:
         )
 
     def check_cluster(self, cluster_key: uuid.UUID, num_partitions: int) -> None:
-        """An Open: raise ClusterKeyMismatch / PartitionCountMismatch naming both sides unless both match."""
+        """An Open: raise ClusterKeyMismatch / PartitionCountMismatch unless both match."""
         mine, count = self.manager.cluster_key, self.manager.num_partitions
+        # Neither key is ever put in a message or a log line: without TLS the cluster key is the storage port's
+        # only credential (docs/security.md), and the one sent may be a mistyped copy of the real one.
         if cluster_key != mine:
             raise ClusterKeyMismatch(
-                f"cluster key mismatch: the request carries cluster key {cluster_key}, but this storage node "
-                f"belongs to cluster key {mine}"
+                "cluster key mismatch: the request carries another cluster key than the one this storage node "
+                "belongs to (compare with `waltz cluster show-key`)"
             )
         if num_partitions != count:
             raise PartitionCountMismatch(
-                f"partition count mismatch: the request says {num_partitions} partitions, but this storage node "
-                f"(cluster key {mine}) has {count}"
+                f"partition count mismatch: the request says {num_partitions} partitions, but this storage node's "
+                f"cluster has {count}"
             )
 
     async def run(self, partition_id: int, fn: Callable[..., T], *args: Any) -> T:
@@ -261,7 +263,7 @@ class StorageNode:
             self._placement.elsewhere(partition_id)
         elif self._placement.on_loop(partition_id, stream_quiet and not self._work.value):
             started = time.perf_counter()
-            responses = self.executor.execute_appends((request.msg,))
+            responses = self.executor.execute_appends((request.msg,), request.caller)
             self._placement.took(time.perf_counter() - started)
             return responses
         self._thread(partition_id).post(request)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import logging
 import shutil
@@ -13,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
+from waltz_common.record_layout import RECORD_PREFIX
 from waltz_common.types import Record, RecordHeader
+from waltz_storage import rules
 from waltz_storage.batch import EncodedBatch, encode_records
 from waltz_storage.codec import (
     FRESH_PARTITION_INFO,
@@ -111,6 +114,9 @@ class StoragePartition:
         self._writable = flags["writable"]
         self._closed = False
         self.fence = SessionFence(partition_id, control_file.partition_info(partition_id).session_id)
+        # The highest committed high-water mark an append told this node (capped at what it held then); in
+        # memory only: after a restart the low-water mark is the floor until an append tells it again.
+        self._told_committed = -1
 
     @classmethod
     def create(
@@ -283,10 +289,57 @@ class StoragePartition:
         self._segments[-1].truncate(keep)
         return self.max_transaction_id
 
-    def set_low_water_mark(self, session_id: int, low_water_mark: int) -> None:
-        """Record the session's start in the control file; the partition must hold nothing above it."""
+    def note_committed(self, high_water_mark: int) -> None:
+        """A session says every transaction up to high_water_mark is committed (held by a majority)."""
+        self._told_committed = max(self._told_committed, min(high_water_mark, self.max_transaction_id))
+
+    def truncation_floor(self, offline: bool) -> int:
+        """The lowest transaction id a Truncate may keep (waltz_storage.rules)."""
+        info = self.last_session_info()
+        return rules.truncation_floor(info.low_water_mark, info.local_low_water_mark, self._told_committed, offline)
+
+    @property
+    def committed_high_water_mark(self) -> int:
+        """The online truncation floor: what this node knows to be committed (-1: nothing)."""
+        return self.truncation_floor(offline=False)
+
+    def truncate_checked(self, transaction_id: int, offline: bool) -> int:
+        """truncate, refused (CommittedDataError) below the truncation floor; returns the new max."""
+        rules.check_truncate(self.partition_id, transaction_id, self.max_transaction_id, self.truncation_floor(offline))
+        kept = self.truncate(transaction_id)
+        self._told_committed = min(self._told_committed, kept)  # an offline repair may go below it
+        return kept
+
+    def reset_fence(self, session_id: int) -> None:
+        """Clear a poisoned fence: only while unwritable, and only downwards; the control file follows."""
+        self._check_open()
+        if self._writable:
+            raise PartitionNotWritable(
+                f"partition {self.partition_id}: the fence is reset only while the partition is unwritable; "
+                "mark it unwritable first"
+            )
+        if session_id < -1:
+            raise InvalidRequest(f"session id {session_id} is below -1")
+        if session_id >= self.fence.highest_session_id:
+            raise InvalidRequest(
+                f"partition {self.partition_id}: the fence is at session {self.fence.highest_session_id}, not above "
+                f"{session_id}: nothing to reset"
+            )
+        info = self.last_session_info()
+        if info.session_id > session_id:
+            self._control.overwrite_partition_info(
+                self.partition_id, PartitionInfoStruct(session_id, info.low_water_mark, info.local_low_water_mark)
+            )
+        self.fence.reset(session_id)
+        log.warning("partition %d: session fence reset to %d by an operator", self.partition_id, session_id)
+
+    def set_low_water_mark(self, session_id: int, low_water_mark: int, offline: bool = False) -> None:
+        """Record the session's start in the control file and raise the fence to it; the partition must hold
+        nothing above it, and (online) the low-water mark never goes down."""
         self._check_open()
         self.fence.check(session_id)
+        if not offline:
+            rules.check_low_water_mark(self.partition_id, low_water_mark, self.last_session_info().low_water_mark)
         local = self.max_transaction_id
         if local > low_water_mark:
             raise DirtyDataError(
@@ -294,6 +347,7 @@ class StoragePartition:
                 f"{low_water_mark}; dirty data must be truncated first"
             )
         self._control.set_partition_info(self.partition_id, PartitionInfoStruct(session_id, low_water_mark, local))
+        self.fence.advance(session_id)
 
     # ------------------------------------------------------------------ reads
 
@@ -357,6 +411,22 @@ class StoragePartition:
     def header_fields(self, transaction_id: int, max_n: int) -> list[HeaderFields]:
         """Up to max_n consecutive record headers from transaction_id, as plain values."""
         return self._collect(transaction_id, max_n, Segment.header_fields)
+
+    def digest(self, transaction_id: int, max_n: int, max_bytes: int) -> tuple[int, bytes]:
+        """How many consecutive records from transaction_id (at most max_n) and the SHA-256 over them, each as
+        its fields (packed as the data file's RECORD_PREFIX) then its data; read max_bytes at a time, checksums
+        verified."""
+        digest = hashlib.sha256()
+        count = 0
+        while count < max_n:
+            got = self.record_fields(transaction_id + count, max_n - count, max_bytes)
+            if not got:
+                break
+            for txn, client_id, generation, pid, seq_num, header, data, checksum in got:
+                digest.update(RECORD_PREFIX.pack(txn, client_id, generation, pid, seq_num, header, len(data), checksum))
+                digest.update(data)
+            count += len(got)
+        return count, digest.digest()
 
     def record(self, transaction_id: int) -> Record | None:
         found = self.records(transaction_id, 1)

@@ -14,6 +14,7 @@ from waltz_common.wire import record_to_proto as record_to_proto
 from waltz_storage.codec import HeaderFields, RecordFields, decode_record
 from waltz_storage.errors import (
     ClusterKeyMismatch,
+    CommittedDataError,
     CorruptionError,
     DirtyDataError,
     InvalidRequest,
@@ -21,6 +22,7 @@ from waltz_storage.errors import (
     PartitionNotAssigned,
     PartitionNotReadable,
     PartitionNotWritable,
+    PermissionDenied,
     PreconditionFailed,
     StaleSession,
     StorageError,
@@ -51,6 +53,8 @@ _CODES: tuple[tuple[type[BaseException], int], ...] = (
     (PartitionNotWritable, Code.PARTITION_UNAVAILABLE),
     (OfflineNotAllowed, Code.PARTITION_UNAVAILABLE),
     (NotOpen, Code.NOT_OPEN),
+    (PermissionDenied, Code.PERMISSION_DENIED),
+    (CommittedDataError, Code.COMMITTED_DATA),
     (DirtyDataError, Code.INVALID_REQUEST),
     (InvalidRequest, Code.INVALID_REQUEST),
     (CorruptionError, Code.CORRUPTED),
@@ -103,7 +107,7 @@ def parse_cluster_key(text: str) -> uuid.UUID:
     try:
         return uuid.UUID(text)
     except ValueError:
-        raise ClusterKeyMismatch(f"cluster key {text!r} is not a UUID") from None
+        raise ClusterKeyMismatch("the cluster key sent is not a UUID") from None
 
 
 # ----------------------------------------------------------------------------- records

@@ -129,7 +129,7 @@ async def start(
         port,
         STORAGE_SERVICE,
         storage_pb2_grpc.add_WaltzStorageServicer_to_server,
-        StorageService(node),
+        StorageService(node, mutual_tls=files is not None),
         files,
         STORAGE_ROLES,
         checker,

@@ -11,7 +11,8 @@ from typing import Any
 import grpc
 
 from waltz.v1 import storage_pb2, storage_pb2_grpc
-from waltz_storage import protocol
+from waltz_common import tls
+from waltz_storage import protocol, rules
 from waltz_storage.dispatch import StreamRequest
 from waltz_storage.errors import InvalidRequest, StorageError
 from waltz_storage.node import StorageNode, StreamReader
@@ -31,9 +32,12 @@ class StorageConnection:
     RESPONSE_QUEUE_SIZE answers wait to be written.
     """
 
-    def __init__(self, node: StorageNode, context: grpc.aio.ServicerContext) -> None:
+    def __init__(
+        self, node: StorageNode, context: grpc.aio.ServicerContext, caller: rules.Caller = rules.PLAINTEXT
+    ) -> None:
         self.node = node
         self.context = context
+        self.caller = caller
         self.opened = False
         self._loop = asyncio.get_running_loop()
         self._outbox: deque[storage_pb2.StorageResponse] = deque()
@@ -86,7 +90,7 @@ class StorageConnection:
             return None, True
         unanswered = self._unanswered.get(partition_id, 0)
         quiet = not unanswered and not self._outbox  # everything before this request is answered
-        responses = self.node.serve(StreamRequest(kind, msg, self), stream_quiet=quiet)
+        responses = self.node.serve(StreamRequest(kind, msg, self, self.caller), stream_quiet=quiet)
         if responses is not None:  # served right here
             self._outbox.extend(responses)
             self._wake_writer()
@@ -101,7 +105,7 @@ class StorageConnection:
             self.node.check_cluster(protocol.parse_cluster_key(msg.cluster_key), msg.num_partitions)
         except StorageError as e:
             self.opened = False
-            log.warning("refused an Open: %s", e)
+            log.warning("refused an Open: %s", e)  # the message never holds a cluster key (StorageNode.check_cluster)
             return self.node.executor.failure(msg, e)
         self.opened = True
         return protocol.success(msg.session_id, msg.seq_num, msg.partition_id)
@@ -164,11 +168,20 @@ class StorageConnection:
             await self._writer_idle
 
 
-class StorageService(storage_pb2_grpc.WaltzStorageServicer):
-    """grpc.aio servicer of WaltzStorage."""
+def caller_of(context: grpc.aio.ServicerContext, mutual_tls: bool) -> rules.Caller:
+    """Who the peer is: its certificate's roles under mutual TLS; without TLS, whoever sent the cluster key."""
+    if not mutual_tls:
+        return rules.PLAINTEXT
+    pems = context.auth_context().get("x509_pem_cert") or []
+    return rules.Caller.from_roles(tls.roles_of(pems[0]) if pems else ())
 
-    def __init__(self, node: StorageNode) -> None:
+
+class StorageService(storage_pb2_grpc.WaltzStorageServicer):
+    """grpc.aio servicer of WaltzStorage; mutual_tls: the port runs mutual TLS (callers have roles)."""
+
+    def __init__(self, node: StorageNode, mutual_tls: bool = False) -> None:
         self.node = node
+        self.mutual_tls = mutual_tls
 
     async def Session(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        await StorageConnection(self.node, context).run()
+        await StorageConnection(self.node, context, caller_of(context, self.mutual_tls)).run()

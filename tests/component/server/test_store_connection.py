@@ -138,7 +138,7 @@ def test_a_failure_answer_raises_storage_rpc_error_with_its_code(tmp_path: Path)
             with pytest.raises(StorageRpcError) as unknown:
                 await ReplicaSession(connection, epoch, 1, 0).max_transaction_id()
             assert unknown.value.code == Code.UNKNOWN_PARTITION
-            await ReplicaSession(connection, epoch, 0, 5).max_transaction_id()
+            await ReplicaSession(connection, epoch, 0, 5).set_low_water_mark(-1)  # raises the fence (a read does not)
             with pytest.raises(StorageRpcError) as stale:
                 await ReplicaSession(connection, epoch, 0, 4).max_transaction_id()
             assert stale.value.code == Code.STALE_SESSION and "STALE_SESSION" in str(stale.value)

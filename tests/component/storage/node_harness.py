@@ -12,7 +12,9 @@ from typing import Any, TypeVar
 import grpc
 
 from waltz.v1 import common_pb2, storage_pb2, storage_pb2_grpc
+from waltz_common import tls
 from waltz_common.port_guard import LimitSettings
+from waltz_common.tls import TlsFiles
 from waltz_common.types import crc32
 from waltz_storage import server
 from waltz_storage.dispatch import Limits
@@ -35,9 +37,11 @@ class NodeThread:
         max_batch_bytes: int = 4 * 1024 * 1024,
         segment_size_threshold: int = 1_000_000_000,
         limit_settings: LimitSettings | None = None,
+        tls_dir: Path | None = None,
     ) -> None:
         self.directory = directory
         self._limit_settings = limit_settings
+        self.tls_dir = tls_dir  # mutual TLS with waltz-dev-certs files written there (devcerts.write)
         self.key = key
         self.num_partitions = num_partitions
         self._args = (Limits(max_record_bytes, max_batch_bytes), segment_size_threshold)
@@ -58,6 +62,13 @@ class NodeThread:
     def address(self) -> str:
         return f"127.0.0.1:{self.servers.storage_port}"
 
+    def tls_files(self, role: str) -> TlsFiles | None:
+        """A role's development certificate files; None without TLS."""
+        if self.tls_dir is None:
+            return None
+        d = self.tls_dir
+        return TlsFiles(str(d / f"{role}.pem"), str(d / f"{role}-key.pem"), str(d / "ca.pem"))
+
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
@@ -66,7 +77,9 @@ class NodeThread:
         node = StorageNode.open(
             self.directory, self.key, self.num_partitions, limits=limits, segment_size_threshold=threshold
         )
-        self._servers = await server.start(node, "127.0.0.1", 0, 0, limit_settings=self._limit_settings)
+        self._servers = await server.start(
+            node, "127.0.0.1", 0, 0, self.tls_files("storage"), limit_settings=self._limit_settings
+        )
 
     def start(self) -> NodeThread:
         self._thread.start()
@@ -134,9 +147,14 @@ def records(start: int, n: int, size: int = 16) -> list[common_pb2.Record]:
 class SessionClient:
     """One Session stream; requests get increasing sequence numbers, answers are read in order of arrival."""
 
-    def __init__(self, address: str, session_id: int = 1) -> None:
+    def __init__(self, address: str, session_id: int = 1, tls_files: TlsFiles | None = None) -> None:
         self.session_id = session_id
-        self._channel = grpc.aio.insecure_channel(address, options=[("grpc.max_receive_message_length", -1)])
+        options = [("grpc.max_receive_message_length", -1)]
+        self._channel = (
+            grpc.aio.insecure_channel(address, options=options)
+            if tls_files is None
+            else grpc.aio.secure_channel(address, tls.channel_credentials(tls_files), options=options)
+        )
         self._call = storage_pb2_grpc.WaltzStorageStub(self._channel).Session()
         self._seq = 0
 

@@ -57,9 +57,9 @@ def test_appends_one_at_a_time_run_on_the_loop_unless_partitions_take_turns(node
     where: list[str] = []
     execute_appends = node.node.executor.execute_appends
 
-    def recorded(msgs):
+    def recorded(msgs, caller):
         where.append(threading.current_thread().name)
-        return execute_appends(msgs)
+        return execute_appends(msgs, caller)
 
     monkeypatch.setattr(node.node.executor, "execute_appends", recorded)
 

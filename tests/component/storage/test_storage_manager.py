@@ -97,7 +97,7 @@ def test_segment_of_another_cluster_fails_that_partition(tmp_path):
         manager.assign(1).append(make_records(0, 1))
     (tmp_path / "mine" / "0" / f"{0:019d}.seg").write_bytes((other / "0" / f"{0:019d}.seg").read_bytes())
     with open_manager(tmp_path / "mine") as manager:
-        with pytest.raises(ClusterKeyMismatch, match=r"\.seg: cluster key is"):
+        with pytest.raises(ClusterKeyMismatch, match=r"\.seg: belongs to another cluster"):
             manager.partition(0)
         assert manager.partition(1).max_transaction_id == 0
 

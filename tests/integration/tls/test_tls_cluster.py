@@ -22,6 +22,8 @@ from waltz_cli.storage_session import StorageSession
 from waltz_common import devcerts, tls
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.tls import TlsFiles
+from waltz_common.types import Record, ReqId, crc32
+from waltz_storage.admin_client import StorageAdminClient
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +175,36 @@ def test_rotated_files_are_used_by_the_next_connection(cluster, capsys):
     assert after == x509.load_pem_x509_certificate(cert).serial_number != before
     run = _cli(cluster, capsys, operator)("storage", "list", "-s", node.connect_string)
     assert run.code == 0, run.err
+
+
+def test_storage_rules_hold_for_every_certificate(cluster, capsys):
+    """Issue 25 under TLS: an operator certificate writes nothing online (no forged record at max+1, no
+    Truncate, no SetLowWaterMark), a read with a huge session raises no fence, and even the server
+    certificate cannot truncate committed transactions."""
+    operator, server = cluster.tls_files("operator"), cluster.tls_files("server")
+    node = cluster.storage[0]
+    before = until(lambda: _cli(cluster, capsys, operator)("cluster", "verify"))
+    assert before.code == 0, before.out
+    with StorageAdminClient("127.0.0.1", node.admin_port, cluster.cluster_key, 1, tls_files=operator) as admin:
+        (state,) = admin.list_partitions()
+    fence, top = state.fence_session_id, state.max_transaction_id
+    forged = Record(top + 1, ReqId(99, 1, 0, 1), 0, b"forged", crc32(b"forged"))
+    with StorageSession(node.connect_string, cluster.cluster_key, 1, 5, offline=False, tls_files=operator) as s:
+        with pytest.raises(CliError, match="only the server role"):
+            s.append(0, fence, [forged])
+        with pytest.raises(CliError, match="only the server role"):
+            s.truncate(0, fence, max(top - 1, -1))
+        with pytest.raises(CliError, match="only the server role"):
+            s.set_low_water_mark(0, 10**12, top)
+    with StorageSession(node.connect_string, cluster.cluster_key, 1, 5, offline=False, tls_files=operator) as s:
+        assert s.max_transaction_id(0, 10**12) == top
+    if top >= 1:
+        with (
+            StorageSession(node.connect_string, cluster.cluster_key, 1, 5, offline=False, tls_files=server) as s,
+            pytest.raises(CliError, match="are committed"),
+        ):
+            s.truncate(0, fence + 1, -1)
+    with StorageAdminClient("127.0.0.1", node.admin_port, cluster.cluster_key, 1, tls_files=operator) as admin:
+        (after,) = admin.list_partitions()
+    assert (after.fence_session_id, after.max_transaction_id) == (fence, top)
+    assert _cli(cluster, capsys, operator)("cluster", "verify").code == 0

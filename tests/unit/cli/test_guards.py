@@ -77,3 +77,14 @@ def test_delete_refuses_the_only_copy_of_transactions():
     assert "transactions 81..90" in (refusal.risk or "")
     alone = guards.delete_unique(view({}, set()), C, 5, {})
     assert alone is not None and "hold nothing" in alone.reason
+
+
+def test_reset_fence_only_clears_a_fence_above_the_current_session():
+    assert guards.reset_fence(0, fence=10**12, target=7, current_session=7) is None
+    assert guards.reset_fence(0, fence=10**12, target=5, current_session=7) is None
+    refused = guards.reset_fence(0, fence=7, target=7, current_session=7)
+    assert refused is not None and "not above 7" in refused.message(False)
+    refused = guards.reset_fence(0, fence=10**12, target=9, current_session=7)
+    assert refused is not None and "above ZooKeeper's current session 7" in refused.message(False)
+    refused = guards.reset_fence(0, fence=10**12, target=-2, current_session=7)
+    assert refused is not None and "not a session id" in refused.message(False)

@@ -6,7 +6,7 @@ import pytest
 
 from waltz_cli.errors import CliError
 from waltz_cli.recover import CopyPlan, plan_copy
-from waltz_cli.verify import Facts, ReplicaView, ServerPartition, ServerView, check
+from waltz_cli.verify import Facts, ReplicaView, ServerPartition, ServerView, check, first_difference
 from waltz_common.zk import UNRESOLVED
 
 NODES = ["h:1", "h:2", "h:3"]
@@ -36,9 +36,9 @@ def failures(facts: Facts, wanted=(0, 1)) -> dict[str, list[str]]:
     return {c.name: c.reasons for c in check(facts, list(wanted)) if not c.passed}
 
 
-def test_a_healthy_cluster_passes_all_six_checks():
+def test_a_healthy_cluster_passes_all_seven_checks():
     checks = check(healthy(), [0, 1])
-    assert len(checks) == 6
+    assert len(checks) == 7
     assert all(c.passed for c in checks), failures(healthy())
 
 
@@ -165,3 +165,78 @@ def test_copy_plan(proposal, source_max, safe_end, plan):
 def test_copy_plan_refuses_a_source_behind_the_destination():
     with pytest.raises(CliError, match="more advanced source"):
         plan_copy(60, 40, 40)
+
+
+# ---------------------------------------------------------------- issue 25: replicas against each other and the HWM
+
+REPLICAS = "replicas hold the same records, up to the high-water mark"
+
+
+def at_high_water_mark(hwm: int = 10) -> Facts:
+    facts = healthy()
+    facts.servers[1].partitions = {p: ServerPartition(3, 4, True, "", hwm) for p in (0, 1)}  # type: ignore[index]
+    return facts
+
+
+def test_replicas_at_the_high_water_mark_pass():
+    assert not failures(at_high_water_mark())
+
+
+def test_a_replica_below_the_high_water_mark_and_different_max_ids_are_named():
+    facts = at_high_water_mark()
+    facts.nodes["h:3"][0] = ReplicaView(session_id=4, max_transaction_id=7)  # type: ignore[index]
+    reasons = failures(facts, [0])[REPLICAS]
+    assert "partition 0: replicas at different max transaction ids: h:1 10, h:2 10, h:3 7" in reasons
+    assert (
+        "partition 0: replica h:3 holds up to 7, below the high-water mark 10: transactions 8..10 are missing there"
+        in reasons
+    )
+
+
+def test_lost_records_and_a_forged_tail_are_named():
+    facts = at_high_water_mark(10)
+    for node in NODES[:2]:  # the 803 of issue 25: two replicas cut, the third cut by the next recovery
+        facts.nodes[node][0] = ReplicaView(session_id=4, max_transaction_id=3)  # type: ignore[index]
+    facts.nodes["h:3"][0] = ReplicaView(session_id=4, max_transaction_id=5)  # type: ignore[index]
+    reasons = failures(facts, [0])[REPLICAS]
+    assert "partition 0: transactions 6..10 are lost: no replica holds them" in reasons
+    facts = at_high_water_mark(10)
+    facts.nodes["h:1"][0] = ReplicaView(session_id=4, max_transaction_id=11, low_water_mark=11)  # type: ignore[index]
+    reasons = failures(facts, [0])[REPLICAS]
+    assert any("replica h:1 holds up to 11, above the high-water mark 10: transactions 11..11" in r for r in reasons)
+    assert "partition 0: replica h:1 has low-water mark 11, above the high-water mark 10" in reasons
+
+
+def test_different_records_at_one_id_are_named():
+    facts = at_high_water_mark()
+    facts.differences[1] = [(4, {"h:1": b"a", "h:2": b"a", "h:3": b"b"})]
+    assert failures(facts)[REPLICAS] == [
+        "partition 1: replicas hold different records at transaction 4 (alike: h:1, h:2; h:3)"
+    ]
+    facts.digest_errors.append("partition 0: the replicas' records could not be compared: boom")
+    assert "partition 0: the replicas' records could not be compared: boom" in failures(facts)[REPLICAS]
+
+
+def test_first_difference_bisects_to_the_first_differing_record():
+    logs = {"a": list(range(100)), "b": list(range(100)), "c": list(range(100))}
+    logs["c"][37] = -1
+    logs["b"][80] = -2
+    asked = []
+
+    def fetch(node, first, count):
+        asked.append((node, first, count))
+        part = logs[node][first : first + count]
+        return len(part), hash(tuple(part)).to_bytes(8, "big", signed=True)
+
+    assert first_difference(sorted(logs), fetch, 0, 100) == 37
+    assert len(asked) <= 3 * 7  # log2(100) rounds, one digest per node each
+    assert first_difference(["a", "b"], fetch, 0, 100) == 80
+    assert first_difference(["a", "b"], fetch, 50, 1) == 50  # one record: that is the one
+
+
+def test_a_poisoned_fence_is_named_with_its_remedy():
+    facts = at_high_water_mark()
+    facts.nodes["h:2"][0] = ReplicaView(session_id=10**12, max_transaction_id=10, fence_session_id=10**12)  # type: ignore[index]
+    (reason,) = failures(facts, [0])[REPLICAS]
+    assert "replica h:2 fences sessions below 1000000000000, above the partition's session 4" in reason
+    assert "waltz storage reset-fence -s h:2 -p 0" in reason

@@ -388,3 +388,15 @@ def test_resolved_mark_is_held_by_a_majority_and_loses_no_majority_held_transact
         assert resolved is None
     if len(present) == len(replicas) and min(present) >= min(proposals):
         assert resolution is Resolution.RESOLVED
+
+
+def test_a_closed_replica_whose_storage_recorded_a_later_session_keeps_its_low_water_mark() -> None:
+    """Metadata says C closed at 100 in session 997, but a later session's recovery (998, never recorded in
+    the metadata) set C's low-water mark to 120 after copying 101..120 there. Those are committed, and the
+    storage node refuses to truncate below its low-water mark (issue 25): recovery must not ask it to."""
+    args = ([998, 998, 997, 998, 998], [U, U, 100, U, U], [998, 998, 998, 998, 998], [110, 110, 120, 110, 110],
+            [120, 120, 120, 120, 120])  # fmt: skip
+    driver, _, _ = build(*args, ALL5)
+    driver.connect(C)
+    assert not isinstance(driver.manager.decide().actions[C], Truncate)
+    two_phases(*args, ALL5, lo=120, hi=120)

@@ -192,8 +192,10 @@ def test_control_header_round_trip(version, created, num_partitions):
 def test_control_header_check():
     header = ControlFileHeader(0, 0, KEY, 4)
     header.check(KEY, 4, "ctl")
-    with pytest.raises(ClusterKeyMismatch, match="expected"):
-        header.check(uuid.uuid4(), 4, "ctl")
+    other = uuid.uuid4()
+    with pytest.raises(ClusterKeyMismatch, match="another cluster") as refused:
+        header.check(other, 4, "ctl")
+    assert str(KEY) not in str(refused.value) and str(other) not in str(refused.value)  # issue 25: keys stay secret
     with pytest.raises(PartitionCountMismatch, match="number of partitions is 4, expected 5"):
         header.check(KEY, 5, "ctl")
 

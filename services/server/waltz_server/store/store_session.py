@@ -395,8 +395,12 @@ class StoreSession:
         async with self._append_lock:
             await self._wait_until(self._progress, lambda: not self.appendable or self._writes.has_room())
             self._check_appendable()
+            # Each append tells the replicas the high-water mark: they refuse any truncation below it.
             return self._writes.send(
-                len(records), lambda first: append_pending_request(self.session_id, self.partition_id, first, records)
+                len(records),
+                lambda first: append_pending_request(
+                    self.session_id, self.partition_id, first, records, self.high_water_mark
+                ),
             )
 
     async def append(self, records: Sequence[PendingRecord]) -> int:

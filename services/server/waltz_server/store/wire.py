@@ -24,18 +24,23 @@ def append_request(
 
 
 def append_pending_request(
-    session_id: int, partition_id: int, first: int, records: Sequence[PendingRecord]
+    session_id: int, partition_id: int, first: int, records: Sequence[PendingRecord], committed: int | None = None
 ) -> storage_pb2.StorageRequest:
     """The append of records with ids first.., sent as encoded_records: the records as the data file holds
     them, one bytes field instead of a message per record. Building it costs about a quarter less than filling
     a Record per append (185-199 against 244-274 us per 100 records), and the storage node checks it in about
-    half the time it took to encode the Records (no protobuf field reads), then writes it as it is."""
+    half the time it took to encode the Records (no protobuf field reads), then writes it as it is.
+
+    committed: the session's high-water mark now (a majority holds every transaction up to it): the storage
+    node refuses to truncate below it (waltz_storage.rules)."""
     request = storage_pb2.StorageRequest()
     append = request.append
     append.session_id = session_id
     append.partition_id = partition_id
     append.record_list_length = len(records)
     append.encoded_records = encode_pending(first, records)
+    if committed is not None:
+        append.committed_high_water_mark = committed
     return request
 
 

@@ -1,0 +1,105 @@
+"""What a storage node lets a caller do to a partition, whoever asks (pure decision core, no I/O).
+
+Who the caller is
+-----------------
+Under mutual TLS the storage port knows the caller's roles from its certificate (waltz_common.tls.roles_of):
+the ``server`` role runs store sessions and may do anything the protocol offers; the ``operator`` role may
+read, and may write only with offline requests, which the node accepts only while the partition is
+unwritable (something only the admin port, operators only, can set). Without TLS the node knows nothing
+but that the caller sent the right cluster key in its Open: the cluster key is the one credential, and
+whoever holds it is trusted as a server (docs/security.md, "Without TLS").
+
+What no caller may do
+---------------------
+The node cannot know on its own which of its transactions a majority holds, but it knows two lower bounds
+of the committed prefix, and refuses any Truncate below either (CommittedDataError):
+
+* the partition's low-water mark (control file): the high-water mark a store session's recovery resolved
+  when it began. Every transaction up to it was held by a majority of the previous replica set and is part
+  of every later session's log; recovery never truncates below it (the recovery core truncates a replica
+  to its low-water mark, to a closing high-water mark, or to the resolved high-water mark, and each of
+  these is at least the low-water mark the replica last recorded — see waltz_server.recovery);
+* the committed high-water mark that the server's appends carry (StorageAppendRequest
+  .committed_high_water_mark): a server sends it only once a majority acknowledged those transactions, so
+  they are committed, whatever session comes next. The node keeps the highest it was told (capped at what
+  it holds) in memory; after a restart of the node it falls back to the low-water mark until the next
+  append tells it again (and the next recovery raises the low-water mark past it).
+
+A SetLowWaterMark never lowers the recorded low-water mark (a later session's resolved high-water mark is
+never below an earlier one's), so the floor cannot be walked down either. Offline requests
+(`waltz storage recover-partition`, on an unwritable partition) may truncate down to the replica's local
+low-water mark, the prefix it held valid when its last session began: the CLI's guards check in ZooKeeper
+that the replica is no voting member before it does (docs/security.md).
+
+The session fence is raised only by a SetLowWaterMark (a server's session write, or an offline one):
+reads, appends and truncates of a newer session are admitted but never raise it, so a read carrying a huge
+session id cannot lock the partition's real sessions out. A fence poisoned by a bogus SetLowWaterMark is
+cleared with `waltz storage reset-fence` (admin port, unwritable partition).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from waltz_storage.errors import CommittedDataError, PermissionDenied
+
+WRITES = frozenset({"truncate", "set_low_water_mark", "append"})
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """What the node knows of the peer of a Session stream."""
+
+    server: bool
+    operator: bool
+    description: str
+
+    @classmethod
+    def from_roles(cls, roles: Iterable[str]) -> Caller:
+        """A caller identified by its TLS certificate's roles."""
+        held = sorted(roles)
+        return cls("server" in held, "operator" in held, f"a certificate with role {', '.join(held) or 'none'}")
+
+
+PLAINTEXT = Caller(server=True, operator=True, description="a plaintext caller with the cluster key")
+"""Without TLS the cluster key is the only credential: its holder is trusted as a server."""
+
+
+def admit_caller(caller: Caller, kind: str, offline: bool, partition_id: int) -> None:
+    """Raise PermissionDenied unless caller may send this request (its partition's flags are checked apart)."""
+    if caller.server:
+        return
+    if not caller.operator:
+        raise PermissionDenied(f"partition {partition_id}: {caller.description} may not send {kind}")
+    if kind in WRITES and not offline:
+        raise PermissionDenied(
+            f"partition {partition_id}: {kind} is an online write, which only the server role may send; "
+            f"{caller.description} may only send offline requests (waltz storage recover-partition), "
+            "accepted while the partition is unwritable"
+        )
+
+
+def truncation_floor(low_water_mark: int, local_low_water_mark: int, told_committed: int, offline: bool) -> int:
+    """The lowest transaction id a Truncate may keep (see the module docstring)."""
+    if offline:
+        return local_low_water_mark
+    return max(low_water_mark, told_committed)
+
+
+def check_truncate(partition_id: int, keep: int, max_transaction_id: int, floor: int) -> None:
+    """Raise CommittedDataError if truncating to keep would remove a transaction at or below floor."""
+    if keep < max_transaction_id and keep < floor:
+        raise CommittedDataError(
+            f"partition {partition_id}: refusing to truncate to {keep}: transactions up to {floor} are committed "
+            f"(low-water mark or a session's high-water mark); nothing was removed"
+        )
+
+
+def check_low_water_mark(partition_id: int, new: int, recorded: int) -> None:
+    """Raise CommittedDataError if a SetLowWaterMark would lower the recorded low-water mark."""
+    if new < recorded:
+        raise CommittedDataError(
+            f"partition {partition_id}: refusing low-water mark {new}: the partition's low-water mark is already "
+            f"{recorded}, and a later session's never goes lower"
+        )
