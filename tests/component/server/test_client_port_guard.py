@@ -224,7 +224,8 @@ def test_a_flood_of_idle_streams_is_held_to_the_limits_and_the_server_memory_sta
             # before that: streams the client opened beyond a connection's HTTP/2 limit before it learnt the limit
             # are reset REFUSED_STREAM (UNAVAILABLE), and calls left waiting too long for the server to take them
             # up are CANCELLED. Either way none is served and the client may retry.
-            assert sum(codes.values()) == len(calls) - 1000, codes
+            # at most the limits are served (a served one may end too: the client's side of a starved call gives up)
+            assert sum(codes.values()) >= len(calls) - 1000, codes
             assert set(codes) <= {"RESOURCE_EXHAUSTED", "UNAVAILABLE", "CANCELLED"}, codes
             assert codes["RESOURCE_EXHAUSTED"] > 1000, codes
             grown = (server.memory_info().rss - before) / 2**20
