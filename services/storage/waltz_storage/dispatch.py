@@ -76,8 +76,9 @@ def _mergeable(first: StreamRequest, other: StreamRequest) -> bool:
 def admit(
     partition: StoragePartition, kind: str, session_id: int, offline: bool, caller: rules.Caller = rules.PLAINTEXT
 ) -> None:
-    """Permission and fencing: raise unless this caller's request may run on the partition now. The fence is
-    checked, never raised, here: only a SetLowWaterMark raises it (StoragePartition.set_low_water_mark)."""
+    """Permission and fencing: raise unless this caller's request may run on the partition now. A server-role
+    request of a newer session raises the fence (the new owner's first request shuts the old owner out before
+    its recovery reads what is committed); any other caller only meets it (waltz_storage.rules)."""
     rules.admit_caller(caller, kind, offline, partition.partition_id)
     if offline:
         # Offline recovery repairs a partition nobody writes to; it cannot hold a live session's id.
@@ -91,7 +92,10 @@ def admit(
         partition.check_readable()
     elif kind in WRITES:
         partition.check_writable()
-    partition.fence.check(session_id)
+    if caller.server:
+        partition.fence.admit(session_id)
+    else:
+        partition.fence.check(session_id)
 
 
 class RequestExecutor:

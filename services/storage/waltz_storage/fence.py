@@ -1,5 +1,7 @@
-"""Session fencing: a partition refuses requests of any store session older than the newest that set its
-low-water mark. Only advance (a SetLowWaterMark) raises the fence; check never does (waltz_storage.rules)."""
+"""Session fencing: a partition refuses requests of any store session older than the newest one the server role
+has sent it. A server-role request of a newer session raises the fence (admit), whatever its kind: a new store
+session's first request (its recovery's reads) is what shuts the previous owner out before the recovery votes on
+what is committed. Other callers only meet the fence (check), never raise it (waltz_storage.rules)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,12 @@ class SessionFence:
             raise StaleSession(
                 f"stale session {session_id}, partition {self.partition_id} is at session {self._highest}"
             )
+
+    def admit(self, session_id: int) -> None:
+        """A server-role request: check it, then raise the fence to its session."""
+        self.check(session_id)
+        if session_id > self._highest:
+            self._highest = session_id
 
     def advance(self, session_id: int) -> None:
         """A session sets the low-water mark: check it, then raise the fence to it."""

@@ -31,10 +31,16 @@ never below an earlier one's), so the floor cannot be walked down either. Offlin
 low-water mark, the prefix it held valid when its last session began: the CLI's guards check in ZooKeeper
 that the replica is no voting member before it does (docs/security.md).
 
-The session fence is raised only by a SetLowWaterMark (a server's session write, or an offline one):
-reads, appends and truncates of a newer session are admitted but never raise it, so a read carrying a huge
-session id cannot lock the partition's real sessions out. A fence poisoned by a bogus SetLowWaterMark is
-cleared with `waltz storage reset-fence` (admin port, unwritable partition).
+The session fence is raised only by the server role: any request of a newer store session from a caller with
+the server role raises it (an offline SetLowWaterMark too). It must be raised by a new session's first request,
+reads included: a new owner's recovery reads each replica's log and votes on what is committed; an old owner
+that is frozen, not dead, could otherwise still append a batch to a majority after those reads, see it
+acknowledged and tell its clients it committed, and the recovery would then truncate it as uncommitted. With the
+fence raised by the reads, that batch is refused STALE_SESSION at a majority and never acknowledged. An operator
+(or any caller without the server role) only meets the fence and never raises it, so under mutual TLS a read
+carrying a huge session id cannot lock the partition's sessions out. Without TLS every caller with the cluster
+key is trusted as a server, and can. A poisoned fence is cleared with `waltz storage reset-fence` (admin port,
+unwritable partition).
 """
 
 from __future__ import annotations

@@ -90,6 +90,7 @@ def test_no_truncate_below_the_low_water_mark(node):
             ok(await c.ask("set_low_water_mark", low_water_mark=903))
             for keep in (100, -1):
                 refused(await c.ask("truncate", transaction_id=keep), Code.COMMITTED_DATA, "up to 903 are committed")
+            for keep in (100, -1):  # a newer session (which fences session 1 out) may not either
                 refused(await c.ask("truncate", transaction_id=keep, session_id=2), Code.COMMITTED_DATA)
             refused(await c.ask("set_low_water_mark", low_water_mark=100, session_id=2), Code.COMMITTED_DATA)
 
@@ -148,8 +149,12 @@ def test_only_the_server_role_writes_online(node):
     assert max_id(node) == 6
 
 
-def test_reads_never_raise_the_session_fence(node):
-    """Finding: a MaxTransactionId read with session 10^12 raised the fence: STALE_SESSION for good."""
+def test_reads_of_an_operator_never_raise_the_session_fence(node):
+    """Finding: a MaxTransactionId read with session 10^12 raised the fence: STALE_SESSION for good. Under
+    mutual TLS an operator's reads no longer raise it (without TLS every caller with the cluster key is trusted as
+    a server: its reads fence, as a new owner's must)."""
+    if node.tls_dir is None:
+        pytest.skip("without TLS the cluster key is a server's credential (docs/security.md)")
 
     async def scenario():
         async with server(node, 5) as s, operator(node, HUGE) as o:
@@ -157,15 +162,31 @@ def test_reads_never_raise_the_session_fence(node):
             await o.open()
             ok(await s.ask("set_low_water_mark", low_water_mark=-1))
             ok(await s.append(0, records(0, 3)))
-            for probe in (s, o):
-                ok(await probe.ask("max_transaction_id", session_id=HUGE))
-                ok(await probe.ask("last_session_info", session_id=HUGE))
-                ok(await probe.ask("record_list", session_id=HUGE, transaction_id=0, max_records=3))
-            ok(await s.append(0, records(3, 1), session_id=HUGE))  # admitted, and raises nothing either
-            ok(await s.append(0, records(4, 1)))  # session 5 goes on
+            ok(await o.ask("max_transaction_id", session_id=HUGE))
+            ok(await o.ask("last_session_info", session_id=HUGE))
+            ok(await o.ask("record_list", session_id=HUGE, transaction_id=0, max_records=3))
+            ok(await s.append(0, records(3, 1)))  # session 5 goes on
 
     node.call(scenario())
     assert node.node.manager.partition(0).fence.highest_session_id == 5
+
+
+def test_a_new_sessions_first_read_fences_the_old_session_out(node):
+    """Why the server role's reads raise the fence: an old owner, frozen while a new owner's recovery read the
+    replicas, must not then append a batch that the recovery (which did not see it) truncates after the old owner
+    told its clients it committed. The new session's first read shuts session 5 out."""
+
+    async def scenario():
+        async with server(node, 5) as old, server(node, 6) as new:
+            await old.open()
+            await new.open()
+            ok(await old.ask("set_low_water_mark", low_water_mark=-1))
+            ok(await old.append(0, records(0, 3)))
+            ok(await new.ask("max_transaction_id"))  # the new owner's recovery reads
+            refused(await old.append(0, records(3, 1)), Code.STALE_SESSION)
+
+    node.call(scenario())
+    assert node.node.manager.partition(0).fence.highest_session_id == 6
 
 
 def test_an_operator_resets_a_poisoned_fence(node):
