@@ -179,7 +179,7 @@ def test_rotated_files_are_used_by_the_next_connection(cluster, capsys):
 
 def test_storage_rules_hold_for_every_certificate(cluster, capsys):
     """Issue 25 under TLS: an operator certificate writes nothing online (no forged record at max+1, no
-    Truncate, no SetLowWaterMark), a read with a huge session raises no fence, and even the server
+    Truncate, no SetLowWaterMark), an operator's read with a huge session raises no fence, and even the server
     certificate cannot truncate committed transactions."""
     operator, server = cluster.tls_files("operator"), cluster.tls_files("server")
     node = cluster.storage[0]
@@ -203,7 +203,7 @@ def test_storage_rules_hold_for_every_certificate(cluster, capsys):
             StorageSession(node.connect_string, cluster.cluster_key, 1, 5, offline=False, tls_files=server) as s,
             pytest.raises(CliError, match="are committed"),
         ):
-            s.truncate(0, fence + 1, -1)
+            s.truncate(0, fence, -1)  # the current session (a newer one from the server role would raise the fence)
     with StorageAdminClient("127.0.0.1", node.admin_port, cluster.cluster_key, 1, tls_files=operator) as admin:
         (after,) = admin.list_partitions()
     assert (after.fence_session_id, after.max_transaction_id) == (fence, top)
