@@ -142,3 +142,18 @@ def test_servers_that_left_zookeeper_are_forgotten_and_new_ones_start_alive() ->
 def test_settings_refuse_nonsense(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         LivenessSettings(**kwargs)
+
+
+def test_probe_outcomes_from_grpc_status_codes() -> None:
+    import grpc
+
+    from waltz_server.peers import outcome
+
+    def error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "x")
+
+    assert outcome(None) is Probe.ANSWERED
+    assert outcome(error(grpc.StatusCode.UNAVAILABLE)) is Probe.REFUSED
+    assert outcome(error(grpc.StatusCode.DEADLINE_EXCEEDED)) is Probe.UNANSWERED
+    assert outcome(error(grpc.StatusCode.UNIMPLEMENTED)) is Probe.ANSWERED  # its server answered
+    assert outcome(error(grpc.StatusCode.NOT_FOUND)) is Probe.ANSWERED
