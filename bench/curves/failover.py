@@ -121,14 +121,17 @@ async def _kill(cluster: LocalCluster, load: Load) -> Round:
 async def _freeze(cluster: LocalCluster, load: Load) -> Round:
     owner_id, owner = await asyncio.to_thread(_owner, cluster)
     assert owner.process is not None
+    process = owner.process
     stopped_at = time.perf_counter()
-    owner.process.send_signal(signal.SIGSTOP)
+    process.send_signal(signal.SIGSTOP)
+    woken = asyncio.get_running_loop().call_later(STOP_S, process.send_signal, signal.SIGCONT)  # whatever happens
     try:
         seconds = await load.first_commit_after(stopped_at)
         new_owner = (await asyncio.to_thread(owners, cluster))[0]
         await asyncio.sleep(max(0.0, stopped_at + STOP_S - time.perf_counter()))
     finally:
-        owner.process.send_signal(signal.SIGCONT)
+        woken.cancel()
+        process.send_signal(signal.SIGCONT)
     return Round(f"SIGSTOP {STOP_S:g} s", seconds, new_owner != owner_id, None)
 
 

@@ -37,6 +37,10 @@ RETRY_S = 0.5
 MAX_RETRY_S = 5.0
 MERGE_WINDOW_S = 0.1
 """How long a poll waits for more answers after the first one."""
+EAGER_S = 5.0
+EAGER_INTERVAL_S = 0.1
+"""After refresh(), poll every EAGER_INTERVAL_S until the ownership changes, for at most EAGER_S: the servers move
+a dead owner's partitions about a second after it died, later than its clients notice."""
 
 
 def topology_of(info: server_pb2.ClusterInfoResponse) -> dict[int, Ownership]:
@@ -78,6 +82,7 @@ class ServersDriver(GrpcDriver):
         self._topology: dict[int, Ownership] = {}
         self._last_good: str | None = None
         self._wake = asyncio.Event()
+        self._eager_until = 0.0  # loop time until which polls come every EAGER_INTERVAL_S
         self._poller: asyncio.Task[None] | None = None
         self.limits = server_pb2.Limits()
 
@@ -94,13 +99,15 @@ class ServersDriver(GrpcDriver):
         return ClusterInfo(ids.client_id, info.num_partitions, info.cluster_name)
 
     def refresh(self) -> None:
+        self._eager_until = asyncio.get_running_loop().time() + EAGER_S
         self._wake.set()
 
     async def _poll(self, on_topology: Callable[[Topology], None]) -> None:
-        interval = self.config.discovery_interval_s
+        loop = asyncio.get_running_loop()
         while True:
+            eager = loop.time() < self._eager_until
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
+                async with asyncio.timeout(EAGER_INTERVAL_S if eager else self.config.discovery_interval_s):
                     await self._wake.wait()
             self._wake.clear()
             answers = await self._ask_all()
@@ -109,6 +116,7 @@ class ServersDriver(GrpcDriver):
                 continue
             topology = freshest(self._topology, [topology_of(info) for info in answers])
             if topology != self._topology:
+                self._eager_until = 0.0
                 self._topology = topology
                 on_topology(dict(topology))
 
