@@ -95,14 +95,26 @@ def test_a_frozen_owner_loses_its_partitions_in_seconds_and_woken_does_not_take_
                 await asyncio.sleep(max(0.0, stopped_at + 10.0 - time.monotonic()))
             finally:
                 victim.process.send_signal(signal.SIGCONT)
+            woke_at = time.monotonic()
+            held: dict[int, int] = {}
+
+            async def stale() -> bool:  # it still serves a moved partition under the generation it lost
+                answer = await server_partitions(cluster, victim.address)
+                held.clear()
+                held.update({p.partition_id: p.generation for p in answer.partitions})
+                return any(held.get(pid) == before[pid].generation for pid in moved)
+
+            while await stale() and time.monotonic() - woke_at < 2.0:
+                await asyncio.sleep(0.05)
+            let_go = time.monotonic() - woke_at
             acked = await writer.acknowledged_at_least(acked + STEP, f"after server {victim_id} woke")
             assert await asyncio.to_thread(registered, cluster, victim_id)
-            held = {p.partition_id: p.generation for p in (await server_partitions(cluster, victim.address)).partitions}
             await healthy_owners(cluster)
             after = await asyncio.to_thread(assignment, cluster)
             acked = await writer.acknowledged_at_least(acked + STEP, "with both servers again")
         report("owner SIGSTOP", f"partitions {moved} of server {victim_id} moved {took:.2f} s into a 10 s stop; woken, "
-               f"it held {held}; generations {({p: o.generation for p, o in before.items()})} -> "
+               f"it held {held} {let_go:.2f} s after SIGCONT; generations "
+               f"{({p: o.generation for p, o in before.items()})} -> "
                f"{({p: o.generation for p, o in after.items()})}; {acked} acknowledged")
         for pid in moved:
             assert held.get(pid, before[pid].generation + 1) > before[pid].generation, (pid, held, before)

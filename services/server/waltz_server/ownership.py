@@ -97,9 +97,12 @@ class PartitionManager:
             for pid in [p for p in fenced if p in wanted]:
                 del fenced[pid]
             change = ownership_change(self.owned(), wanted)
-            for pid in change.close:
-                log.info("closing partition %d (assigned elsewhere)", pid)
-                await self._partitions.pop(pid).close()
+            # Together: a close may wait for its replicas (a short drain), and every client of every partition that
+            # moved must hear NOT_READY now, not after the partitions closed before its own.
+            closing = [self._partitions.pop(pid) for pid in change.close]
+            for partition in closing:
+                log.info("closing partition %d (assigned elsewhere)", partition.partition_id)
+            await asyncio.gather(*(partition.close() for partition in closing))
             for pid, generation in change.regenerate.items():
                 log.info("partition %d: generation %d", pid, generation)
                 await self._partitions[pid].set_generation(generation)
