@@ -22,7 +22,8 @@ CURVES = {
     "consumers": (consumers, ["1 consumer", "10 consumers", "50 consumers", "server CPU us/delivered"]),
     "log_size": (log_size, ["storage node, empty log (baseline)", "storage node, 100,000 records",
                             "server takeover, 100,000 transactions"]),
-    "failover": (failover, ["kill to first commit s", "kill to session expiry s"]),
+    "failover": (failover, ["failure detector (default): kill -9", "failure detector (default): SIGSTOP 10 s",
+                            "old: session expiry only", "signal to session expiry s"]),
     "etcd": (etcd, ["etcd 3.4, 3 members", "Waltz: 100 writers", "x etcd"]),
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -218,8 +219,7 @@ class ClientPartition:
                 if verdict is _Verdict.NOT_READY:
                     self._problem = (f"server {self._owner.endpoint if self._owner else '?'} answered NOT_READY "
                                      "(the partition is not open there: recovering, or moving); mounting again")
-                    self.env.refresh_topology()
-                    await asyncio.sleep(NOT_READY_RETRY_S)
+                    await self._look_up_again(NOT_READY_RETRY_S)
         except (ClientAheadError, ClientIdDeniedError) as exc:
             log.error("%s", exc)
             self.shutdown(exc)
@@ -234,11 +234,14 @@ class ClientPartition:
         if self.state.mount_state is not MountState.UNMOUNTED:
             self.state.on_disconnect()
         try:
-            conn = await self.env.connections.get(owner.endpoint)
+            conn = await self._connect(owner)
         except StreamClosedError as exc:
             log.info("partition %d: cannot reach %s: %s", self.partition_id, owner.endpoint, exc)
             self._problem = f"cannot reach server {owner.endpoint}: {exc}"
+            self.env.refresh_topology()
             return _Verdict.REMOUNT
+        if conn is None:
+            return _Verdict.REMOUNT  # the partition moved while the stream was being opened
         self.conn, self._owner = conn, owner
         req_id = self.state.begin_mount()
         conn.enqueue(mount_request(req_id, self.client_high_water_mark, conn.seq_num))
@@ -295,6 +298,31 @@ class ClientPartition:
                 self.state.on_disconnect()
                 return verdict
 
+    async def _look_up_again(self, at_most: float) -> None:
+        """Ask where the partition is now, and go on as soon as the answer changes it (at most `at_most` s)."""
+        changed = self.env.topology_changed()
+        self.env.refresh_topology()
+        if self.env.ownership(self.partition_id) == self._owner:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(at_most):
+                    await changed.wait()
+
+    async def _connect(self, owner: Ownership) -> ServerConnection | None:
+        """The stream to owner, or None when the partition moved meanwhile (the connection manager may be
+        backing off from a server that just died: its successor must not wait for that)."""
+        assert owner.endpoint is not None
+        getting = asyncio.ensure_future(self.env.connections.get(owner.endpoint))
+        while not getting.done():
+            changed = asyncio.ensure_future(self.env.topology_changed().wait())
+            await asyncio.wait({getting, changed}, return_when=asyncio.FIRST_COMPLETED)
+            changed.cancel()
+            if not getting.done() and self.env.ownership(self.partition_id) != owner:
+                getting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StreamClosedError):
+                    await getting
+                return None
+        return getting.result()
+
     async def _wait_for_owner(self) -> Ownership:
         while True:
             owner = self.env.ownership(self.partition_id)
@@ -311,6 +339,7 @@ class ClientPartition:
         if message is None:
             endpoint = self._owner.endpoint if self._owner else "?"
             self._problem = f"the stream to server {endpoint} ended; connecting again"
+            self.env.refresh_topology()  # the stream broke: its server may be gone, ask where the partition is
             return _Verdict.REMOUNT  # reconnect procedure step 1: appends are blocked from here
         kind = message.WhichOneof("message")
         if kind == "feed":

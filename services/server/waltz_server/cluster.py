@@ -1,5 +1,11 @@
 """ZooKeeper membership: server id, ephemeral registration, the coordinator's assignment, ownership.
 
+The coordinator assigns partitions over the servers that are registered and, when a PeerWatch is given, not
+found dead by it (peers.py): a killed or frozen owner's partitions move once the failure detector says so,
+without waiting for ZooKeeper to expire its session; when the coordinator is the dead one, the next server in
+id order takes its place. Safety does not rest on this view being right: a new owner's store session fences
+the old owner's at the storage nodes (docs/failover.md).
+
 kazoo runs on its own threads. Its watch and connection-state callbacks only post events to the
 asyncio loop; one task there handles them in order, and blocking ZooKeeper calls go to a thread.
 """
@@ -19,6 +25,7 @@ from waltz_common import zk as zkmeta
 from waltz_common.zk import ZkPaths
 from waltz_server.assignment import PartitionInfo, assign_partitions
 from waltz_server.ownership import PartitionManager
+from waltz_server.peers import PeerWatch
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +92,10 @@ class ClusterMembership:
         on_connected: Callable[[bool], Awaitable[None]] | None = None,
         preferred_partitions: Iterable[int] = (),
         retry_seconds: float = 1.0,
+        peers: PeerWatch | None = None,
     ) -> None:
+        """peers: the failure detector whose dead servers the coordinator leaves out (None: only ZooKeeper's
+        registrations count)."""
         self.zk = zk
         self.paths = paths
         self.host = host
@@ -100,6 +110,10 @@ class ClusterMembership:
         self._wake = asyncio.Event()
         self._states: list[str] = []
         self._children: list[str] | None = None
+        self._registered: list[int] | None = None  # the registered server ids last seen
+        self._recheck = False  # the failure detector's view changed: assign again
+        self._peers = peers
+        self._descriptors_seen: dict[int, metadata_pb2.ServerDescriptor] = {}
         self._assignment: bytes | None = None
         self._lost = False
         self._stopping = False
@@ -111,6 +125,8 @@ class ClusterMembership:
         self.server_id = await asyncio.to_thread(self._take_id)
         await asyncio.to_thread(self._register)
         self.zk.add_listener(self._on_state)
+        if self._peers is not None:
+            self._peers.start(self.server_id, lambda: self._post(lambda: setattr(self, "_recheck", True)))
         self._task = asyncio.create_task(self._run(), name=f"cluster-membership-{self.server_id}")
         await asyncio.to_thread(self._watch)
         log.info("server %d registered at %s", self.server_id, self.paths.server(self.server_id))
@@ -120,6 +136,8 @@ class ClusterMembership:
         """Deregister (the coordinator then moves this server's partitions) and stop watching."""
         self._stopping = True
         self.zk.remove_listener(self._on_state)
+        if self._peers is not None:
+            await self._peers.stop()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -149,12 +167,11 @@ class ClusterMembership:
         self.zk.ChildrenWatch(self.paths.servers, self._on_children, allow_session_lost=True)
         self.zk.DataWatch(self.paths.server_assignment, self._on_assignment)
 
-    def _reassign(self, children: list[str]) -> None:
-        """As coordinator: write the assignment for the live servers, compare-and-set."""
-        live = live_server_ids(children)
+    def _reassign(self, live: list[int], descriptors: Mapping[int, metadata_pb2.ServerDescriptor]) -> None:
+        """As coordinator of the live servers (registered, not found dead): write their assignment, compare-and-set."""
         if not is_coordinator(self.server_id, live):
             return
-        preferred = {sid: list(d.preferred_partitions) for sid, d in self._descriptors(live).items()}
+        preferred = {sid: list(d.preferred_partitions) for sid, d in descriptors.items() if sid in live}
         path = self.paths.server_assignment
         while True:
             found = zkmeta.read(self.zk, path, metadata_pb2.ServerAssignment)
@@ -169,7 +186,9 @@ class ClusterMembership:
                     zkmeta.write(self.zk, path, proposed, version=version)
             except (BadVersionError, NodeExistsError):
                 continue
-            log.info("coordinator %d assigned partitions over servers %s", self.server_id, live)
+            dead = sorted(set(stored_assignment(current)) - set(live) - {UNOWNED})
+            log.info("coordinator %d assigned partitions over servers %s%s", self.server_id, live,
+                     f" (moved off {dead})" if dead else "")
             return
 
     def _descriptors(self, live: list[int]) -> dict[int, metadata_pb2.ServerDescriptor]:
@@ -234,8 +253,17 @@ class ClusterMembership:
             return
         if self._children is not None:
             children = self._children
-            await asyncio.to_thread(self._reassign, children)
-            self._children = None
+            self._registered = live_server_ids(children)
+            self._descriptors_seen = await asyncio.to_thread(self._descriptors, self._registered)
+            if self._peers is not None:
+                self._peers.set_peers({sid: f"{d.host}:{d.port}" for sid, d in self._descriptors_seen.items()})
+            self._recheck = True
+            if self._children is children:
+                self._children = None
+        if self._recheck and self._registered is not None:
+            self._recheck = False
+            live = self._peers.alive(self._registered) if self._peers is not None else self._registered
+            await asyncio.to_thread(self._reassign, live, self._descriptors_seen)
         if self._assignment is not None:
             data = self._assignment
             message = metadata_pb2.ServerAssignment()

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key
+from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key, boolean
 from waltz_common.port_guard import limit_keys
 from waltz_common.tls import TLS_KEYS
+from waltz_server.liveness import LivenessSettings
 from waltz_server.store.settings import STORE_KEYS
 from waltz_server.validation import DEFAULT_MAX_LOCKS_PER_APPEND
 
@@ -44,12 +45,40 @@ SERVER_KEYS = (
     Key("server.readBatchSize", int, 500, "records per ReadTransactions message (upper bound)"),
     Key("server.shutdownGraceSeconds", float, 10.0, "how long in-flight calls may finish on SIGTERM"),
     *limit_keys("server", "server.port"),
+    Key("server.peerDetection", boolean, True,
+        "watch the other servers over their client ports (grpc.health.v1 Check) and move a dead server's partitions "
+        "as soon as it is found dead (server.peerRefusedConfirm, server.peerTimeout), without waiting for "
+        "ZooKeeper to expire its session; false: only the session's expiry moves them"),
+    Key("server.peerProbeInterval", int, 250,
+        "milliseconds between two probes of each peer server (at most half of server.peerRefusedConfirm)"),
+    Key("server.peerRefusedConfirm", int, 500,
+        "milliseconds a peer's connections must keep being refused or reset (at least two probes, none "
+        "answered) before it is dead: a killed process"),
+    Key("server.peerTimeout", int, 3000,
+        "milliseconds without any answer from a peer before it is dead: a frozen process or a cut network; "
+        "longer than any pause a live server may take (a 1 s stop-the-world pause, a busy machine)"),
+    Key("server.peerRejoin", int, 2000,
+        "milliseconds a dead peer must answer every probe before it counts as alive again"),
     Key("storage.maxBatchSize", int, 500, "appends per store batch (one request per replica)"),
     Key("storage.maxBatchBytes", int, 4194304, "transaction bytes per store batch"),
     Key("storage.maxBatchesInFlight", int, 1,
         "store batches of a partition at its replicas, not committed yet; more overlap round trips to "
         "distant storage nodes, 1 batches the most (least CPU per append)"),
 )
+
+
+def liveness_settings(config: Config | dict[str, Any]) -> LivenessSettings:
+    """The failure detector's settings from the server.peer* keys."""
+    try:
+        return LivenessSettings(
+            enabled=config["server.peerDetection"],
+            probe_interval_s=config["server.peerProbeInterval"] / 1000.0,
+            refused_confirm_s=config["server.peerRefusedConfirm"] / 1000.0,
+            timeout_s=config["server.peerTimeout"] / 1000.0,
+            rejoin_s=config["server.peerRejoin"] / 1000.0,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def all_keys() -> tuple[Key, ...]:

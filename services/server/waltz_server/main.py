@@ -23,12 +23,13 @@ from waltz_common.zk import MetadataError, ZkPaths
 from waltz_common.zk_security import ZkSecurity
 from waltz_server.cache_budget import CacheBudget
 from waltz_server.cluster import ClusterMembership
-from waltz_server.config import PartitionSettings, all_keys
+from waltz_server.config import PartitionSettings, all_keys, liveness_settings
 from waltz_server.discovery import ClusterInfo, ClusterView
 from waltz_server.health import PartitionHealth, server_verdicts
 from waltz_server.identity import ClientIdentities, ZkBindingStore
 from waltz_server.metrics import ServerMetrics
 from waltz_server.ownership import PartitionManager
+from waltz_server.peers import PeerWatch
 from waltz_server.service import WaltzServerService, partition_status, start_grpc_server
 from waltz_server.store.api import StorePartition
 from waltz_server.store.connection import StorageConnections
@@ -128,8 +129,10 @@ async def _serve(
         if config["server.metrics.port"]:
             metrics_http, _ = start_http_server(config["server.metrics.port"], addr=host, registry=metrics.registry)
         advertised_host, advertised_port = advertised(config["server.advertisedAddress"], host, port)
+        detector = liveness_settings(config)
+        peers = PeerWatch(detector, tls.process_files()) if detector.enabled else None
         membership = ClusterMembership(
-            zk, paths, advertised_host, advertised_port, params.num_partitions, manager, on_connected
+            zk, paths, advertised_host, advertised_port, params.num_partitions, manager, on_connected, peers=peers
         )
         server_id = await membership.start()
         await on_connected(True)
@@ -203,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         LimitSettings.from_config(config, "server")
         StoreSettings.from_config(config)
         advertised(config["server.advertisedAddress"], config["server.host"], 0)
+        liveness_settings(config)
         ZkSecurity.from_config(config)  # its files and formats are checked before anything starts
         tls.use_for_process(tls.TlsFiles.from_config(config))  # this server's certificate, to storage nodes too
         event_loop.loop_factory()

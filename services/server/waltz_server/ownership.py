@@ -1,4 +1,10 @@
-"""The partitions this server owns: open what it gained, close what it lost, follow generations."""
+"""The partitions this server owns: open what it gained, close what it lost, follow generations.
+
+A partition whose store was fenced by a newer owner (a replica refused its store session STALE_SESSION, or
+ZooKeeper holds a higher generation) is closed at once, which tells its clients NOT_READY, even before the
+new assignment arrives (this server may have been frozen, or cut off from ZooKeeper). It is not opened again
+under the generation it was fenced at unless, after a delay, the assignment still gives it to this server at
+that generation (then the store checks again); a higher generation opens it at once."""
 
 from __future__ import annotations
 
@@ -69,6 +75,9 @@ class PartitionManager:
         self._restarts: dict[int, tuple[float, Backoff]] = {}  # partition -> (its last failure, its delays)
         self._restart_tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()  # close_all: restarts waiting for their delay give up
+        self._assigned: dict[int, int] = {}  # the last assignment applied (partition id -> generation)
+        self._fenced_at: dict[int, int] = {}  # partition id -> the generation a newer owner fenced it at
+        self.fenced = 0  # partitions given up because a newer owner fenced them (metrics, tests)
 
     def get(self, partition_id: int) -> Partition | None:
         return self._partitions.get(partition_id)
@@ -82,10 +91,18 @@ class PartitionManager:
     async def apply(self, assigned: Mapping[int, int]) -> OwnershipChange:
         """Own exactly the assigned partitions (id -> generation)."""
         async with self._lock:
-            change = ownership_change(self.owned(), assigned)
-            for pid in change.close:
-                log.info("closing partition %d (assigned elsewhere)", pid)
-                await self._partitions.pop(pid).close()
+            self._assigned = dict(assigned)
+            fenced = self._fenced_at
+            wanted = {p: g for p, g in assigned.items() if g > fenced.get(p, -1)}  # fenced: not at that generation
+            for pid in [p for p in fenced if p in wanted]:
+                del fenced[pid]
+            change = ownership_change(self.owned(), wanted)
+            # Together: a close may wait for its replicas (a short drain), and every client of every partition that
+            # moved must hear NOT_READY now, not after the partitions closed before its own.
+            closing = [self._partitions.pop(pid) for pid in change.close]
+            for partition in closing:
+                log.info("closing partition %d (assigned elsewhere)", partition.partition_id)
+            await asyncio.gather(*(partition.close() for partition in closing))
             for pid, generation in change.regenerate.items():
                 log.info("partition %d: generation %d", pid, generation)
                 await self._partitions[pid].set_generation(generation)
@@ -101,14 +118,29 @@ class PartitionManager:
 
     async def _open(self, pid: int, generation: int) -> None:
         metrics = self._metrics.for_partition(pid) if self._metrics is not None else None
-        partition = Partition(pid, generation, self._store_factory(pid), self._settings, metrics, budget=self.budget)
+        store = self._store_factory(pid)
+        partition = Partition(pid, generation, store, self._settings, metrics, budget=self.budget)
         partition.on_failure = self._failed
+        store.on_fenced = lambda reason: self._fenced(partition, reason)
         if self._paused:
             partition.pause()
         self._partitions[pid] = partition
         await partition.open()
 
-    def _failed(self, partition: Partition) -> None:
+    def _fenced(self, partition: Partition, reason: str) -> None:
+        """A newer owner fenced the partition's store: stop serving it now (its clients hear NOT_READY and look
+        for the new owner), and do not open it again under this generation unless it is still assigned here."""
+        pid = partition.partition_id
+        if self._partitions.get(pid) is not partition or self._fenced_at.get(pid) == partition.generation:
+            return
+        log.warning("partition %d: fenced by a newer owner at generation %d (%s): closing it", pid,
+                    partition.generation, reason)
+        self._fenced_at[pid] = partition.generation
+        self.fenced += 1
+        partition.failure = f"fenced by a newer owner: {reason}"
+        self._failed(partition, fenced=True)
+
+    def _failed(self, partition: Partition, fenced: bool = False) -> None:
         """A partition's task failed (a bug, reported by health meanwhile): close it, which answers its queued
         appends PARTITION_NOT_READY (their clients mount again), and open it anew after a delay."""
         now = asyncio.get_running_loop().time()
@@ -118,11 +150,11 @@ class PartitionManager:
             backoff.reset()  # not a failure in a row
         delay = backoff.next_delay()
         self._restarts[partition.partition_id] = (now, backoff)
-        task = asyncio.get_running_loop().create_task(self._restart(partition, delay))
+        task = asyncio.get_running_loop().create_task(self._restart(partition, delay, fenced))
         self._restart_tasks.add(task)
         task.add_done_callback(self._restart_tasks.discard)
 
-    async def _restart(self, partition: Partition, delay: float) -> None:
+    async def _restart(self, partition: Partition, delay: float, fenced: bool = False) -> None:
         pid = partition.partition_id
         async with self._lock:
             if self._partitions.get(pid) is not partition:
@@ -136,6 +168,10 @@ class PartitionManager:
         async with self._lock:
             if pid in self._partitions or self._stopping.is_set():
                 return  # opened again by an assignment meanwhile, or the server is stopping
+            if fenced:
+                if self._assigned.get(pid) != partition.generation:
+                    return  # assigned elsewhere (or under a newer generation, which apply opens)
+                self._fenced_at.pop(pid, None)  # still ours in the assignment: try again (the store checks ZooKeeper)
             await self._open(pid, partition.generation)
             self._count()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from waltz.v1 import common_pb2
@@ -48,6 +48,14 @@ class FakeStore:
         self._next_session = -1
         self._next_id = 0
         self._failed_up_to: int | None = None
+        self.on_fenced: Callable[[str], None] | None = None
+
+    def fence(self, reason: str = "a replica refused the session: STALE_SESSION") -> None:
+        """A newer owner's store session fenced this one: no more appends, and the owner is told."""
+        self._ready.clear()
+        self.session_id += 1  # batches in flight fail, their outcome known only to the new owner
+        if self.on_fenced is not None:
+            self.on_fenced(reason)
 
     @property
     def high_water_mark(self) -> int:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
+from grpc_health.v1 import health, health_pb2_grpc
+
 from tests.component.server.fakes import FakeStore
 from tests.component.server.harness import SMALL, run
 from waltz.v1 import metadata_pb2
@@ -11,7 +14,9 @@ from waltz_common import cluster_admin
 from waltz_common import zk as zkmeta
 from waltz_common.zk import ZkPaths
 from waltz_server.cluster import ClusterMembership
+from waltz_server.liveness import LivenessSettings
 from waltz_server.ownership import PartitionManager
+from waltz_server.peers import PeerWatch
 
 NUM_PARTITIONS = 4
 
@@ -125,5 +130,88 @@ def test_session_loss_gives_up_partitions_and_a_new_session_registers_again(zook
             assert set(member.owned().values()) == {1}
         finally:
             await member.stop()
+
+    run(scenario, timeout=120)
+
+
+FAST = LivenessSettings(probe_interval_s=0.05, refused_confirm_s=0.2, timeout_s=1.0, rejoin_s=0.5)
+
+
+class Probed(Member):
+    """A member whose client port is a real gRPC server answering health checks (what peers probe); closing
+    the port is a kill -9 as its peers see it, while its membership (and ZooKeeper session) goes on."""
+
+    def __init__(self, connect_string: str, paths: ZkPaths) -> None:
+        self.port_number = 0
+        self.health: grpc.aio.Server | None = None
+        self._connect_string, self._paths = connect_string, paths
+
+    async def open_port(self) -> None:
+        server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+        self.port_number = server.add_insecure_port(f"127.0.0.1:{self.port_number}")
+        await server.start()
+        self.health = server
+
+    async def close_port(self) -> None:
+        assert self.health is not None
+        await self.health.stop(0)
+
+    async def start(self) -> int:
+        await self.open_port()
+        Member.__init__(self, self._connect_string, self._paths, self.port_number)
+        self.membership._peers = PeerWatch(FAST)
+        return await self.membership.start()
+
+    async def stop(self) -> None:
+        await Member.stop(self)
+        if self.health is not None:
+            await self.health.stop(0)
+
+
+def test_a_dead_server_still_registered_loses_its_partitions_and_a_dead_coordinator_is_replaced(
+    zookeeper, zk, cluster_root
+):
+    """Detection without ZooKeeper: closing a server's client port (its session lives on) moves its partitions
+    with generation + 1 within about a second; the server, still registered, lets them go and does not take
+    them back; once its port answers again the coordinator gives it a share under newer generations. Then
+    the same with the coordinator as the dead one: the other server takes its place."""
+    paths = ZkPaths(cluster_root)
+    cluster_admin.create_cluster(zk, paths, "test", NUM_PARTITIONS)
+
+    async def scenario():
+        first = Probed(zookeeper.connect_string, paths)
+        second = Probed(zookeeper.connect_string, paths)
+        try:
+            a = await first.start()
+            b = await second.start()
+            await until(lambda: len(first.owned()) == 2 and len(second.owned()) == 2)
+            await asyncio.sleep(0.3)  # both have answered a probe: they are judged from now on
+            held = second.owned()
+
+            loop = asyncio.get_running_loop()
+            await second.close_port()
+            closed_at = loop.time()
+            await until(lambda: len(first.owned()) == NUM_PARTITIONS, timeout=10)
+            took = loop.time() - closed_at
+            assert took < 1.5, took
+            assert zk.exists(paths.server(b)) is not None  # still registered
+            assert all(first.owned()[p] == g + 1 for p, g in held.items())
+            await until(lambda: second.owned() == {})  # it saw the assignment move and let them go
+            await asyncio.sleep(0.5)
+            assert second.owned() == {} and {s for s, _ in assignment(zk, paths).values()} == {a}
+
+            await second.open_port()  # back: after peerRejoin the coordinator rebalances, newer generations
+            await until(lambda: len(second.owned()) == 2, timeout=10)
+            assert all(g >= 3 for g in second.owned().values())
+
+            taken = first.owned()
+            await first.close_port()  # now the coordinator (the smallest id) is the dead one
+            await until(lambda: len(second.owned()) == NUM_PARTITIONS, timeout=10)
+            assert all(second.owned()[p] == g + 1 for p, g in taken.items())
+            await until(lambda: first.owned() == {})
+        finally:
+            await second.stop()
+            await first.stop()
 
     run(scenario, timeout=120)

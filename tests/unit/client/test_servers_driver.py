@@ -7,7 +7,7 @@ import pytest
 from waltz.v1 import server_pb2
 from waltz_client.config import ClientConfig
 from waltz_client.driver import Ownership
-from waltz_client.servers_driver import addresses_to_try, topology_of
+from waltz_client.servers_driver import addresses_to_try, freshest, topology_of
 from waltz_common.config import ConfigError
 
 
@@ -36,3 +36,14 @@ def test_topology_from_cluster_info():
         server_pb2.PartitionOwner(partition_id=1, address="", generation=3),
     ])
     assert topology_of(info) == {0: Ownership("h:1", 2), 1: Ownership(None, 3)}
+
+
+def test_a_poll_keeps_the_highest_generation_of_each_partition():
+    current = {0: Ownership("a:1", 2), 1: Ownership("a:1", 1), 2: Ownership("b:2", 1)}
+    woken_old_owner = {0: Ownership("a:1", 2), 1: Ownership("a:1", 1), 2: Ownership("b:2", 1)}
+    coordinator = {0: Ownership("b:2", 3), 1: Ownership(None, 1), 2: Ownership("b:2", 1)}
+    merged = freshest(current, [woken_old_owner, coordinator])
+    assert merged == {0: Ownership("b:2", 3), 1: Ownership("a:1", 1), 2: Ownership("b:2", 1)}
+    # an answer behind what the client knows cannot take a partition back; a newer one moves it
+    assert freshest(merged, [woken_old_owner]) == merged
+    assert freshest({}, [{0: Ownership(None, 0)}]) == {0: Ownership(None, 0)}

@@ -55,3 +55,24 @@ def test_ownership_change():
     change = ownership_change({0: 1, 1: 1, 2: 3}, {1: 1, 2: 4, 3: 2})
     assert change == OwnershipChange(open={3: 2}, close=[0], regenerate={2: 4})
     assert ownership_change({0: 1}, {0: 1}).empty
+
+
+def test_a_dead_servers_partitions_move_with_a_new_generation_and_the_others_stay():
+    """The coordinator passes the registered servers minus the ones its failure detector holds dead."""
+    from waltz_server.liveness import LivenessSettings, PeerLiveness, Probe
+
+    stored = assignment_message({1: [PartitionInfo(0, 1), PartitionInfo(1, 1)], 2: [PartitionInfo(2, 2),
+                                                                                     PartitionInfo(3, 2)]})
+    view = PeerLiveness(1, LivenessSettings())
+    view.watch([1, 2], 0.0)
+    view.observe(2, Probe.ANSWERED, 0.0)
+    for t in (0.25, 0.5, 0.75):
+        view.observe(2, Probe.REFUSED, t)
+        view.tick(t)
+    assert view.alive([1, 2]) == [1]
+    proposed = next_assignment(stored, view.alive([1, 2]), 4)
+    assert proposed is not None
+    assert {p.partition_id: (p.server_id, p.generation) for p in proposed.partitions} == {
+        0: (1, 1), 1: (1, 1), 2: (1, 3), 3: (1, 3)
+    }
+    assert next_assignment(proposed, view.alive([1, 2]), 4) is None  # written once: nothing more to do

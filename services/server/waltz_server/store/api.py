@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -91,6 +91,8 @@ class StorePartition(Protocol):
     """
 
     partition_id: int
+    on_fenced: Callable[[str], None] | None
+    """Called (with the reason) when a newer owner fenced this store: see ReplicatedStorePartition.on_fenced."""
 
     @property
     def high_water_mark(self) -> int:

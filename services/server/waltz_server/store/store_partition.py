@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -77,6 +77,9 @@ class ReplicatedStorePartition:
         self._planned_restart = False
         self._detail = "not started"
         self._last_ready_session = -1
+        self.on_fenced: Callable[[str], None] | None = None
+        """Told (on the loop) when a newer owner fenced this one: a replica refused the session STALE_SESSION, or
+        ZooKeeper holds a higher generation. The owner stops serving the partition at once (docs/failover.md)."""
 
     # ----------------------------------------------------------------------------------- lifecycle
 
@@ -195,6 +198,7 @@ class ReplicatedStorePartition:
             except GenerationMismatch as e:
                 self._fenced = str(e)
                 log.warning("partition %d: %s; stopping until the generation goes up", self.partition_id, e)
+                self._tell_fenced(str(e))
                 continue
             except Exception as e:  # ZooKeeper unreachable or metadata damaged: try again later
                 self._detail = f"cannot start a store session: {e}"
@@ -243,7 +247,12 @@ class ReplicatedStorePartition:
         self._planned_restart = isinstance(reason, SessionRestart)
         if isinstance(reason, SessionFenced):
             log.warning("partition %d: fenced: %s", self.partition_id, reason)
+            self._tell_fenced(str(reason))
         return reason
+
+    def _tell_fenced(self, reason: str) -> None:
+        if self.on_fenced is not None and not self._closed:
+            self.on_fenced(reason)
 
     def _session_changed(self) -> None:
         session = self._session

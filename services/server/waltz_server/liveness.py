@@ -1,0 +1,158 @@
+"""Which peer servers are dead, decided from health probes without waiting for ZooKeeper's session expiry.
+
+Every server probes the client port of every other registered server (peers.py, the gRPC shell) and feeds
+the outcomes to a PeerLiveness, the pure decision here. A peer is dead when
+
+- its connections are refused or reset: every probe failed that way for `refused_confirm_s` (and at
+  least twice) since it last answered: a killed process, whose kernel resets its connections at once;
+- it answered nothing for `timeout_s`: a frozen process (SIGSTOP, a hung machine, a cut network).
+
+Anything a peer answers, even an error, shows its process runs. A peer never heard from since it was
+first seen is not judged (a firewall or a TLS mistake must not make every server look dead; ZooKeeper's
+session expiry still covers it). A dead peer is alive again once it answered for `rejoin_s` without a
+failure in between.
+
+This server's own pauses must not make its peers look dead: a tick that comes more than half the timeout
+after the one before means this process was stopped or starved meanwhile, so every peer's clocks start
+again at that tick (their silence during our pause proves nothing). `rejoin_s` after such a stall the
+view is reported changed once, so that a coordinator that was paused looks at the assignment again
+(its peers may have moved partitions meanwhile).
+
+The coordinator is the smallest server id among the registered servers this server does not hold dead,
+itself included: when the coordinator is the dead one, the next one takes its place at once.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+class Probe(enum.Enum):
+    ANSWERED = "answered"  # any answer (an error status too): the process runs
+    REFUSED = "refused"  # connection refused or reset (gRPC UNAVAILABLE)
+    UNANSWERED = "unanswered"  # the probe's deadline passed
+
+
+@dataclass(frozen=True, slots=True)
+class LivenessSettings:
+    """The failure detector's timing (server.peer* keys)."""
+
+    enabled: bool = True
+    probe_interval_s: float = 0.25
+    refused_confirm_s: float = 0.5
+    timeout_s: float = 3.0
+    rejoin_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if min(self.probe_interval_s, self.refused_confirm_s, self.timeout_s, self.rejoin_s) <= 0:
+            raise ValueError("the server.peer* intervals and timeouts must be positive")
+        if self.refused_confirm_s >= self.timeout_s:
+            raise ValueError("server.peerRefusedConfirm must be shorter than server.peerTimeout")
+        if self.probe_interval_s * 2 > self.refused_confirm_s:
+            raise ValueError("server.peerProbeInterval must be at most half of server.peerRefusedConfirm")
+
+    @property
+    def stall_s(self) -> float:
+        """A gap between two ticks longer than this is a pause of this process."""
+        return self.timeout_s / 2
+
+
+@dataclass(slots=True)
+class _Peer:
+    since: float  # when the current silence began: the last answer, or when watching (re)started
+    answered_once: bool = False
+    refused_since: float | None = None  # first refusal since the last answer
+    refusals: int = 0
+    dead: bool = False
+    answering_since: float | None = None  # while dead: the first answer of the current run of answers
+
+
+@dataclass(slots=True)
+class PeerLiveness:
+    """The dead peers as seen from server `me`; all times are monotonic seconds passed in by the caller."""
+
+    me: int
+    settings: LivenessSettings = field(default_factory=LivenessSettings)
+    _peers: dict[int, _Peer] = field(default_factory=dict)
+    _last_tick: float | None = None
+    _resync_at: float | None = None
+    stalls: int = 0
+
+    def watch(self, registered: Iterable[int], now: float) -> None:
+        """The servers registered in ZooKeeper now: new ones are watched from now, gone ones forgotten."""
+        ids = {sid for sid in registered if sid != self.me}
+        for sid in list(self._peers):
+            if sid not in ids:
+                del self._peers[sid]
+        for sid in ids:
+            self._peers.setdefault(sid, _Peer(since=now))
+
+    def observe(self, peer: int, probe: Probe, now: float) -> None:
+        """A probe of peer ended (now: when its outcome arrived)."""
+        state = self._peers.get(peer)
+        if state is None:
+            return
+        if probe is Probe.ANSWERED:
+            state.since = max(state.since, now)
+            state.answered_once = True
+            state.refused_since, state.refusals = None, 0
+            if state.dead and state.answering_since is None:
+                state.answering_since = now
+            return
+        state.answering_since = None
+        if probe is Probe.REFUSED:
+            if state.refused_since is None:
+                state.refused_since = now
+            state.refusals += 1
+
+    def tick(self, now: float) -> bool:
+        """Decide; call it every probe interval. True when the dead set changed (or a stall's resync is due)."""
+        changed = False
+        if self._last_tick is not None and now - self._last_tick > self.settings.stall_s:
+            self._stalled(now)
+        self._last_tick = now
+        if self._resync_at is not None and now >= self._resync_at:
+            self._resync_at = None
+            changed = True
+        for state in self._peers.values():
+            if state.dead:
+                if state.answering_since is not None and now - state.answering_since >= self.settings.rejoin_s:
+                    state.dead, state.answering_since = False, None
+                    state.since = now
+                    changed = True
+            elif self._is_dead(state, now):
+                state.dead = True
+                changed = True
+        return changed
+
+    def _is_dead(self, state: _Peer, now: float) -> bool:
+        if not state.answered_once:
+            return False
+        s = self.settings
+        refused = (
+            state.refused_since is not None and state.refusals >= 2 and now - state.refused_since >= s.refused_confirm_s
+        )
+        return refused or now - state.since >= s.timeout_s
+
+    def _stalled(self, now: float) -> None:
+        self.stalls += 1
+        for state in self._peers.values():
+            state.since = now
+            state.refused_since, state.refusals = None, 0
+            state.answering_since = None if not state.dead else state.answering_since
+        self._resync_at = now + self.settings.rejoin_s
+
+    def dead(self) -> frozenset[int]:
+        return frozenset(sid for sid, state in self._peers.items() if state.dead)
+
+    def alive(self, registered: Iterable[int]) -> list[int]:
+        """The registered servers this server does not hold dead (itself always counts), sorted."""
+        dead = self.dead()
+        return sorted(sid for sid in set(registered) if sid == self.me or sid not in dead)
+
+    def coordinator(self, registered: Iterable[int]) -> int | None:
+        """The server that assigns partitions in this view: the smallest live id."""
+        alive = self.alive(registered)
+        return alive[0] if alive else None
