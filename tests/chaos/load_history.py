@@ -131,6 +131,7 @@ class LoadProcesses:
         config_path.write_text(json.dumps({**config, **LOAD_CLIENT}))
         self.prefixes = [workdir / f"load-{i}" for i in range(processes)]
         self.procs: list[subprocess.Popen[bytes]] = []
+        self._stopping = False
         self._read: list[int] = [0] * processes  # bytes of each .acks file read so far
         self._times: list[float] = []  # every acknowledgement's time.monotonic(), as read (not sorted)
         self._last_on: dict[int, float] = {}  # partition -> its latest acknowledgement
@@ -189,9 +190,10 @@ class LoadProcesses:
 
     def _check_alive(self) -> None:
         for prefix, proc in zip(self.prefixes, self.procs, strict=True):
-            if proc.poll() is not None and not prefix.with_suffix(".jsonl").exists():
+            if proc.poll() is not None and (not self._stopping or not prefix.with_suffix(".jsonl").exists()):
                 tail = prefix.with_suffix(".log").read_text(errors="replace")[-3000:]
-                raise AssertionError(f"load process {prefix.name} exited {proc.returncode}:\n{tail}")
+                raise AssertionError(f"load process {prefix.name} exited {proc.returncode} before it was stopped:\n"
+                                     f"{tail}")
 
     async def acknowledged_at_least(self, count: int, what: str, timeout: float = 120.0) -> int:
         def reached() -> bool:
@@ -213,6 +215,7 @@ class LoadProcesses:
 
     async def stop(self, timeout: float = 200.0) -> list[dict[str, Any]]:
         """Stop submitting, wait for every process to end; every submission's record."""
+        self._stopping = True
         for prefix in self.prefixes:
             prefix.with_suffix(".stop").touch()
         deadline = time.monotonic() + timeout

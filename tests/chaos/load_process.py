@@ -199,7 +199,7 @@ def main() -> None:
     parser.add_argument("--lock-share", type=float, default=0.33, help="share of submissions with a write lock")
     parser.add_argument("--locks", type=int, default=8, help="distinct lock ids per partition")
     parser.add_argument("--pace", type=float, default=0.005, help="seconds each submitter rests between submissions")
-    parser.add_argument("--max-seconds", type=float, default=600.0)
+    parser.add_argument("--max-seconds", type=float, default=86400.0, help="stop by itself after this long")
     parser.add_argument("--drain-seconds", type=float, default=150.0)
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args()
