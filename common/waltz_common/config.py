@@ -12,9 +12,102 @@ import yaml
 
 _REQUIRED = object()
 
+EXIT_CONFIG = 2
+"""The exit status of every Waltz process (waltz-server, waltz-storage, the waltz CLI, waltz dev) whose
+configuration is wrong: a missing or unreadable file, an unknown key, a value of the wrong type or out of
+range. 2 is also what argparse exits with for a bad command line: both say "fix what you gave me"."""
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
+"""Listen addresses meaning "every interface": fine to bind, useless to tell a client to connect to."""
+
 
 class ConfigError(ValueError):
     """A configuration file is missing, malformed, or has a bad or missing value."""
+
+
+class Integer:
+    """Key kind: a whole number within [low, high] (None: unbounded). A float (even 5.0), a boolean (YAML's
+    true is Python's 1) or a string that is not all digits is refused, not truncated or coerced; a string of
+    digits is accepted, since overrides given on a command line are strings."""
+
+    def __init__(self, low: int | None = None, high: int | None = None, label: str = "int") -> None:
+        self.low = low
+        self.high = high
+        self.__name__ = f"{label}, {self.range_text()}" if low is not None or high is not None else label
+
+    def range_text(self) -> str:
+        if self.high is None:
+            return f"at least {self.low}"
+        if self.low is None:
+            return f"at most {self.high}"
+        return f"{self.low}..{self.high}"
+
+    def __call__(self, value: Any) -> int:
+        if isinstance(value, bool):
+            raise ValueError(f"{value!r} is a boolean, not an integer ({self.range_text()})")
+        if isinstance(value, int):
+            number = value
+        elif isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            number = int(value.strip())
+        else:
+            raise ValueError(f"{value!r} is not an integer ({self.range_text()})")
+        if (self.low is not None and number < self.low) or (self.high is not None and number > self.high):
+            raise ValueError(f"{number} is out of range ({self.range_text()})")
+        return number
+
+    def __repr__(self) -> str:
+        return f"Integer({self.low}, {self.high})"
+
+
+class Number:
+    """Key kind: a number (int or float) of at least low, or above it when exclusive; booleans refused."""
+
+    def __init__(self, low: float = 0.0, exclusive: bool = False) -> None:
+        self.low = low
+        self.exclusive = exclusive
+        self.__name__ = f"float, {self.range_text()}"
+
+    def range_text(self) -> str:
+        return f"{'above' if self.exclusive else 'at least'} {self.low:g}"
+
+    def __call__(self, value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError(f"{value!r} is a boolean, not a number")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{value!r} is not a number") from None
+        if number != number or number in (float("inf"), float("-inf")):
+            raise ValueError(f"{value!r} is not a finite number")
+        if number < self.low or (self.exclusive and number == self.low):
+            raise ValueError(f"{value!r} is out of range ({self.range_text()})")
+        return number
+
+    def __repr__(self) -> str:
+        return f"Number({self.low}, exclusive={self.exclusive})"
+
+
+PORT = Integer(1, 65535, "port")
+"""A TCP port a process listens on or connects to."""
+PORT_OR_ZERO = Integer(0, 65535, "port")
+"""A TCP port where 0 has a documented meaning (off, or: pick a free one)."""
+COUNT = Integer(1)
+"""A size, count or interval that must be at least 1."""
+SECONDS = Number(0.0)
+"""A duration in seconds, 0 or more."""
+POSITIVE_SECONDS = Number(0.0, exclusive=True)
+"""A duration in seconds above 0."""
+
+
+def text(value: Any) -> str:
+    """Key kind for strings: YAML scalars that are not strings (a number, a boolean) are refused rather than
+    turned into "True" or "1.0"; a mapping or list is refused too."""
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a string")
+    return value
+
+
+text.__name__ = "str"
 
 
 @dataclass(frozen=True)
@@ -120,34 +213,54 @@ def describe(keys: Iterable[Key]) -> str:
     return "\n".join(lines)
 
 
+def split_address(address: str) -> tuple[str, int]:
+    """("host", port) of "host:port" ("[::1]:80" too); ValueError naming the address when it is not one."""
+    host, _, port = address.strip().rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"{address!r} is not host:port")
+    try:
+        return host, PORT(port)
+    except ValueError as exc:
+        raise ValueError(f"{address!r}: port {exc}") from None
+
+
+def optional_address(value: Any) -> str:
+    """Key kind: "host:port" with a port of 1..65535, or empty."""
+    address = text(value).strip()
+    if address:
+        split_address(address)
+    return address
+
+
+optional_address.__name__ = "host:port"
+
+
 def address_list(value: Any) -> tuple[str, ...]:
     """A list of servers: "host:port,host:port" or a YAML list of host:port."""
     items = value.split(",") if isinstance(value, str) else list(value)
     servers = tuple(str(item).strip() for item in items if str(item).strip())
     for server in servers:
-        host, _, port = server.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"{server!r} is not host:port")
+        split_address(server)
     return servers
 
 
 ZOOKEEPER_KEYS = (
-    Key("zookeeper.connectString", str, doc="ZooKeeper connect string, host:port[,host:port...]"),
-    Key("zookeeper.sessionTimeout", int, 30000, "ZooKeeper session timeout in milliseconds"),
-    Key("zookeeper.connectTimeout", int, 10000, "how long to wait for ZooKeeper at start, milliseconds"),
-    Key("cluster.root", str, doc="the cluster's root znode, e.g. /waltz/my_cluster"),
+    Key("zookeeper.connectString", text, doc="ZooKeeper connect string, host:port[,host:port...]"),
+    Key("zookeeper.sessionTimeout", COUNT, 30000, "ZooKeeper session timeout in milliseconds"),
+    Key("zookeeper.connectTimeout", COUNT, 10000, "how long to wait for ZooKeeper at start, milliseconds"),
+    Key("cluster.root", text, doc="the cluster's root znode, e.g. /waltz/my_cluster"),
     Key(
         "zookeeper.tls.certFile",
-        str,
+        text,
         None,
         "PEM client certificate for ZooKeeper's secure client port; with keyFile and caFile turns TLS to ZooKeeper on",
     ),
-    Key("zookeeper.tls.keyFile", str, None, "PEM private key of zookeeper.tls.certFile"),
-    Key("zookeeper.tls.caFile", str, None, "PEM CA that ZooKeeper's server certificate must chain to"),
-    Key("zookeeper.auth", str, None, "scheme:credential added to the ZooKeeper session, e.g. digest:server:secret"),
+    Key("zookeeper.tls.keyFile", text, None, "PEM private key of zookeeper.tls.certFile"),
+    Key("zookeeper.tls.caFile", text, None, "PEM CA that ZooKeeper's server certificate must chain to"),
+    Key("zookeeper.auth", text, None, "scheme:credential added to the ZooKeeper session, e.g. digest:server:secret"),
     Key(
         "zookeeper.acl",
-        str,
+        text,
         None,
         "semicolon-separated scheme:id (e.g. digest:operator:<base64 SHA-1>; x509:CN=...) given every "
         "permission on the znodes this process creates; anyone else may only read them (docs/security.md)",

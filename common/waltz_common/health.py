@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from waltz_common import listen
 from waltz_common.port_guard import PortGuard
 
 log = logging.getLogger(__name__)
@@ -96,13 +97,9 @@ async def keep_health(
 async def start_health_port(servicer: health.aio.HealthServicer, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """A plaintext gRPC server on host:port with grpc.health.v1 only (no other service, no data): where probes
     that cannot do mutual TLS ask. Returns the started server and its bound port."""
-    server = grpc.aio.server(interceptors=[PortGuard("health port")])  # plain answers to undecodable requests
+    # plain answers to undecodable requests; a second process on the port fails to start rather than share it
+    server = grpc.aio.server(options=[listen.NO_PORT_REUSE], interceptors=[PortGuard("health port")])
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    try:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as e:
-        raise OSError(f"cannot listen on {host}:{port} (health port): {e}") from None
-    if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port} (health port)")
+    bound = listen.add_grpc_port(server, host, port, None, "health port")
     await server.start()
     return server, bound

@@ -36,7 +36,7 @@ import grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from waltz_common.config import Config, ConfigError, Key
+from waltz_common.config import Config, ConfigError, Integer, Key
 from waltz_common.tls import refusal, roles_of
 
 log = logging.getLogger(__name__)
@@ -62,17 +62,20 @@ DEFAULT_MAX_CONNECTIONS = 1000
 
 REASONS = ("streams_per_connection", "connections")
 
+LIMIT = Integer(1, 1_000_000)
+"""The range of both limits (LimitSettings checks it again for settings made without a configuration)."""
+
 
 def limit_keys(prefix: str, port: str) -> tuple[Key, Key]:
     """The two configuration keys of a process's limits (prefix: server or storage)."""
     return (
-        Key(f"{prefix}.maxStreamsPerConnection", int, DEFAULT_MAX_STREAMS_PER_CONNECTION,
+        Key(f"{prefix}.maxStreamsPerConnection", LIMIT, DEFAULT_MAX_STREAMS_PER_CONNECTION,
             f"streaming calls one connection may have open at once on {port}; more are refused RESOURCE_EXHAUSTED. "
             f"An open stream costs tens of KB (an idle client Stream of a server about 35 KB): this times "
             f"{prefix}.maxConnections bounds their memory. "
             f"Unary calls are not refused: the server lets a connection run this many + {UNARY_HEADROOM} calls of "
             f"any kind at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS) and gRPC clients hold more until some end"),
-        Key(f"{prefix}.maxConnections", int, DEFAULT_MAX_CONNECTIONS,
+        Key(f"{prefix}.maxConnections", LIMIT, DEFAULT_MAX_CONNECTIONS,
             f"connections with calls open that {port} serves at once; calls on more are refused "
             f"RESOURCE_EXHAUSTED (health checks excepted), and gRPC closes connections beyond this number "
             f"+ {CONNECTIONS_HEADROOM} as they are made"),

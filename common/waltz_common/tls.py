@@ -17,15 +17,15 @@ from typing import Any
 
 import grpc
 
-from waltz_common.config import Config, ConfigError, Key
+from waltz_common.config import Config, ConfigError, Key, text
 
 ROLE_URI_PREFIX = "spiffe://waltz/role/"
 ROLES = ("server", "storage", "operator", "application")
 
 TLS_KEYS: tuple[Key, ...] = (
-    Key("tls.certFile", str, None, "PEM certificate (chain) of this component; with keyFile and caFile turns TLS on"),
-    Key("tls.keyFile", str, None, "PEM private key of tls.certFile"),
-    Key("tls.caFile", str, None, "PEM CA certificate(s) every peer's certificate must chain to (mutual TLS)"),
+    Key("tls.certFile", text, None, "PEM certificate (chain) of this component; with keyFile and caFile turns TLS on"),
+    Key("tls.keyFile", text, None, "PEM private key of tls.certFile"),
+    Key("tls.caFile", text, None, "PEM CA certificate(s) every peer's certificate must chain to (mutual TLS)"),
 )
 
 

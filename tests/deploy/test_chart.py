@@ -29,10 +29,9 @@ from tests.deploy.chart import (
     render,
     values_of,
 )
-from waltz_common.config import ZOOKEEPER_KEYS, ConfigError, load
+from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, load
 from waltz_common.tls import TLS_KEYS
-from waltz_server.config import all_keys
-from waltz_server.main import advertised as advertise_address
+from waltz_server.config import advertised, all_keys
 from waltz_storage.config import STORAGE_KEYS
 
 CRD_KINDS = {"ServiceMonitor"}
@@ -120,7 +119,8 @@ def test_tls_mounts_each_roles_secret_read_only_into_its_workloads():
 def test_tls_servers_advertise_their_pod_dns_name(tmp_path):
     """The server container's start script, run with its paths moved to tmp_path: the rendered configuration gets
     the pod IP to listen on and, with TLS, the pod DNS name (which a wildcard certificate covers) to advertise."""
-    for values, advertised in (({}, ""), (values_of(CHART / "ci/tls-values.yaml"), "10-0-0-7.ns.pod.cluster.local")):
+    tls_values = values_of(CHART / "ci/tls-values.yaml")
+    for values, advertised_name in (({}, ""), (tls_values, "10-0-0-7.ns.pod.cluster.local")):
         objects = manifests(render(values))
         script = find(objects, "Deployment", "-server")["spec"]["template"]["spec"]["containers"][-1]["args"][0]
         script = script.replace("/tmp/", f"{tmp_path}/out-").replace("/etc/waltz/", f"{tmp_path}/in-")
@@ -130,8 +130,9 @@ def test_tls_servers_advertise_their_pod_dns_name(tmp_path):
                               capture_output=True, text=True, timeout=30, check=True)
         config = yaml.safe_load(done.stdout)
         assert config["server.host"] == "10.0.0.7"
-        if advertised:
-            assert advertise_address(config["server.advertisedAddress"], "10.0.0.7", 55280) == (advertised, 55280)
+        if advertised_name:
+            keys = Config(all_keys(), {**config, "zookeeper.connectString": "zk:2181", "cluster.root": "/w"})
+            assert advertised(keys, 55280) == (advertised_name, 55280)
         else:
             assert "server.advertisedAddress" not in config
 

@@ -12,6 +12,7 @@ from waltz_cli import client, cluster, dev, disk, perf, server, storage
 from waltz_cli.context import Context
 from waltz_cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, one_line
 from waltz_cli.output import Result, reader_gone
+from waltz_common.config import EXIT_CONFIG, ConfigError
 
 EPILOG = """\
 Where the cluster is: -c CLI.yaml (keys zookeeper.connectString, zookeeper.sessionTimeout,
@@ -44,7 +45,7 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool, servers: bo
 
     group.add_argument("-c", "--config", default=d(None), metavar="CLI.yaml", help="CLI configuration file")
     group.add_argument("--zookeeper", default=d(None), metavar="HOST:PORT", help="ZooKeeper connect string")
-    group.add_argument("--root", default=d(None), metavar="ZNODE", help="the cluster root, e.g. /waltz/prod")
+    group.add_argument("--root", default=d(None), metavar="ZNODE", help="the cluster root, e.g. /waltz/my_cluster")
     if servers:
         group.add_argument("--server-addresses", default=d(None), metavar="HOST:PORT,...",
                            help=SERVER_ADDRESSES_HELP + ("" if not defaults else "; client, server and perf commands"))
@@ -107,11 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("waltz: interrupted", file=sys.stderr)
         return 130
-    except CliError as exc:
+    except (CliError, ConfigError) as exc:
         if debug:
             traceback.print_exc()
         print(f"waltz: error: {one_line(exc)}", file=sys.stderr)
-        return exc.exit_code
+        # a bad -c file (or one a command was given) exits with the services' configuration status
+        return exc.exit_code if isinstance(exc, CliError) else EXIT_CONFIG
     except Exception as exc:
         if debug:
             traceback.print_exc()

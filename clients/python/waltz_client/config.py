@@ -22,7 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from waltz_client.errors import ConfigError
-from waltz_common.config import ZOOKEEPER_KEYS, Config, Key, address_list, boolean, did_you_mean, load
+from waltz_common.config import (
+    COUNT,
+    POSITIVE_SECONDS,
+    ZOOKEEPER_KEYS,
+    Config,
+    Integer,
+    Key,
+    address_list,
+    boolean,
+    did_you_mean,
+    load,
+)
 from waltz_common.config import ConfigError as CommonConfigError
 from waltz_common.tls import TLS_KEYS, TlsFiles
 from waltz_common.zk_security import ZkSecurity
@@ -36,36 +47,36 @@ CLIENT_KEYS = (
         "host:port of one or more Waltz servers (comma-separated or a list): the client learns the cluster "
         "(partitions, owners, limits) and its client id from them and needs no ZooKeeper; empty: use "
         "zookeeper.connectString and cluster.root instead"),
-    Key("client.discoveryIntervalSeconds", float, 2.0,
+    Key("client.discoveryIntervalSeconds", POSITIVE_SECONDS, 2.0,
         "with client.servers: seconds between GetClusterInfo polls that learn of partition moves (a NOT_READY "
         "from a server asks at once)"),
-    Key("client.maxConcurrentTransactions", int, 5,
+    Key("client.maxConcurrentTransactions", COUNT, 5,
         "pending appends per partition; submit waits for capacity (original default)"),
-    Key("client.longWaitThresholdSeconds", float, 5.0,
+    Key("client.longWaitThresholdSeconds", POSITIVE_SECONDS, 5.0,
         "seconds an append may stay pending before the client sends a flush to detect its loss"),
-    Key("client.mountTimeout", float, 10.0,
+    Key("client.mountTimeout", POSITIVE_SECONDS, 10.0,
         "seconds submit (and wait_mounted) waits for a partition to be mounted before WaltzTimeoutError; a mount "
         "completes only once the catch-up feed (every transaction after the client's high-water mark) is applied, "
         "and goes on after the timeout: it bounds the wait, not the mount"),
-    Key("client.requestTimeout", float, 30.0,
+    Key("client.requestTimeout", POSITIVE_SECONDS, 30.0,
         "seconds for capacity waits, unary calls, flush(), unanswered mounts, and for finding a server at start "
         "(UnavailableError)"),
     Key("client.autoMount", boolean, True,
         "mount every partition at start; false: only those named in mount_partitions()"),
-    Key("client.maxRetries", int, -1,
+    Key("client.maxRetries", Integer(-1), -1,
         "re-executions of a context after a failed append or lock failure; -1: unlimited, as the original"),
-    Key("client.maxBatchSize", int, 100, "appends per AppendBatch stream message"),
-    Key("client.keepaliveTimeSeconds", float, 60.0,
+    Key("client.maxBatchSize", COUNT, 100, "appends per AppendBatch stream message"),
+    Key("client.keepaliveTimeSeconds", POSITIVE_SECONDS, 60.0,
         "seconds between gRPC keepalive pings on an idle stream (the server must permit this rate)"),
     Key("client.callbackThread", boolean, True,
         "run application callbacks and context hooks on the client's own thread; false: on its event loop, "
         "which saves two thread hops per batch of them, but then a callback that blocks (I/O, a lock, sleep, "
         "Transaction.data() of another client's transaction, which it cannot fetch there) stalls the whole client"),
-    Key("client.discoveryInterval", int, None,
+    Key("client.discoveryInterval", COUNT, None,
         "deprecated: milliseconds; use client.discoveryIntervalSeconds"),
-    Key("client.longWaitThreshold", int, None,
+    Key("client.longWaitThreshold", COUNT, None,
         "deprecated: milliseconds; use client.longWaitThresholdSeconds"),
-    Key("client.keepaliveTime", int, None,
+    Key("client.keepaliveTime", COUNT, None,
         "deprecated: milliseconds; use client.keepaliveTimeSeconds"),
 )
 
@@ -176,17 +187,10 @@ class ClientConfig:
                 raise ConfigError(
                     f"{config.source}: set client.servers (or {env_name('client.servers')}), or "
                     f"{' and '.join(missing)} to find the cluster in ZooKeeper")
+        # the keys' kinds check types and ranges (seconds above 0, counts and the old ms keys at least 1)
         seconds: dict[str, float] = {}
         for old, new in DEPRECATED_MS_KEYS.items():  # a loop, not a comprehension: the warning's stacklevel
             seconds[new] = _seconds(config, new, old)
-            if seconds[new] <= 0:
-                raise ConfigError(f"{config.source}: {new} must be more than 0 seconds")
-        for name in ("client.mountTimeout", "client.requestTimeout"):
-            if config[name] <= 0:
-                raise ConfigError(f"{config.source}: {name} must be more than 0 seconds")
-        for name in ("client.maxConcurrentTransactions", "client.maxBatchSize"):
-            if config[name] < 1:
-                raise ConfigError(f"{config.source}: {name} must be at least 1")
         return ClientConfig(
             zookeeper_connect_string=config["zookeeper.connectString"],
             zookeeper_session_timeout_s=config["zookeeper.sessionTimeout"] / 1000,

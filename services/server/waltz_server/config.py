@@ -5,7 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key, boolean
+from waltz_common.config import (
+    COUNT,
+    PORT,
+    PORT_OR_ZERO,
+    SECONDS,
+    WILDCARD_HOSTS,
+    ZOOKEEPER_KEYS,
+    Config,
+    ConfigError,
+    Key,
+    boolean,
+    optional_address,
+    split_address,
+    text,
+)
 from waltz_common.port_guard import limit_keys
 from waltz_common.tls import TLS_KEYS
 from waltz_server.liveness import LivenessSettings
@@ -15,60 +29,64 @@ from waltz_server.validation import DEFAULT_MAX_LOCKS_PER_APPEND
 DEFAULT_CACHE_BUDGET = 134217728
 
 SERVER_KEYS = (
-    Key("server.host", str, "127.0.0.1", "address to listen on and to advertise to clients"),
-    Key("server.port", int, doc="gRPC port for clients"),
-    Key("server.advertisedAddress", str, "",
+    Key("server.host", text, "127.0.0.1",
+        "address to listen on, and to advertise to clients unless server.advertisedAddress is set (which a "
+        "wildcard such as 0.0.0.0 or :: requires)"),
+    Key("server.port", PORT, doc="gRPC port for clients"),
+    Key("server.advertisedAddress", optional_address, "",
         "host:port that clients are told to reach this server at (its ZooKeeper descriptor), when it differs from "
-        "where it listens (a proxy, a NAT, a Kubernetes Service); empty: server.host and the bound port"),
-    Key("server.metrics.port", int, 0, "Prometheus /metrics HTTP port (0: off)"),
-    Key("server.health.port", int, 0,
+        "where it listens (a proxy, a NAT, a Kubernetes Service); required when server.host is a wildcard "
+        "(0.0.0.0, ::); empty: server.host and the bound port"),
+    Key("server.metrics.port", PORT_OR_ZERO, 0, "Prometheus /metrics HTTP port (0: off)"),
+    Key("server.health.port", PORT_OR_ZERO, 0,
         "plaintext port serving only grpc.health.v1, for probes that cannot present a client certificate "
         "(kubelet's) when TLS is on; 0: none (health is on server.port as always)"),
-    Key("server.optimisticLockTableSize", int, 30000, "slots of each partition's hashed lock table"),
-    Key("server.maxLocksPerAppend", int, DEFAULT_MAX_LOCKS_PER_APPEND,
+    Key("server.optimisticLockTableSize", COUNT, 30000, "slots of each partition's hashed lock table"),
+    Key("server.maxLocksPerAppend", COUNT, DEFAULT_MAX_LOCKS_PER_APPEND,
         "write, read and append locks one append may carry together; one with more is rejected INVALID (clients "
         "learn it from GetClusterInfo's limits)"),
-    Key("server.appendQueueSize", int, 2000, "appends queued per partition before clients are held back"),
-    Key("server.maxTransactionBytes", int, 1048576, "largest transaction data accepted, bytes"),
-    Key("server.resendWindow", int, 10000,
+    Key("server.appendQueueSize", COUNT, 2000, "appends queued per partition before clients are held back"),
+    Key("server.maxTransactionBytes", COUNT, 1048576, "largest transaction data accepted, bytes"),
+    Key("server.resendWindow", COUNT, 10000,
         "transactions per partition whose ReqIds the server remembers (read back from the log's tail when a "
         "partition opens), so that an append re-sent with the ReqId of one of them is answered ALREADY_COMMITTED "
         "with its id instead of committing twice"),
-    Key("server.feedCacheSize", int, 100000, "recent committed transaction headers kept per partition"),
-    Key("server.transactionDataCacheSize", int, 67108864, "recent transaction data cached per partition, bytes"),
-    Key("server.cacheBudgetBytes", int, DEFAULT_CACHE_BUDGET,
+    Key("server.feedCacheSize", COUNT, 100000, "recent committed transaction headers kept per partition"),
+    Key("server.transactionDataCacheSize", COUNT, 67108864, "recent transaction data cached per partition, bytes"),
+    Key("server.cacheBudgetBytes", COUNT, DEFAULT_CACHE_BUDGET,
         "memory for the feed and transaction-data caches of all the partitions this server owns together, "
         "bytes (estimated); over it, the largest caches drop their oldest entries"),
-    Key("server.feedBatchSize", int, 1000, "feed entries per FeedDataBatch message"),
-    Key("server.feedFetchSize", int, 5000, "headers read from the store at a time for far-behind feeds"),
-    Key("server.streamQueueSize", int, 64, "messages queued for one client stream before feeds wait"),
-    Key("server.readBatchSize", int, 500, "records per ReadTransactions message (upper bound)"),
-    Key("server.shutdownGraceSeconds", float, 10.0, "how long in-flight calls may finish on SIGTERM"),
+    Key("server.feedBatchSize", COUNT, 1000, "feed entries per FeedDataBatch message"),
+    Key("server.feedFetchSize", COUNT, 5000, "headers read from the store at a time for far-behind feeds"),
+    Key("server.streamQueueSize", COUNT, 64, "messages queued for one client stream before feeds wait"),
+    Key("server.readBatchSize", COUNT, 500, "records per ReadTransactions message (upper bound)"),
+    Key("server.shutdownGraceSeconds", SECONDS, 10.0, "how long in-flight calls may finish on SIGTERM"),
     *limit_keys("server", "server.port"),
     Key("server.peerDetection", boolean, True,
         "watch the other servers over their client ports (grpc.health.v1 Check) and move a dead server's partitions "
         "as soon as it is found dead (server.peerRefusedConfirm, server.peerTimeout), without waiting for "
         "ZooKeeper to expire its session; false: only the session's expiry moves them"),
-    Key("server.peerProbeInterval", int, 250,
+    Key("server.peerProbeInterval", COUNT, 250,
         "milliseconds between two probes of each peer server (at most half of server.peerRefusedConfirm)"),
-    Key("server.peerRefusedConfirm", int, 500,
+    Key("server.peerRefusedConfirm", COUNT, 500,
         "milliseconds a peer's connections must keep being refused or reset (at least two probes, none "
         "answered) before it is dead: a killed process"),
-    Key("server.peerTimeout", int, 3000,
+    Key("server.peerTimeout", COUNT, 3000,
         "milliseconds without any answer from a peer before it is dead: a frozen process or a cut network; "
         "longer than any pause a live server may take (a 1 s stop-the-world pause, a busy machine)"),
-    Key("server.peerRejoin", int, 2000,
+    Key("server.peerRejoin", COUNT, 2000,
         "milliseconds a dead peer must answer every probe before it counts as alive again"),
-    Key("storage.maxBatchSize", int, 500, "appends per store batch (one request per replica)"),
-    Key("storage.maxBatchBytes", int, 4194304, "transaction bytes per store batch"),
-    Key("storage.maxBatchesInFlight", int, 1,
+    Key("storage.maxBatchSize", COUNT, 500, "appends per store batch (one request per replica)"),
+    Key("storage.maxBatchBytes", COUNT, 4194304, "transaction bytes per store batch"),
+    Key("storage.maxBatchesInFlight", COUNT, 1,
         "store batches of a partition at its replicas, not committed yet; more overlap round trips to "
         "distant storage nodes, 1 batches the most (least CPU per append)"),
 )
 
 
 def liveness_settings(config: Config | dict[str, Any]) -> LivenessSettings:
-    """The failure detector's settings from the server.peer* keys."""
+    """The failure detector's settings from the server.peer* keys (each at least 1 ms by its kind; how they
+    must relate to each other is LivenessSettings' check)."""
     try:
         return LivenessSettings(
             enabled=config["server.peerDetection"],
@@ -79,6 +97,22 @@ def liveness_settings(config: Config | dict[str, Any]) -> LivenessSettings:
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check(config: Config) -> None:
+    """Raise ConfigError for values each valid alone (types and ranges are the keys' own) but not together."""
+    host = config["server.host"].strip()
+    if host in WILDCARD_HOSTS and not config["server.advertisedAddress"]:
+        raise ConfigError(
+            f"{config.source}: server.host {host!r} listens on every interface, which is no address a client can "
+            "connect to: set server.advertisedAddress to the host:port clients should use"
+        )
+
+
+def advertised(config: Config, bound_port: int) -> tuple[str, int]:
+    """(host, port) to register in ZooKeeper: server.advertisedAddress when set, else where the server listens."""
+    address = config["server.advertisedAddress"]
+    return split_address(address) if address else (config["server.host"], bound_port)
 
 
 def all_keys() -> tuple[Key, ...]:

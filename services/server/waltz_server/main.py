@@ -10,12 +10,11 @@ import signal
 import sys
 
 from kazoo.client import KazooClient
-from prometheus_client import start_http_server
 
 from waltz.v1 import metadata_pb2, server_pb2
-from waltz_common import event_loop, tls
+from waltz_common import event_loop, listen, tls
 from waltz_common import zk as zkmeta
-from waltz_common.config import Config, ConfigError, describe, load
+from waltz_common.config import EXIT_CONFIG, Config, ConfigError, describe, load
 from waltz_common.gctune import tune_for_service
 from waltz_common.health import Verdict, keep_health, start_health_port
 from waltz_common.port_guard import CallLimits, LimitSettings
@@ -23,7 +22,7 @@ from waltz_common.zk import MetadataError, ZkPaths
 from waltz_common.zk_security import ZkSecurity
 from waltz_server.cache_budget import CacheBudget
 from waltz_server.cluster import ClusterMembership
-from waltz_server.config import PartitionSettings, all_keys, liveness_settings
+from waltz_server.config import PartitionSettings, advertised, all_keys, check, liveness_settings
 from waltz_server.discovery import ClusterInfo, ClusterView
 from waltz_server.health import PartitionHealth, server_verdicts
 from waltz_server.identity import ClientIdentities, ZkBindingStore
@@ -127,8 +126,8 @@ async def _serve(
             health_server, health_port = await start_health_port(health, host, config["server.health.port"])
             log.info("plaintext health port %s:%d", host, health_port)
         if config["server.metrics.port"]:
-            metrics_http, _ = start_http_server(config["server.metrics.port"], addr=host, registry=metrics.registry)
-        advertised_host, advertised_port = advertised(config["server.advertisedAddress"], host, port)
+            metrics_http, _ = listen.start_metrics_http(config["server.metrics.port"], host, metrics.registry)
+        advertised_host, advertised_port = advertised(config, port)
         detector = liveness_settings(config)
         peers = PeerWatch(detector, tls.process_files()) if detector.enabled else None
         membership = ClusterMembership(
@@ -158,16 +157,6 @@ async def _serve(
         await connections.close()
         if metrics_http is not None:
             metrics_http.shutdown()
-
-
-def advertised(address: str, host: str, port: int) -> tuple[str, int]:
-    """(host, port) to register: server.advertisedAddress when set, else where the server listens."""
-    if not address:
-        return host, port
-    name, _, number = address.rpartition(":")
-    if not name or not number.isdigit():
-        raise ConfigError(f"server.advertisedAddress must be host:port, not {address!r}")
-    return name, int(number)
 
 
 async def _cancelled(task: asyncio.Task[None]) -> None:
@@ -205,14 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         CacheBudget(config["server.cacheBudgetBytes"])
         LimitSettings.from_config(config, "server")
         StoreSettings.from_config(config)
-        advertised(config["server.advertisedAddress"], config["server.host"], 0)
+        check(config)
         liveness_settings(config)
         ZkSecurity.from_config(config)  # its files and formats are checked before anything starts
         tls.use_for_process(tls.TlsFiles.from_config(config))  # this server's certificate, to storage nodes too
         event_loop.loop_factory()
     except (ConfigError, ValueError) as exc:
         print(f"waltz-server: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     tune_for_service()
     try:
         return event_loop.run(serve(config))

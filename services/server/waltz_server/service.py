@@ -12,7 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from waltz.v1 import server_pb2, server_pb2_grpc
-from waltz_common import reflection, tls
+from waltz_common import listen, reflection, tls
 from waltz_common.grpc_env import keepalive_options
 from waltz_common.port_guard import CallLimits, LimitSettings, PortGuard
 from waltz_server.client_stream import ClientStream, StreamAborted
@@ -257,6 +257,7 @@ async def start_grpc_server(
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
         *limits.settings.transport_options(),
+        listen.NO_PORT_REUSE,  # a second process on the same port must fail to start, not share the clients
     ]
     guard = PortGuard(
         "Waltz server client port",
@@ -271,8 +272,6 @@ async def start_grpc_server(
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable(server, (SERVICE_NAME, health.SERVICE_NAME))
-    bound = tls.add_port(server, f"{host}:{port}", files)
-    if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}")
+    bound = listen.add_grpc_port(server, host, port, files)
     await server.start()
     return server, bound, health_servicer

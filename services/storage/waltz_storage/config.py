@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from waltz_common.config import ZOOKEEPER_KEYS, Config, ConfigError, Key
+from waltz_common.config import COUNT, PORT_OR_ZERO, SECONDS, ZOOKEEPER_KEYS, Config, ConfigError, Key, text
 from waltz_common.port_guard import limit_keys
 from waltz_common.tls import TLS_KEYS
 
@@ -12,39 +12,31 @@ STORAGE_KEYS: tuple[Key, ...] = (
     *ZOOKEEPER_KEYS,
     Key(
         "storage.host",
-        str,
+        text,
         "127.0.0.1",
         "bind address, and the host of this node's identity host:port (as in the cluster's replica assignment)",
     ),
-    Key("storage.port", int, doc="port of the storage protocol (WaltzStorage); 0 picks a free port (tests)"),
-    Key("storage.admin.port", int, doc="port of the admin protocol (WaltzStorageAdmin); 0 picks a free port"),
-    Key("storage.metrics.port", int, 0, "Prometheus HTTP port serving /metrics; 0 disables it"),
+    Key("storage.port", PORT_OR_ZERO, doc="port of the storage protocol (WaltzStorage); 0 picks a free port (tests)"),
+    Key("storage.admin.port", PORT_OR_ZERO, doc="port of the admin protocol (WaltzStorageAdmin); 0 picks a free port"),
+    Key("storage.metrics.port", PORT_OR_ZERO, 0, "Prometheus HTTP port serving /metrics; 0 disables it"),
     Key(
         "storage.health.port",
-        int,
+        PORT_OR_ZERO,
         0,
         "plaintext port serving only grpc.health.v1, for probes that cannot present a client certificate "
         "(kubelet's) when TLS is on; 0: none (health is on both other ports as always)",
     ),
-    Key("storage.directory", str, doc="the storage directory: control file and one directory per partition"),
-    Key("storage.segment.size.threshold", int, 1_000_000_000, "bytes after which a partition rolls to a new segment"),
-    Key("storage.maxRecordBytes", int, 16 * MIB, "largest transaction data accepted in one record, bytes"),
-    Key("storage.maxBatchBytes", int, 64 * MIB, "largest append batch (records as encoded on disk), bytes"),
-    Key("storage.shutdownGraceSeconds", float, 10.0, "on SIGTERM, how long in-flight requests may take to finish"),
+    Key("storage.directory", text, doc="the storage directory: control file and one directory per partition"),
+    Key("storage.segment.size.threshold", COUNT, 1_000_000_000, "bytes after which a partition rolls to a new segment"),
+    Key("storage.maxRecordBytes", COUNT, 16 * MIB, "largest transaction data accepted in one record, bytes"),
+    Key("storage.maxBatchBytes", COUNT, 64 * MIB, "largest append batch (records as encoded on disk), bytes"),
+    Key("storage.shutdownGraceSeconds", SECONDS, 10.0, "on SIGTERM, how long in-flight requests may take to finish"),
     *limit_keys("storage", "each of storage.port and storage.admin.port"),
     *TLS_KEYS,
 )
 
 
 def check(config: Config) -> None:
-    """Raise ConfigError for values that load() accepts by type but the node cannot use."""
-    for name in ("storage.port", "storage.admin.port", "storage.metrics.port", "storage.health.port"):
-        if not 0 <= config[name] <= 65535:
-            raise ConfigError(f"{config.source}: {name} must be a port number, got {config[name]}")
-    for name in ("storage.segment.size.threshold", "storage.maxRecordBytes", "storage.maxBatchBytes"):
-        if config[name] <= 0:
-            raise ConfigError(f"{config.source}: {name} must be positive, got {config[name]}")
+    """Raise ConfigError for values each valid alone (types and ranges are the keys' own) but not together."""
     if config["storage.maxRecordBytes"] > config["storage.maxBatchBytes"]:
         raise ConfigError(f"{config.source}: storage.maxRecordBytes must not exceed storage.maxBatchBytes")
-    if config["storage.shutdownGraceSeconds"] < 0:
-        raise ConfigError(f"{config.source}: storage.shutdownGraceSeconds must not be negative")

@@ -9,11 +9,9 @@ import signal
 import sys
 import uuid
 
-from prometheus_client import start_http_server
-
-from waltz_common import cluster_admin, event_loop, tls
+from waltz_common import cluster_admin, event_loop, listen, tls
 from waltz_common import zk as zkmeta
-from waltz_common.config import Config, ConfigError, describe, load
+from waltz_common.config import EXIT_CONFIG, Config, ConfigError, describe, load
 from waltz_common.port_guard import LimitMetrics, LimitSettings
 from waltz_common.zk import MetadataError, ZkPaths
 from waltz_common.zk_security import ZkSecurity
@@ -59,7 +57,7 @@ def read_store_params(config: Config) -> tuple[uuid.UUID, int]:
             known = {}
         if identity not in known:
             log.warning(
-                "this node (%s) is not registered in the cluster at %s (waltz storage add)", identity, paths.root
+                "this node (%s) is not registered in the cluster at %s (waltz storage add-node)", identity, paths.root
             )
         return key, params.num_partitions
     finally:
@@ -90,7 +88,7 @@ async def serve(config: Config, node: StorageNode, files: tls.TlsFiles | None = 
         if servers.limits is not None:
             node.metrics.registry.register(LimitMetrics("waltz_storage", servers.limits, label="port"))
         if metrics_port:
-            metrics_http = start_http_server(metrics_port, addr=host, registry=node.metrics.registry)
+            metrics_http = listen.start_metrics_http(metrics_port, host, node.metrics.registry)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -119,7 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         check(config)
         LimitSettings.from_config(config, "storage")
         files = tls.TlsFiles.from_config(config)
+        ZkSecurity.from_config(config)  # its files and formats are checked before anything starts
         event_loop.loop_factory()
+    except ConfigError as e:
+        print(f"waltz-storage: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
         cluster_key, num_partitions = read_store_params(config)
         node = StorageNode.open(
             config["storage.directory"],
@@ -137,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         num_partitions,
         node.manager.assigned_partitions() or "none",
     )
-    return event_loop.run(serve(config, node, files))
+    try:
+        return event_loop.run(serve(config, node, files))
+    except OSError as e:  # the metrics port (the gRPC ports are answered in serve)
+        print(f"waltz-storage: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

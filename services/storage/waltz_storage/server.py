@@ -11,7 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from waltz.v1 import storage_admin_pb2, storage_admin_pb2_grpc, storage_pb2, storage_pb2_grpc
-from waltz_common import reflection, tls
+from waltz_common import listen, reflection, tls
 from waltz_common.health import keep_health, start_health_port
 from waltz_common.port_guard import CallLimits, LimitSettings, PortGuard
 from waltz_storage.admin_service import StorageAdminService
@@ -27,10 +27,6 @@ _MIB = 1024 * 1024
 # for operators only.
 STORAGE_ROLES = ("server", "operator")
 ADMIN_ROLES = ("operator",)
-
-
-class PortInUse(OSError):
-    """A configured port cannot be bound."""
 
 
 @dataclass
@@ -71,7 +67,7 @@ def _message_options(node: StorageNode, limits: LimitSettings) -> list[tuple[str
     return [
         ("grpc.max_receive_message_length", size),
         ("grpc.max_send_message_length", size),
-        ("grpc.so_reuseport", 0),
+        listen.NO_PORT_REUSE,
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 0),
         ("grpc.http2.max_ping_strikes", 0),
@@ -96,12 +92,7 @@ async def _serve(
     add(servicer, server)  # type: ignore[operator]
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     reflection.enable(server, (service_name, health.SERVICE_NAME))
-    try:
-        bound = tls.add_port(server, f"{host}:{port}", files)
-    except RuntimeError as e:
-        raise PortInUse(f"cannot listen on {host}:{port}: {e}") from None
-    if bound == 0:
-        raise PortInUse(f"cannot listen on {host}:{port}")
+    bound = listen.add_grpc_port(server, host, port, files, "" if service_name == STORAGE_SERVICE else "admin port")
     await server.start()
     return server, bound
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -126,3 +127,45 @@ def test_bad_configuration_exits_with_a_message(tmp_path):
     )
     assert result.returncode == 2
     assert "zookeeper.connectString" in result.stderr
+
+
+def run_server(tmp_path: Path, config: dict) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "server.yaml").write_text(yaml.safe_dump(config))
+    return subprocess.run(
+        [str(BIN / "waltz-server"), str(tmp_path / "server.yaml")], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"server.port": 99999}, "server.port: 99999 is out of range (1..65535)"),
+        ({"server.port": 55280, "server.metrics.port": 70000}, "server.metrics.port: 70000 is out of range"),
+        ({"server.port": 55280.0}, "server.port: 55280.0 is not an integer"),
+        ({"server.port": 55280, "server.host": "0.0.0.0"}, "set server.advertisedAddress"),
+    ],
+)
+def test_a_value_out_of_range_exits_2_with_one_line(tmp_path, values, message):
+    result = run_server(tmp_path, {"zookeeper.connectString": "127.0.0.1:1", "cluster.root": "/x", **values})
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_taken_port_is_one_line_not_a_traceback(zookeeper, zk, cluster_root, tmp_path):
+    cluster_admin.create_cluster(zk, ZkPaths(cluster_root), "test", 1)
+    base = {"zookeeper.connectString": zookeeper.connect_string, "cluster.root": cluster_root}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for values, line in (
+            ({"server.port": port}, f"waltz-server: cannot listen on 127.0.0.1:{port}: address in use"),
+            (
+                {"server.port": free_port(), "server.metrics.port": port},
+                f"waltz-server: cannot listen on 127.0.0.1:{port} (metrics port): address in use",
+            ),
+        ):
+            result = run_server(tmp_path, {**base, **values})
+            assert result.returncode == 1, result.stderr
+            assert "Traceback" not in result.stderr
+            assert result.stderr.strip().splitlines()[-1] == line, result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import subprocess
 import sys
 import threading
 import urllib.request
@@ -228,3 +229,36 @@ def test_refuses_a_missing_cluster_and_a_disagreeing_control_file(cluster, zk, c
     assert status == 1 and "belongs to another cluster" in log
     assert other_key not in log and cluster.cluster_key not in log  # issue 25: the key is in no log line
     assert "Traceback" not in log
+
+
+def test_a_bad_configuration_exits_2_like_the_server(tmp_path):
+    config = {"zookeeper.connectString": "127.0.0.1:1", "cluster.root": "/x", "storage.directory": str(tmp_path)}
+    for values, message in (
+        ({"storage.port": 99999, "storage.admin.port": 1}, "storage.port: 99999 is out of range (0..65535)"),
+        ({"storage.port": 1, "storage.admin.port": 2, "storage.metrics.port": True}, "True is a boolean"),
+        ({"storage.port": 1, "storage.admin.port": 2, "bogus": 1}, "unknown configuration key(s): bogus"),
+    ):
+        (tmp_path / "storage.yaml").write_text(yaml.safe_dump({**config, **values}))
+        done = subprocess.run(
+            [sys.executable, "-m", "waltz_storage.main", str(tmp_path / "storage.yaml")],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_taken_port_is_one_line_not_a_traceback(cluster, tmp_path):
+    node = cluster.storage[0]
+    for role, values in (
+        ("", {"storage.port": node.port}),
+        (" (admin port)", {"storage.admin.port": node.admin_port}),
+        (" (metrics port)", {"storage.metrics.port": node.metrics_port}),
+    ):
+        taken = next(iter(values.values()))
+        other = extra_node(cluster, f"taken{taken}", **{"storage.directory": str(tmp_path / str(taken)), **values})
+        try:
+            status, log = run_to_exit(other)
+        finally:
+            other.kill()
+        assert status == 1 and "Traceback" not in log, log
+        assert f"waltz-storage: cannot listen on 127.0.0.1:{taken}{role}: address in use" in log.splitlines(), log

@@ -7,6 +7,7 @@ import pytest
 from tests.unit.cli.helpers import waltz
 from waltz_cli.context import Context
 from waltz_cli.main import build_parser
+from waltz_common.config import EXIT_CONFIG
 
 COMMANDS = {
     "cluster": ["create", "delete", "list", "show-key", "verify", "check-connectivity"],
@@ -77,7 +78,7 @@ def test_tls_files_from_the_config_file_or_flags(tmp_path, capsys):
     assert Context.from_args(build_parser().parse_args(argv)).tls.cert_file == f"{tmp_path}/other.pem"
     assert Context.from_args(build_parser().parse_args(["--zookeeper", "z:1", "cluster", "list"])).tls is None
     half = waltz(capsys, "--tls-cert", f"{tmp_path}/op.pem", "cluster", "list")
-    assert half.code == 1 and "missing ['tls.keyFile', 'tls.caFile']" in half.err
+    assert half.code == EXIT_CONFIG and "missing ['tls.keyFile', 'tls.caFile']" in half.err
 
 
 def _one_line_error(run, code=2):
@@ -110,14 +111,14 @@ def test_no_zookeeper_given_is_one_line(capsys):
 
 
 def test_missing_config_file_is_one_line(capsys, tmp_path):
-    line = _one_line_error(waltz(capsys, "-c", str(tmp_path / "nope.yaml"), "cluster", "list"), code=1)
+    line = _one_line_error(waltz(capsys, "-c", str(tmp_path / "nope.yaml"), "cluster", "list"), code=EXIT_CONFIG)
     assert "does not exist" in line
 
 
 def test_bad_config_key_is_one_line(capsys, tmp_path):
     conf = tmp_path / "cli.yaml"
     conf.write_text("zookeeper.connectString: zk:1\ncluster.root: /a\nbogus.key: 1\n")
-    line = _one_line_error(waltz(capsys, "-c", str(conf), "cluster", "list"), code=1)
+    line = _one_line_error(waltz(capsys, "-c", str(conf), "cluster", "list"), code=EXIT_CONFIG)
     assert "unknown configuration key(s): bogus.key" in line
 
 

@@ -1,6 +1,6 @@
 """Demo bank: balances in SQLite (or PostgreSQL) fed by Waltz; withdrawals guarded by locks never overdraw.
 
-Run against a cluster: `python -m waltz_client.demo.bank --zookeeper HOST:PORT --root /waltz/c`
+Run against a cluster: `python -m waltz_client.demo.bank --zookeeper HOST:PORT --root /waltz/my_cluster`
 (add `--database postgresql://USER@HOST:PORT/DB` to share a PostgreSQL database instead of SQLite).
 """
 
@@ -306,7 +306,7 @@ def _report(clients: list[WaltzClient], databases: list[Any], tally: Tally, hwms
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="waltz-bank-demo", description=__doc__)
     parser.add_argument("--zookeeper", help="ZooKeeper connect string (omit to use the in-memory mock)")
-    parser.add_argument("--root", default="/waltz/demo", help="the cluster root znode")
+    parser.add_argument("--root", default="/waltz/my_cluster", help="the cluster root znode")
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--transactions", type=int, default=200)
     parser.add_argument("--accounts", type=int, default=4)

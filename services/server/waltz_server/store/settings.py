@@ -6,18 +6,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from waltz_common.config import Config, Key
+from waltz_common.config import COUNT, POSITIVE_SECONDS, Config, Key
 
 STORE_KEYS: tuple[Key, ...] = (
-    Key("storage.initialRetryInterval", int, 100, "first wait before reconnecting to a storage node, milliseconds"),
-    Key("storage.maxRetryInterval", int, 20000, "longest wait between reconnects or store sessions, milliseconds"),
-    Key("storage.checkpointInterval", int, 250000, "transactions after which a new store session is forced"),
-    Key("storage.requestTimeoutSeconds", float, 30.0, "how long one storage request may take before it fails"),
-    Key("storage.catchUpBatchSize", int, 500, "records per read when a replica catches up from another"),
-    Key("storage.replicaLagTimeout", int, 5000,
+    Key("storage.initialRetryInterval", COUNT, 100, "first wait before reconnecting to a storage node, milliseconds"),
+    Key("storage.maxRetryInterval", COUNT, 20000, "longest wait between reconnects or store sessions, milliseconds"),
+    Key("storage.checkpointInterval", COUNT, 250000, "transactions after which a new store session is forced"),
+    Key("storage.requestTimeoutSeconds", POSITIVE_SECONDS, 30.0,
+        "how long one storage request may take before it fails"),
+    Key("storage.catchUpBatchSize", COUNT, 500, "records per read when a replica catches up from another"),
+    Key("storage.replicaLagTimeout", COUNT, 5000,
         "milliseconds a replica may stay behind a batch a quorum acknowledged before the store session ends "
         "without it (it catches up in the next); bounds how long a hung replica holds appends back"),
-    Key("storage.keepaliveTime", int, 5000,
+    Key("storage.keepaliveTime", COUNT, 5000,
         "milliseconds without data on a storage connection before the server pings the node; a ping not answered "
         "within as long again ends the connection (a node gone without a reset is noticed while idle too)"),
 )
