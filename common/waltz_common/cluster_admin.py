@@ -11,6 +11,7 @@ from kazoo.security import ACL, Permissions
 
 from waltz.v1 import metadata_pb2
 from waltz_common import zk as zkmeta
+from waltz_common.config import PORT, Integer
 from waltz_common.zk import MetadataError, ZkPaths
 from waltz_common.zk_security import WORLD
 
@@ -120,8 +121,15 @@ def storage_nodes(zk: KazooClient, paths: ZkPaths) -> dict[str, tuple[int, int]]
     return _storage_nodes(zk, paths)
 
 
+GROUP_ID = Integer(0, 2**31 - 1, "group id")
+"""A replica group id: an int32 in GroupDescriptor, never negative."""
+
+
 def add_storage_node(zk: KazooClient, paths: ZkPaths, connect_string: str, admin_port: int, group: int = 0) -> None:
+    """Register a node; ValueError (nothing written) for a bad connect string, admin port or group id."""
     _check_connect_string(connect_string)
+    _checked("admin port", PORT, admin_port)
+    _checked("group id", GROUP_ID, group)
     if connect_string in _storage_nodes(zk, paths):
         raise MetadataError(f"storage node {connect_string} is already in the cluster")
 
@@ -222,6 +230,13 @@ def _check_known(zk: KazooClient, paths: ZkPaths, connect_string: str, pids: lis
     bad = [p for p in pids if not 0 <= p < num_partitions]
     if bad:
         raise MetadataError(f"partitions {bad} do not exist: the cluster has partitions 0-{num_partitions - 1}")
+
+
+def _checked(what: str, kind: Integer, value: int) -> int:
+    try:
+        return kind(value)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
 
 
 def _check_connect_string(connect_string: str) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import base64
+import sys
 import time
 from typing import Any
 
 from waltz.v1 import common_pb2, server_pb2
 from waltz_cli import rpc, validate
 from waltz_cli.context import Context
-from waltz_cli.errors import UsageError
+from waltz_cli.errors import EXIT_FAILED, CliError, UsageError, one_line
 from waltz_cli.output import Result, data_text, emit_line, table
 
 
@@ -24,7 +25,8 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     tail = sub.add_parser("tail", help="print committed transactions of a partition", parents=[common])
     tail.add_argument("-p", "--partition", type=int, required=True, help="the partition")
     tail.add_argument("--from", dest="start", type=int, help="first transaction id (default: the last --count)")
-    tail.add_argument("-n", "--count", type=int, default=10, help="how many, without --from (default 10)")
+    tail.add_argument("-n", "--count", type=int,
+                      help=f"how many: the last N, or N from --from (default: {DEFAULT_TAIL}; with --from: all)")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new transactions until Ctrl-C")
     tail.add_argument("--interval", type=float, default=0.5, help="seconds between polls with --follow")
     tail.set_defaults(func=tail_cmd)
@@ -32,9 +34,21 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 
 def high_water_mark_cmd(ctx: Context, args: argparse.Namespace) -> Result:
-    """Print each partition's high-water mark."""
-    marks = {pid: rpc.high_water_mark(ctx, pid) for pid in ctx.partitions(args.partitions)}
-    return Result({str(p): m for p, m in marks.items()}, table(["partition", "high-water mark"], sorted(marks.items())))
+    """Print each partition's high-water mark; a partition that cannot answer (not ready, no owner) is reported on
+    stderr and printed as '-' (null in --json), the others still printed; exit 1 if any failed."""
+    marks: dict[int, int | None] = {}
+    for pid in ctx.partitions(args.partitions):
+        try:
+            marks[pid] = rpc.high_water_mark(ctx, pid)
+        except CliError as exc:
+            marks[pid] = None
+            print(f"waltz: error: partition {pid}: {one_line(exc)}", file=sys.stderr, flush=True)
+    failed = [pid for pid, mark in marks.items() if mark is None]
+    return Result(
+        {str(p): m for p, m in marks.items()},
+        table(["partition", "high-water mark"], sorted(marks.items())),
+        EXIT_FAILED if failed else 0,
+    )
 
 
 def record_data(record: common_pb2.Record) -> dict[str, Any]:
@@ -87,20 +101,34 @@ def read_range(ctx: Context, pid: int, first: int, last: int, as_json: bool) -> 
     return printed
 
 
+DEFAULT_TAIL = 10
+
+
+def tail_range(start: int | None, count: int | None, high_water_mark: int) -> tuple[int, int | None]:
+    """(first id, last id or None for "up to the high-water mark, and on with --follow") that `client tail` prints:
+    --from alone: from there on; -n alone: the last n; both: exactly n from --from (fewer if the log is shorter)."""
+    if start is None:
+        return max(0, high_water_mark - (count or DEFAULT_TAIL) + 1), None
+    return start, None if count is None else start + count - 1
+
+
 def tail_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     """Print committed transactions; with --follow, keep going."""
     pid = ctx.partitions(str(args.partition))[0]
-    if args.count < 1:
+    if args.count is not None and args.count < 1:
         raise UsageError("--count must be at least 1")
-    hwm = rpc.high_water_mark(ctx, pid)
-    next_id = args.start if args.start is not None else max(0, hwm - args.count + 1)
-    if next_id < 0:
+    if args.start is not None and args.start < 0:
         raise UsageError("--from must be 0 or more")
+    if args.start is not None and args.count is not None and args.follow:
+        raise UsageError("--from with --count prints a fixed range and --follow never stops: drop one of them")
+    hwm = rpc.high_water_mark(ctx, pid)
+    next_id, last = tail_range(args.start, args.count, hwm)
     printed = 0
     while True:
-        if next_id <= hwm:
-            printed += read_range(ctx, pid, next_id, hwm, ctx.as_json)
-            next_id = hwm + 1
+        upto = hwm if last is None else min(hwm, last)
+        if next_id <= upto:
+            printed += read_range(ctx, pid, next_id, upto, ctx.as_json)
+            next_id = upto + 1
         if not args.follow:
             break
         time.sleep(args.interval)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import grpc
 
 from waltz_common.config import ConfigError
@@ -25,6 +29,23 @@ class UsageError(CliError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, EXIT_USAGE)
+
+
+T = TypeVar("T")
+
+
+def checked(kind: Callable[[Any], T]) -> Callable[[str], T]:
+    """An argparse type from a configuration key kind (waltz_common.config.PORT, Integer(...)): its ValueError
+    ("-5 is out of range (1..65535)") becomes argparse's usage error, exit 2, naming the option."""
+
+    def parse(text: str) -> T:
+        try:
+            return kind(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = getattr(kind, "__name__", "value")
+    return parse
 
 
 def rpc_message(exc: grpc.RpcError, what: str) -> str:

@@ -7,9 +7,11 @@ from typing import Any
 
 from waltz_cli import guards, recover, rpc
 from waltz_cli.context import Context
-from waltz_cli.errors import CliError, UsageError
+from waltz_cli.errors import CliError, UsageError, checked
 from waltz_cli.output import Result, ranges, table
 from waltz_common import cluster_admin
+from waltz_common.cluster_admin import GROUP_ID
+from waltz_common.config import PORT
 
 
 def _bool(text: str) -> bool:
@@ -37,14 +39,14 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
         return p
 
     p = cmd("add-node", add_node_cmd, "register a storage node in ZooKeeper", True, None)
-    p.add_argument("-a", "--admin-port", required=True, type=int, help="its admin port")
-    p.add_argument("-g", "--group", type=int, default=0, help="its replica group (default 0)")
+    p.add_argument("-a", "--admin-port", required=True, type=checked(PORT), help="its admin port (1..65535)")
+    p.add_argument("-g", "--group", type=checked(GROUP_ID), default=0, help="its replica group, 0 or more (default 0)")
     cmd("remove-node", remove_node_cmd, "unregister a storage node that holds no replicas", True, None)
     cmd("assign", assign_cmd, "assign replicas of partitions to a node in ZooKeeper", True, True)
     p = cmd("unassign", unassign_cmd, "remove replicas of partitions from a node in ZooKeeper", True, True)
     p.add_argument("--force", action="store_true", help="even below a majority of the previous replica set")
     p = cmd("auto-assign", auto_assign_cmd, "give every partition a replica in a group, round robin", None, None)
-    p.add_argument("-g", "--group", type=int, required=True, help="the replica group")
+    p.add_argument("-g", "--group", type=checked(GROUP_ID), required=True, help="the replica group")
     cmd("list", list_cmd, "the storage nodes in ZooKeeper, or one node's partitions", False, None)
     p = cmd("availability", availability_cmd, "mark partitions readable/writable on a node", True, True)
     p.add_argument("-o", "--online", type=_bool, help="readable and writable: true or false")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.unit.cli.helpers import waltz
 from waltz_cli.context import Context
 from waltz_cli.main import build_parser
+from waltz_common import cluster_admin
 from waltz_common.config import EXIT_CONFIG
+from waltz_common.zk import ZkPaths
 
 COMMANDS = {
     "cluster": ["create", "delete", "list", "show-key", "verify", "check-connectivity"],
@@ -141,3 +145,25 @@ def test_debug_shows_the_traceback(capsys):
 def test_no_command_prints_help(capsys):
     run = waltz(capsys)
     assert run.code == 2 and "usage: waltz" in run.out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-a", "-5", "-g", "-3"], "argument -a/--admin-port: -5 is out of range (1..65535)"),
+        (["-a", "70000"], "argument -a/--admin-port: 70000 is out of range (1..65535)"),
+        (["-a", "0"], "argument -a/--admin-port: 0 is out of range (1..65535)"),
+        (["-a", "5.5"], "argument -a/--admin-port: '5.5' is not an integer"),
+        (["-a", "55291", "-g", "-3"], "argument -g/--group: -3 is out of range (0..2147483647)"),
+    ],
+)
+def test_add_node_refuses_ports_and_groups_out_of_range(capsys, args, message):
+    run = waltz(capsys, "--zookeeper", "zk:1", "--root", "/r", "storage", "add-node", "-s", "h:55290", *args)
+    assert run.code == 2 and message in run.err, run.err
+
+
+def test_registering_a_node_checks_its_admin_port_and_group_before_writing():
+    with pytest.raises(ValueError, match=re.escape("admin port: -5 is out of range (1..65535)")):
+        cluster_admin.add_storage_node(None, ZkPaths("/r"), "h:55290", -5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=re.escape("group id: -3 is out of range")):
+        cluster_admin.add_storage_node(None, ZkPaths("/r"), "h:55290", 55291, -3)  # type: ignore[arg-type]
