@@ -266,6 +266,42 @@ async function staleLock(p) {
   return {held, conflict};
 }
 
+function readStatus(address, request) { // ReadTransactions to its end: 'OK' or the gRPC status code's name
+  return new Promise((resolve) => {
+    const call = stub(address).ReadTransactions(request, {deadline: Date.now() + CALL_MS});
+    call.on('data', () => {});
+    call.on('error', (err) => resolve(Object.keys(grpc.status).find((name) => grpc.status[name] === err.code)));
+    call.on('end', () => resolve('OK'));
+  });
+}
+
+async function edges(numPartitions, p, lastSeq) {
+  // docs/protocol.md sections 4, 9 and 10: a Feed and a Flush for a partition id that does not exist, and reads
+  // above the high-water mark. The stream answers in order, so once a flush of p sent after them is answered, so
+  // are they.
+  const ghost = partitionState(numPartitions);
+  ghost.stream = p.stream;
+  parts.set(ghost.pid, ghost);
+  const feed = reqId(ghost);
+  p.stream.send({feed: {req_id: feed, client_high_water_mark: -1}});
+  const flushed = reqId(ghost);
+  p.stream.send({flush: {req_id: flushed}});
+  await flush(p, lastSeq);
+  parts.delete(ghost.pid);
+  const answer = (req) => ghost.answers.get(req.seq_num) || {state: 'none'};
+  const hwm = Number((await unary(p.stream.address, 'GetHighWaterMark', {partition_id: p.pid})).high_water_mark);
+  const data = await unary(p.stream.address, 'GetTransactionData', {
+    req_id: {client_id: clientId, generation: p.generation, partition_id: p.pid, seq_num: 0}, transaction_id: hwm + 1,
+  });
+  return {
+    feed: answer(feed).state, flush: answer(flushed).state, flush_responses: ghost.flushes.length,
+    message: answer(flushed).message,
+    read_past: await readStatus(p.stream.address, {partition_id: p.pid, from_transaction_id: hwm + 1,
+      to_transaction_id: hwm + 5}),
+    data_past: {success: data.success, error_message: data.error_message},
+  };
+}
+
 async function denseAndComplete(p) {
   const reply = await unary(p.stream.address, 'GetHighWaterMark', {partition_id: p.pid});
   const hwm = Number(reply.high_water_mark);
@@ -302,9 +338,11 @@ async function main() {
     lastBefore[p.pid] = last[p.pid];
   }
   const vectors = specVectors().map((v) => ({...v, node: lockHash(v.name, BigInt(v.id))}));
+  const first = parts.get(PARTITIONS[0]);
+  const edge = await edges(info.num_partitions, first, last[first.pid]);
   emit({
     phase: 'steady', client_id: clientId, limits, appended: PER_PARTITION * parts.size, locks, dense, fetched,
-    flushed, lock_hashes: vectors,
+    flushed, lock_hashes: vectors, edges: edge,
   });
 
   // a partition moves: heard on the stream, found again, remounted there

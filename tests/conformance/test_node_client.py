@@ -92,6 +92,13 @@ def test_the_node_client_conforms(cluster: LocalCluster) -> None:
         assert steady["locks"][pid]["conflict"] >= steady["locks"][pid]["held"]  # the stale lock failed
         assert steady["flushed"][pid] >= steady["dense"][pid] - 1
     assert steady["limits"]["max_transaction_bytes"] == 1048576
+    # docs/protocol.md as the server answers it (issue 28): a Feed or Flush of a partition that does not exist is
+    # answered MountResponse NO_SUCH_PARTITION, and the Flush gets no FlushResponse; reads above the log
+    edges = steady["edges"]
+    assert edges["feed"] == edges["flush"] == "NO_SUCH_PARTITION" and edges["flush_responses"] == 0, edges
+    assert "partition 2 does not exist" in edges["message"]
+    assert edges["read_past"] == "NOT_FOUND"
+    assert edges["data_past"]["success"] is False and "does not exist" in edges["data_past"]["error_message"]
     vectors = steady["lock_hashes"]
     assert len(vectors) >= 10
     for v in vectors:  # Node, the spec and the Python client agree

@@ -71,6 +71,11 @@ class ReqId(_message.Message):
     - Mount and Feed Requests take the next number too (not checked): a server's unasked
       NOT_READY names the request it answers, and a client tells which of its mounts it ends by
       comparing numbers. A Flush Request carries the ReqId of the client's last append.
+    - "Lower" and "after" always mean this serial order, also when a client infers that its
+      appends with a lower number than a committed one failed.
+    - The first number: a fresh client id has no last number at the server, so any is accepted;
+      start at 1 (as the Python client does).
+    Not MountRequest.seq_num, despite the name: that one counts a process's streams.
     """
     def __init__(
         self,

@@ -144,8 +144,9 @@ class Limits(_message.Message):
     AppendRejected INVALID.
     """
     max_batch_appends: _builtins.int
-    """Appends per partition the server queues before it stops reading the stream (back-pressure,
-    server.appendQueueSize): more appends in flight per partition gain nothing. An AppendBatch may
+    """Despite the name, not a cap on one AppendBatch: the size of the server's append queue per
+    partition (server.appendQueueSize), the appends it holds before it stops reading the stream
+    (back-pressure), so more appends in flight per partition gain nothing. An AppendBatch may
     hold any number of appends as long as the message fits max_message_bytes.
     """
     max_locks_per_append: _builtins.int
@@ -309,7 +310,8 @@ class MountRequest(_message.Message):
     """
     seq_num: _builtins.int
     """sequence number: a sequential ID that identifies the network client (stream) sending this
-    request; used to detect stale network clients. The seed says int; carried as int64 like
+    request; used to detect stale network clients. Not ReqId.seq_num, despite the name: that one
+    counts requests per client id and partition, this one counts the process's streams. The seed says int; carried as int64 like
     the original implementation. Put a per-process counter here that grows with every stream the
     client opens (1 for the first): a mount with a lower value than the client's current mount
     of the partition is answered SUPERSEDED, and a higher one takes the partition over from the
@@ -361,7 +363,9 @@ class MountResponse(_message.Message):
         NO_SUCH_PARTITION: MountResponse._PartitionState.ValueType  # 5
         """ADDITION: the request's partition_id does not exist in this cluster (0 <= id < the cluster
         info's partition count); a bug in the client, not a retry. Only that request is refused: the
-        stream and its other partitions go on.
+        stream and its other partitions go on. The answer to a Mount, Feed or Flush Request (with
+        that request's ReqId); a Flush Request refused so gets no FlushResponse. An append for such a
+        partition gets AppendRejected INVALID.
         """
         PERMISSION_DENIED: MountResponse._PartitionState.ValueType  # 6
         """ADDITION: with mutual TLS, the request's client_id is bound to another identity (the role
@@ -384,7 +388,9 @@ class MountResponse(_message.Message):
     NO_SUCH_PARTITION: MountResponse.PartitionState.ValueType  # 5
     """ADDITION: the request's partition_id does not exist in this cluster (0 <= id < the cluster
     info's partition count); a bug in the client, not a retry. Only that request is refused: the
-    stream and its other partitions go on.
+    stream and its other partitions go on. The answer to a Mount, Feed or Flush Request (with
+    that request's ReqId); a Flush Request refused so gets no FlushResponse. An append for such a
+    partition gets AppendRejected INVALID.
     """
     PERMISSION_DENIED: MountResponse.PartitionState.ValueType  # 6
     """ADDITION: with mutual TLS, the request's client_id is bound to another identity (the role
@@ -570,8 +576,9 @@ Global___AppendRequest: _TypeAlias = AppendRequest  # noqa: Y015
 class FeedRequest(_message.Message):
     """Feed Request: initiates (resumes) the transaction feed from the Waltz server. The server then
     streams every committed transaction above the client high-water mark as it commits.
-    Only under the client's current mount of the partition on this stream; any other is answered
-    with an unasked MountResponse NOT_READY for its ReqId (mount again).
+    Only under the client's current mount of the partition on this stream; one for a partition this
+    server does not own is answered with an unasked MountResponse NOT_READY for its ReqId (mount
+    again), one for a partition id that does not exist with MountResponse NO_SUCH_PARTITION.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -706,7 +713,10 @@ class TransactionDataResponse(_message.Message):
     transaction_id: _builtins.int
     """Transaction ID: the ID of the transaction fetched."""
     success: _builtins.bool
-    """Success Flag: true if the fetch is successful, otherwise false."""
+    """Success Flag: true if the fetch is successful, otherwise false: a transaction id below 0 or
+    above the partition's high-water mark, or a record the store could not read. The call itself
+    succeeds (status OK) then; error_message says why.
+    """
     data_length: _builtins.int
     """Transaction Data Length: the length of transaction data (only when success is true)."""
     data: _builtins.bytes
@@ -742,8 +752,10 @@ Global___TransactionDataResponse: _TypeAlias = TransactionDataResponse  # noqa: 
 class FlushRequest(_message.Message):
     """Flush Request: wait for every pending transaction of this client on the partition to
     complete, successfully or not.
-    Only under the client's current mount of the partition on this stream; any other is answered
-    with an unasked MountResponse NOT_READY for its ReqId.
+    Only under the client's current mount of the partition on this stream; one for a partition this
+    server does not own is answered with an unasked MountResponse NOT_READY for its ReqId, one for a
+    partition id that does not exist with MountResponse NO_SUCH_PARTITION. Either way no
+    FlushResponse comes for it: that MountResponse is its only answer.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -996,7 +1008,9 @@ class ReadTransactionsRequest(_message.Message):
     from_transaction_id: _builtins.int
     """First transaction id to return (>= 0)."""
     to_transaction_id: _builtins.int
-    """Last transaction id to return; must not exceed the partition's high-water mark."""
+    """Last transaction id to return; must not exceed the partition's high-water mark (above it the
+    call fails with status NOT_FOUND; from_transaction_id below 0 or above this: INVALID_ARGUMENT).
+    """
     batch_size: _builtins.int
     """Records per response message (0: the server's default; capped by server.readBatchSize)."""
     def __init__(

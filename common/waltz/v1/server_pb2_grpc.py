@@ -80,7 +80,10 @@ class WaltzServerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Stream(self, request_iterator, context):
-        """The ordered client stream: mount, append, feed, flush, lock failure.
+        """The ordered client stream: mount, append, feed, flush, lock failure. When the server shuts
+        down, each of its streams gets an unasked MountResponse NOT_READY for every mount it carried,
+        then ends with status UNAVAILABLE ("the server is shutting down: ..."); a stream opened while
+        it stops is refused the same way. Look the owners up again (GetClusterInfo) and remount.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
