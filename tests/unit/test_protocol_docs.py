@@ -4,7 +4,6 @@ this checks that the text says the same."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from tests.unit.test_proto_comments import comments
@@ -46,7 +45,7 @@ def test_feed_and_flush_of_a_partition_that_does_not_exist():
 
 def test_the_unary_errors_include_not_found_and_success_false():
     unary = flat(section(10))
-    assert re.search(r"`ReadTransactions` \| `to_transaction_id` above the high-water mark \| status `NOT_FOUND`", unary)
+    assert "| `ReadTransactions` | `to_transaction_id` above the high-water mark | status `NOT_FOUND`" in unary
     assert "status OK with `success=false`" in unary
     assert "NOT_FOUND" in leading("ReadTransactionsRequest", "to_transaction_id")
     assert "above the partition's high-water mark" in flat(leading("TransactionDataResponse", "success"))
