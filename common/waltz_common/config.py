@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ class Integer:
             raise ValueError(f"{value!r} is a boolean, not an integer ({self.range_text()})")
         if isinstance(value, int):
             number = value
-        elif isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        elif isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
             number = int(value.strip())
         else:
             raise ValueError(f"{value!r} is not an integer ({self.range_text()})")

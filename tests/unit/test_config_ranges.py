@@ -99,6 +99,10 @@ def test_every_numeric_key_is_range_checked_and_refuses_booleans():
 
 def test_digit_strings_still_count_as_integers():
     assert server_config(**{"server.port": "55180"})["server.port"] == 55180
+    assert Integer(-1)(" -1 ") == -1  # an environment variable's value (WALTZ_CLIENT_MAX_RETRIES)
+    for text in ("+-5", "--1", "1_000", "\u0663"):  # one line naming the value, not int()'s own message
+        with pytest.raises(ValueError, match=re.escape(f"{text!r} is not an integer")):
+            Integer(1)(text)
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "[::]"])
