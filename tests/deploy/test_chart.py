@@ -59,6 +59,9 @@ def test_images_leave_spark_and_test_packages_out():
         text = (ROOT / dockerfile).read_text()
         assert "-c constraints.txt -r requirements.txt" in text and "--no-deps ." in text
         assert "[spark" not in text and "[dev" not in text
+        # both pods' init containers run `waltz cluster create`: the `cli` extra (tqdm, ...) must be in both images
+        # (the storage image without it looped "waiting for ZooKeeper" for ever in the container test)
+        assert "for e in ['server', 'cli']" in text, f"{dockerfile} does not install the cli extra"
 
 
 @pytest.mark.parametrize("values_file", VALUE_SETS, ids=lambda p: p.name)
