@@ -28,9 +28,10 @@ CURVES = {
 }
 
 
-# The suite's default run smokes the three shortest (about 40 s in all); WALTZ_SLOW=1 runs every curve (about
-# 3 min more), as the benchmark's own --quick runs do.
-DEFAULT = {"consumers", "failover", "log_size"}
+# The suite's default run smokes the two shortest (about 40 s in all); WALTZ_SLOW=1 runs every curve (about
+# 6 min more), as the benchmark's own --quick runs do. failover's quick form holds SIGSTOPs of 10 s and waits out
+# 6 s sessions, twice each (3 min): tests/chaos/test_failover.py covers the detector in the default suite.
+DEFAULT = {"consumers", "log_size"}
 
 
 @pytest.mark.parametrize("name", sorted(CURVES))
