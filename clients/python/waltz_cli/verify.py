@@ -8,6 +8,7 @@ bisects it down to the first transaction id whose records differ).
 
 from __future__ import annotations
 
+from collections import Counter as Tally
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -428,7 +429,8 @@ def check_missing(facts: Facts, wanted: list[int], expected_servers: int | None 
     ZooKeeper forgets a server that is gone (its registration is ephemeral and the coordinator moves its partitions
     to the others), so a missing server is found only against what is expected: expected_servers (a count) and
     expected_addresses (host:port as the servers advertise themselves). A partition is under-replicated when fewer
-    than `replicas` nodes are assigned it (default: as many as the partition with the most), or when an assigned
+    than `replicas` nodes are assigned it (default: as many as most partitions have; a scale-out that gave one
+    partition a fourth replica does not make the others under-replicated), or when an assigned
     replica is not usable (its node unreachable, the replica missing, damaged or failing its writes), even with a
     quorum left.
     """
@@ -443,7 +445,7 @@ def check_missing(facts: Facts, wanted: list[int], expected_servers: int | None 
                          for sid, view in sorted(facts.servers.items()) if view.error)
     check.reasons.extend(f"partition {pid} is unassigned: no server owns it" for pid in wanted
                          if facts.ownership.get(pid, (-1, 0))[0] < 0)
-    expected = replicas or max((len(_replicas(facts, pid)) for pid in range(facts.num_partitions)), default=0)
+    expected = replicas or _usual_replica_count(facts)
     for pid in wanted:
         assigned = _replicas(facts, pid)
         down = [node for node in assigned if not _usable(_replica_view(facts, node, pid))]
@@ -454,3 +456,12 @@ def check_missing(facts: Facts, wanted: list[int], expected_servers: int | None 
             check.reasons.append(f"partition {pid} is under-replicated: {len(assigned) - len(down)} of "
                                  f"{len(assigned)} replicas usable (down: {', '.join(down)})")
     return check
+
+
+def _usual_replica_count(facts: Facts) -> int:
+    """The number of replicas most partitions have (the higher one on a tie): the cluster's replication as it is."""
+    counts = Tally(len(_replicas(facts, pid)) for pid in range(facts.num_partitions))
+    if not counts:
+        return 0
+    most = max(counts.values())
+    return max(count for count, times in counts.items() if times == most)
