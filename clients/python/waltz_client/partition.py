@@ -11,7 +11,7 @@ from enum import Enum
 from typing import Any
 
 from waltz.v1 import server_pb2
-from waltz_client.api import FedTransaction, PartialApplyError, Transaction, TransactionBuilder, applies_batches
+from waltz_client.api import FedTransaction, TransactionBuilder, applies_batches
 from waltz_client.batch_data import BatchData
 from waltz_client.catchup import CatchUp, mount_wait_reason
 from waltz_client.connection import ServerConnection
@@ -23,6 +23,7 @@ from waltz_client.errors import (
     TransactionRejectedError,
     WaltzTimeoutError,
 )
+from waltz_client.feed_steps import FeedStep, FeedSteps
 from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
 from waltz_client.partition_env import PartitionEnv, PendingAppend
 from waltz_client.partition_env import Stats as Stats  # where it was before partition_env.py
@@ -48,11 +49,6 @@ _REMOUNT_REJECTIONS = {
     server_pb2.AppendRejected.PARTITION_NOT_READY,
     server_pb2.AppendRejected.NOT_MOUNTED,
 }
-
-
-_FeedStep = tuple[int, PendingAppend | None, Transaction | None]
-"""The application's side of one fed transaction: its id, this client's append it commits (if any),
-the transaction to apply (None: applied already, fed again after a reconnect). A tuple: one per append."""
 
 
 class _Verdict(Enum):
@@ -82,6 +78,7 @@ class ClientPartition:
         self.server_high_water_mark = -1  # the highest id the client heard its server committed (metrics)
         self.mounts = 0  # READY mount answers (metrics: remounts are those after the first)
         self._batched = applies_batches(env.callbacks)  # apply_transactions overridden: one call per feed batch
+        self._steps = FeedSteps(partition_id, env.callbacks)
         self.catchup: CatchUp | None = None  # the current mount's, while MOUNTING
         self._problem: str | None = None  # what ended the last mount attempt (for the mount timeout's message)
 
@@ -428,7 +425,7 @@ class ClientPartition:
 
     async def _on_feed(self, entries: Sequence[server_pb2.FeedData]) -> _Verdict | None:
         """Apply a feed batch in order: the decisions here, the application's side in one callback-thread call."""
-        steps: list[_FeedStep] = []
+        steps: list[FeedStep] = []
         superseded: list[tuple[PendingAppend, Outcome]] = []
         next_id = self.client_high_water_mark + 1  # the transaction to apply next
         gap_at: int | None = None
@@ -485,12 +482,12 @@ class ClientPartition:
             return _Verdict.REMOUNT
         return None
 
-    async def _apply_steps(self, steps: list[_FeedStep]) -> None:
+    async def _apply_steps(self, steps: list[FeedStep]) -> None:
         """Run the steps on the callback thread; an apply that raises is retried with backoff (skipping
         it would lose it), and the steps before it are settled first."""
         index = completed = 0
         delay = 0.1
-        run = self._run_batch if self._batched else self._run_steps
+        run = self._steps.run_batch if self._batched else self._steps.run_steps
         while index < len(steps):
             if self._batched and any(transaction is not None for _, _, transaction in steps[index:]):
                 self.env.stats.apply_batches += 1  # an apply_transactions call (steps of own appends fed again: none)
@@ -506,78 +503,7 @@ class ClientPartition:
             await asyncio.sleep(delay)
             delay = min(delay * 2, APPLY_RETRY_MAX_S)
 
-    def _run_steps(self, steps: list[_FeedStep], index: int, completed: int) -> tuple[int, int, BaseException | None]:
-        """On the callback thread, from steps[index] (those before steps[completed] had their on_completion):
-        on_completion, apply_transaction, on_application, in feed order. Stops at an apply that raises:
-        (its index, the steps whose on_completion ran, the error). Every hook is called, TransactionContext's
-        empty ones too: a call costs less than telling them apart."""
-        apply = self.env.callbacks.apply_transaction
-        for i in range(index, len(steps)):
-            txn_id, mine, transaction = steps[i]
-            if mine is not None and i >= completed:
-                try:
-                    mine.context.on_completion(True)
-                except Exception as exc:
-                    self._hook_raised("on_completion", txn_id, exc)
-            if transaction is not None:
-                try:
-                    apply(transaction)
-                except Exception as exc:
-                    return i, i + 1, exc
-            if mine is not None:
-                try:
-                    mine.context.on_application()
-                except Exception as exc:
-                    self._hook_raised("on_application", txn_id, exc)
-        return len(steps), len(steps), None
-
-    def _run_batch(self, steps: list[_FeedStep], index: int, completed: int) -> tuple[int, int, BaseException | None]:
-        """_run_steps for callbacks that override apply_transactions: every on_completion of steps[index:], one
-        apply_transactions of their transactions, the on_application of those it applied. A raise applied none
-        of them (PartialApplyError: its first `applied`): (the step of the first not applied, len(steps), error)."""
-        for i in range(max(index, completed), len(steps)):
-            txn_id, mine, _ = steps[i]
-            if mine is not None:
-                try:
-                    mine.context.on_completion(True)
-                except Exception as exc:
-                    self._hook_raised("on_completion", txn_id, exc)
-        transactions = [transaction for _, _, transaction in steps[index:] if transaction is not None]
-        reached, error = len(steps), None
-        if transactions:
-            try:
-                self.env.callbacks.apply_transactions(transactions)
-            except PartialApplyError as exc:
-                if exc.applied >= len(transactions):  # applied them all, then failed: nothing to apply again
-                    self._hook_raised("apply_transactions", transactions[-1].transaction_id, exc.error)
-                else:
-                    reached, error = self._step_of(steps, index, transactions, exc.applied), exc.error
-            except Exception as exc:
-                reached, error = self._step_of(steps, index, transactions, 0), exc
-        for i in range(index, reached):
-            txn_id, mine, _ = steps[i]
-            if mine is not None:
-                try:
-                    mine.context.on_application()
-                except Exception as exc:
-                    self._hook_raised("on_application", txn_id, exc)
-        return reached, len(steps), error
-
-    @staticmethod
-    def _step_of(steps: list[_FeedStep], index: int, transactions: list[Transaction], applied: int) -> int:
-        """The index in steps of transactions[applied], the first one a failed batch did not apply."""
-        failed = transactions[max(0, applied)].transaction_id
-        return next(i for i in range(index, len(steps)) if steps[i][0] == failed and steps[i][2] is not None)
-
-    def _hook_raised(self, hook: str, txn_id: int, exc: BaseException) -> None:
-        """A context hook raised, on the callback thread: it goes to uncaught_exception."""
-        log.error("partition %d: context hook %s raised", self.partition_id, hook, exc_info=exc)
-        try:
-            self.env.callbacks.uncaught_exception(self.partition_id, txn_id, exc)
-        except Exception:
-            log.exception("uncaught_exception callback raised")
-
-    def _settle(self, steps: list[_FeedStep], start: int, end: int) -> None:
+    def _settle(self, steps: list[FeedStep], start: int, end: int) -> None:
         """steps[start:end] ran: count them, move the client high-water mark, resolve their appends."""
         applied = committed = 0
         last_applied = -1

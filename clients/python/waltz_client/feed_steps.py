@@ -1,0 +1,95 @@
+"""The application's side of a partition's feed batch, run on the client's callback thread: each step's context
+hooks and the transaction's apply, one at a time or as one apply_transactions call (ClientPartition settles them)."""
+
+from __future__ import annotations
+
+import logging
+
+from waltz_client.api import PartialApplyError, Transaction, WaltzClientCallbacks
+from waltz_client.partition_env import PendingAppend
+
+log = logging.getLogger("waltz_client.partition")  # the partition's log, as before the split
+
+FeedStep = tuple[int, PendingAppend | None, Transaction | None]
+"""The application's side of one fed transaction: its id, this client's append it commits (if any),
+the transaction to apply (None: applied already, fed again after a reconnect). A tuple: one per append."""
+
+
+
+class FeedSteps:
+    """Runs feed steps for one partition's application callbacks; returns where it stopped, raises nothing."""
+
+    def __init__(self, partition_id: int, callbacks: WaltzClientCallbacks) -> None:
+        self.partition_id = partition_id
+        self.callbacks = callbacks
+
+    def run_steps(self, steps: list[FeedStep], index: int, completed: int) -> tuple[int, int, BaseException | None]:
+        """On the callback thread, from steps[index] (those before steps[completed] had their on_completion):
+        on_completion, apply_transaction, on_application, in feed order. Stops at an apply that raises:
+        (its index, the steps whose on_completion ran, the error). Every hook is called, TransactionContext's
+        empty ones too: a call costs less than telling them apart."""
+        apply = self.callbacks.apply_transaction
+        for i in range(index, len(steps)):
+            txn_id, mine, transaction = steps[i]
+            if mine is not None and i >= completed:
+                try:
+                    mine.context.on_completion(True)
+                except Exception as exc:
+                    self.hook_raised("on_completion", txn_id, exc)
+            if transaction is not None:
+                try:
+                    apply(transaction)
+                except Exception as exc:
+                    return i, i + 1, exc
+            if mine is not None:
+                try:
+                    mine.context.on_application()
+                except Exception as exc:
+                    self.hook_raised("on_application", txn_id, exc)
+        return len(steps), len(steps), None
+
+    def run_batch(self, steps: list[FeedStep], index: int, completed: int) -> tuple[int, int, BaseException | None]:
+        """run_steps for callbacks that override apply_transactions: every on_completion of steps[index:], one
+        apply_transactions of their transactions, the on_application of those it applied. A raise applied none
+        of them (PartialApplyError: its first `applied`): (the step of the first not applied, len(steps), error)."""
+        for i in range(max(index, completed), len(steps)):
+            txn_id, mine, _ = steps[i]
+            if mine is not None:
+                try:
+                    mine.context.on_completion(True)
+                except Exception as exc:
+                    self.hook_raised("on_completion", txn_id, exc)
+        transactions = [transaction for _, _, transaction in steps[index:] if transaction is not None]
+        reached, error = len(steps), None
+        if transactions:
+            try:
+                self.callbacks.apply_transactions(transactions)
+            except PartialApplyError as exc:
+                if exc.applied >= len(transactions):  # applied them all, then failed: nothing to apply again
+                    self.hook_raised("apply_transactions", transactions[-1].transaction_id, exc.error)
+                else:
+                    reached, error = self._step_of(steps, index, transactions, exc.applied), exc.error
+            except Exception as exc:
+                reached, error = self._step_of(steps, index, transactions, 0), exc
+        for i in range(index, reached):
+            txn_id, mine, _ = steps[i]
+            if mine is not None:
+                try:
+                    mine.context.on_application()
+                except Exception as exc:
+                    self.hook_raised("on_application", txn_id, exc)
+        return reached, len(steps), error
+
+    @staticmethod
+    def _step_of(steps: list[FeedStep], index: int, transactions: list[Transaction], applied: int) -> int:
+        """The index in steps of transactions[applied], the first one a failed batch did not apply."""
+        failed = transactions[max(0, applied)].transaction_id
+        return next(i for i in range(index, len(steps)) if steps[i][0] == failed and steps[i][2] is not None)
+
+    def hook_raised(self, hook: str, txn_id: int, exc: BaseException) -> None:
+        """A context hook raised, on the callback thread: it goes to uncaught_exception."""
+        log.error("partition %d: context hook %s raised", self.partition_id, hook, exc_info=exc)
+        try:
+            self.callbacks.uncaught_exception(self.partition_id, txn_id, exc)
+        except Exception:
+            log.exception("uncaught_exception callback raised")
