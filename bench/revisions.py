@@ -72,7 +72,7 @@ def checkout(revision: str, cache: Path = CACHE, repo: Path = REPO) -> Checkout:
                 files.extractall(staging, filter="tar")
         staging.rename(path)
     found = Checkout(revision, commit, path)
-    print(f"baseline {revision} ({commit[:12]}) in {path}: scripts/bootstrap", file=sys.stderr, flush=True)
+    print(f"revision {revision} ({commit[:12]}) in {path}: scripts/bootstrap", file=sys.stderr, flush=True)
     done = subprocess.run([str(path / "scripts" / "bootstrap")], cwd=path, check=False)
     if done.returncode != 0 or not found.python.exists():
         raise RevisionError(f"scripts/bootstrap of {revision} in {path} failed (exit status {done.returncode})")
