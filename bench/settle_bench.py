@@ -1,7 +1,7 @@
 """CPU of settling a committed batch on the server, per append: once per append (the baseline) against once per
 batch, in the same run.
 
-    .venv/bin/python -m bench.settle_bench [--batch N] [--clients C] [--rounds R]
+    .venv/bin/python -m bench.settle_bench [--batch N] [--clients C] [--rounds R] [--appends A]
 
 What Partition._settle does with each committed batch besides its feed: resolve the appends' tickets (issue 24's
 ClientPending), put their data in the data cache (charging the server's cache budget), observe their commit
@@ -109,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=100, help="appends per committed batch (default 100)")
     parser.add_argument("--clients", type=int, default=1, help="clients sharing a batch (default 1)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of each, alternating; the best counts")
+    parser.add_argument("--appends", type=int, default=200_000, help="appends settled per round (default 200,000)")
     args = parser.parse_args(argv)
-    count = max(10, 200_000 // args.batch)
+    count = max(10, args.appends // args.batch)
     head = f"{'batch':>6} {'clients':>8} | {'per append (baseline)':>22} {'per batch':>10} | {'ratio':>6}"
     print(f"CPU microseconds per append to settle a committed batch ({count:,} batches, best of {args.rounds})")
     print(head)
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         shapes.insert(0, (args.batch, args.clients))
     for size, clients in shapes:
         best = {"per append": float("inf"), "per batch": float("inf")}
-        n = max(10, 200_000 // size)
+        n = max(10, args.appends // size)
         for round_ in range(args.rounds):
             order = [("per append", _settle_per_append), ("per batch", _settle_per_batch)]
             for name, settle in order if round_ % 2 == 0 else order[::-1]:

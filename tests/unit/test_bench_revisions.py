@@ -1,4 +1,5 @@
-"""bench.revisions: a baseline revision's checkout and environment, and its table read back into rows.
+"""bench.revisions (a baseline revision's checkout and environment, and its table read back into rows), and a small
+run of bench.settle_bench.
 
 The table is the one append_bench.format_report prints, so a change of its layout that the reader does not
 follow fails here (the baseline revisions print the same layout)."""
@@ -91,3 +92,14 @@ def test_a_revision_is_exported_once_and_bootstrapped_by_its_own_script(tmp_path
 
     with pytest.raises(revisions.RevisionError, match="does not know the revision"):
         revisions.checkout("no-such-branch", cache, repo)
+
+
+def test_the_settle_benchmark_prints_both_ways_for_every_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import settle_bench
+
+    assert settle_bench.main(["--appends", "2000", "--rounds", "1", "--batch", "50", "--clients", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2 and line.split()[0].isdigit()]
+    assert [row[0].split() for row in rows] == [["50", "2"], ["10", "1"], ["100", "1"], ["100", "10"], ["500", "5"]]
+    for _, costs, ratio in rows:
+        assert all(float(x) > 0 for x in costs.split()) and float(ratio) > 0
