@@ -1,6 +1,10 @@
 """Append and feed throughput, commit latency and memory over a real local cluster, next to baselines in the same run.
 
     .venv/bin/python -m bench.append_bench [--quick] [--dir DIR] [--procs P] [--server K=V] [--client K=V]
+    .venv/bin/python -m bench.append_bench --baseline 56f6eac [--rounds 2] [the options above]
+
+With --baseline, the same benchmark of a named git revision runs in the same run (its own checkout and
+virtualenv, bench/revisions.py), the two alternating, and every row is printed with its ratio.
 
 Baselines first, on the same machine and in the same run:
 - raw gRPC: a bidi stream echoing 512 B messages from another process, one at a time (the
@@ -28,6 +32,8 @@ import argparse
 import asyncio
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -39,6 +45,7 @@ import psutil
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import revisions
 from bench.append_writers import PARTITION, CountingCallbacks, Job, JobResult, run_clients
 from bench.baselines import RECORD_BYTES, Baselines, MemorySampler, cpu_seconds, percentile, run_baselines
 from waltz.v1 import common_pb2, metadata_pb2, server_pb2, server_pb2_grpc
@@ -454,7 +461,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client", action="append", default=[], metavar="KEY=VALUE",
                         help="a client configuration key of the writer processes (repeatable), on top of "
                              f"{', '.join(f'{k}={v}' for k, v in WRITER_CLIENT.items())}")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also run the benchmark of this git revision (e.g. 56f6eac), in its own checkout and "
+                             "virtualenv under $WALTZ_BENCH_CACHE (default ~/.cache/waltz-bench), and print the "
+                             "ratio of every row")
+    parser.add_argument("--candidate", metavar="REV",
+                        help="with --baseline: compare with this git revision (its own checkout, as the baseline's) "
+                             "instead of this checkout, e.g. to bisect")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --baseline: runs of each revision, alternating which goes first (default 1)")
     args = parser.parse_args(argv)
+    if args.baseline:
+        return compare_with(args.baseline, args.rounds, _passed_on(args), args.candidate)
     overrides = _keys(args.server)
     client = {**WRITER_CLIENT, **_keys(args.client)}
     logging.basicConfig(level=logging.WARNING)
@@ -467,6 +485,52 @@ def main(argv: list[str] | None = None) -> int:
             print("server configuration: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
         print("writer client configuration: " + ", ".join(f"{k}={v}" for k, v in client.items()))
     return 0
+
+
+def _passed_on(args: argparse.Namespace) -> list[str]:
+    """The options both revisions' runs get."""
+    passed = ["--procs", str(args.procs)] + (["--quick"] if args.quick else [])
+    if args.dir:
+        passed += ["--dir", args.dir]
+    for key in args.server:
+        passed += ["--server", key]
+    for key in args.client:
+        passed += ["--client", key]
+    return passed
+
+
+def compare_with(revision: str, rounds: int, passed: list[str], candidate: str | None = None) -> int:
+    """Run this checkout's benchmark (or the candidate revision's) and the baseline revision's, alternating,
+    `rounds` times each; print both tables of every run and then every row side by side with its ratio."""
+    base = revisions.checkout(revision)
+    if candidate is None:
+        here, python, name = revisions.REPO, Path(sys.executable), f"this checkout ({_head(revisions.REPO)})"
+    else:
+        other = revisions.checkout(candidate)
+        here, python, name = other.path, other.python, f"{candidate} ({other.commit[:12]})"
+    sides = {"baseline": (base.path, base.python), "candidate": (here, python)}
+    parsed: dict[str, list[revisions.Rows]] = {"baseline": [], "candidate": []}
+    timeout = 900.0 if "--quick" in passed else 2400.0
+    for round_ in range(rounds):
+        order = ("baseline", "candidate") if round_ % 2 == 0 else ("candidate", "baseline")
+        for side in order:
+            cwd, python = sides[side]
+            print(f"== round {round_ + 1}, {side}: {cwd} ({python})", file=sys.stderr, flush=True)
+            table = revisions.run_bench(cwd, python, passed, timeout)
+            print(f"== round {round_ + 1}, {side} ({revision if side == 'baseline' else name})\n{table}", flush=True)
+            parsed[side].append(revisions.parse(table))
+    print(f"== {rounds} round(s): baseline {revision} ({base.commit[:12]}) vs {name}, options: {' '.join(passed)}")
+    print(revisions.compare(parsed["baseline"], parsed["candidate"], f"baseline {revision}",
+                            "this checkout" if candidate is None else candidate))
+    return 0
+
+
+def _head(repo: Path) -> str:
+    """This checkout's commit, with '+changes' when its tracked files differ from it."""
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "-C", str(repo), "diff", "--quiet", "HEAD"], check=False).returncode
+    return commit + ("+changes" if dirty else "")
 
 
 def _keys(options: list[str]) -> dict[str, object]:

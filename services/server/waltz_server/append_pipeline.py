@@ -9,13 +9,23 @@ clients and feeds.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from waltz_server.locks import LockRequest, LockTable
 
 T = TypeVar("T")
+
+
+class Ticketed(Protocol):
+    """An append as ClientPending.resolved_all reads it (a QueuedAppend)."""
+
+    @property
+    def client_id(self) -> int: ...
+
+    @property
+    def ticket(self) -> int: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -83,12 +93,36 @@ class ClientPending(Generic[T]):
 
     def resolved(self, client_id: int, ticket: int) -> list[T]:
         """The client's append with this ticket resolved; returns the waiters that are now done."""
+        return self._resolved_run(client_id, ticket, ticket + 1)
+
+    def resolved_all(self, appends: Iterable[Ticketed]) -> list[T]:
+        """Every one of these appends resolved (a batch's, in any order); returns the waiters that are now done.
+
+        The same as resolved() for each, done per run: a batch holds a client's appends mostly as consecutive
+        tickets, and each such run of a client is one step, not one per append."""
+        runs: dict[int, list[int]] = {}  # client -> [first, end) of the run being gathered
+        reached: list[T] = []
+        for append in appends:
+            client_id, ticket = append.client_id, append.ticket
+            run = runs.get(client_id)
+            if run is not None:
+                if run[1] == ticket:
+                    run[1] = ticket + 1
+                    continue
+                reached += self._resolved_run(client_id, run[0], run[1])
+            runs[client_id] = [ticket, ticket + 1]
+        for client_id, (first, end) in runs.items():
+            reached += self._resolved_run(client_id, first, end)
+        return reached
+
+    def _resolved_run(self, client_id: int, first: int, end: int) -> list[T]:
+        """The client's appends with tickets first .. end - 1 resolved; the waiters now done."""
         low = self._low.get(client_id, 0)
-        if ticket != low:
-            if ticket > low:  # an earlier one is still unresolved
-                self._ahead.setdefault(client_id, set()).add(ticket)
+        if first != low:
+            if first > low:  # an earlier one is still unresolved
+                self._ahead.setdefault(client_id, set()).update(range(first, end))
             return []
-        low += 1
+        low = end
         ahead = self._ahead.get(client_id)
         if ahead:
             while low in ahead:

@@ -174,6 +174,33 @@ class DataCache:
         self.charged += size + DATA_ENTRY_BYTES
         self._budget.charge(size + DATA_ENTRY_BYTES)
 
+    def put_many(self, first_id: int, entries: Sequence[tuple[TransactionData, int]]) -> None:
+        """put() of each (entry, size) as transactions first_id.. (a committed batch): the bounds are kept, and
+        the budget charged, once for the batch."""
+        records, max_entry = self._records, self._max_entry
+        added = count = 0
+        for transaction_id, (entry, size) in enumerate(entries, first_id):
+            if size > max_entry or transaction_id in records:
+                continue
+            records[transaction_id] = (entry, size)
+            added += size
+            count += 1
+        if not count:
+            return
+        self._bytes += added
+        evicted = evicted_count = 0
+        while self._bytes > self._max_bytes:
+            _, (_, size) = records.popitem(last=False)
+            self._bytes -= size
+            evicted += size
+            evicted_count += 1
+        freed = evicted + evicted_count * DATA_ENTRY_BYTES
+        self.charged -= freed
+        self._budget.release(freed)
+        taken = added + count * DATA_ENTRY_BYTES
+        self.charged += taken
+        self._budget.charge(taken)
+
     def evict(self, nbytes: int) -> None:
         """Drop the least recently used entries worth at least nbytes (the budget's reclaim)."""
         freed = 0

@@ -46,6 +46,17 @@ class BatchHistogram(Collector):
                 counts[i] += 1
             self._sum += total
 
+    def observe_counted(self, values: Sequence[tuple[float, int]]) -> None:
+        """Observe each value count times (the appends of a batch that arrived together)."""
+        bounds, place = self._bounds, bisect_left
+        found = [(place(bounds, v), n) for v, n in values]
+        total = sum(v * n for v, n in values)
+        with self._lock:
+            counts = self._counts
+            for i, n in found:
+                counts[i] += n
+            self._sum += total
+
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             counts, total = list(self._counts), self._sum

@@ -426,23 +426,34 @@ class Partition(MountedRequests):
     def _settle(self, resolved: Resolved[_Origin], committed_at: float) -> None:
         """What a resolved batch releases besides its feed."""
         committed = resolved.committed
-        put, record = self.data_cache.put, self._sequences.record
-        for item, transaction_id in committed:
-            put(transaction_id, item.origin.request, item.size)  # an AppendRequest has what a read needs
-            record((item.client_id, item.origin.seq_num, transaction_id))
+        if committed:
+            # One pass over the batch: the data cache's entries, the re-send window, the commit latencies (the
+            # appends of one client message arrived together: one observation per run of equal arrival times).
+            record = self._sequences.record
+            entries: list[tuple[server_pb2.AppendRequest, int]] = []
+            latencies: list[tuple[float, int]] = []
+            arrived, run = committed[0][0].origin.arrived, 0
+            for item, transaction_id in committed:
+                origin = item.origin
+                entries.append((origin.request, item.size))  # an AppendRequest has what a read needs
+                record((item.client_id, origin.seq_num, transaction_id))
+                if origin.arrived != arrived:
+                    latencies.append((committed_at - arrived, run))
+                    arrived, run = origin.arrived, 0
+                run += 1
+            latencies.append((committed_at - arrived, run))
+            self.data_cache.put_many(committed[0][1], entries)
+            if self.metrics is not None:
+                self.metrics.commit_latency.observe_counted(latencies)
         self._sequences.forget_silent(self._pending.pending)
         if self.metrics is not None:
             m = self.metrics
             m.appends["ok"].inc(len(committed))
             m.appends["failed"].inc(len(resolved.failed))
-            m.commit_latency.observe_many([committed_at - item.origin.arrived for item, _ in committed])
-        resolve = self._pending.resolved
-        for item, _ in committed:
-            for waiter in resolve(item.client_id, item.ticket):
-                waiter()
-        for item in resolved.failed:
-            for waiter in resolve(item.client_id, item.ticket):
-                waiter()
+        for waiter in self._pending.resolved_all(item for item, _ in committed):
+            waiter()
+        for waiter in self._pending.resolved_all(resolved.failed):
+            waiter()
         self._room.set()
         self._update_gauges()
 

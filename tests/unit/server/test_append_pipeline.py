@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass
+
 from waltz_server.append_pipeline import AppendPipeline, ClientPending, QueuedAppend
 from waltz_server.locks import LockRequest, LockTable
 
@@ -222,3 +225,39 @@ def test_an_append_whose_lock_is_in_any_in_flight_batch_waits_for_it() -> None:
     assert [(item.origin, t) for item, t in failures] == [("stale r5", 0)]
     assert [i.origin for i in pipeline.take_batch() or []] == ["fresh r5"]
     assert pipeline.in_flight == 2
+
+
+@dataclass
+class _Ticketed:
+    client_id: int
+    ticket: int
+
+
+def test_client_pending_resolves_a_batch_as_each_append_alone_would():
+    """resolved_all (a batch at once, one step per run of a client's consecutive tickets) releases the same waiters,
+    and leaves the same pending counts, as resolved() per append, whatever the order within and across batches
+    (issue 24's rule: a waiter waits for every append offered before it)."""
+    rng = random.Random(34)
+    for _ in range(300):
+        one, batched = ClientPending[str](), ClientPending[str]()
+        offered: list[_Ticketed] = []
+        waiter = 0
+        for _ in range(rng.randrange(1, 40)):
+            client = rng.randrange(4)
+            for pending in (one, batched):
+                ticket = pending.offered(client)
+            offered.append(_Ticketed(client, ticket))
+            if rng.random() < 0.3:
+                waiter += 1
+                assert one.add_waiter(client, f"w{waiter}") == batched.add_waiter(client, f"w{waiter}")
+        if rng.random() < 0.3:  # mostly in order, as batches resolve; lock failures resolve out of order
+            rng.shuffle(offered)
+        while offered:
+            size = rng.randrange(1, len(offered) + 1)
+            batch, offered = offered[:size], offered[size:]
+            alone = [w for a in batch for w in one.resolved(a.client_id, a.ticket)]
+            assert sorted(batched.resolved_all(batch)) == sorted(alone)
+            for client in range(4):
+                assert batched.pending(client) == one.pending(client)
+        assert all(batched.pending(client) == 0 for client in range(4))
+        assert batched.add_waiter(0, "after all") is True

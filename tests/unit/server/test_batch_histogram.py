@@ -44,3 +44,21 @@ def test_a_value_on_a_bound_falls_in_that_bucket() -> None:
     assert registry.get_sample_value("x_seconds_bucket", {"le": "0.01"}) == 2
     assert registry.get_sample_value("x_seconds_bucket", {"le": "+Inf"}) == 3
     assert registry.get_sample_value("x_seconds_count") == 3
+
+
+@given(st.lists(st.lists(st.tuples(st.floats(0, 3, allow_nan=False), st.integers(1, 5)), max_size=10), max_size=8))
+def test_counted_observations_expose_as_each_one_observed(batches: list[list[tuple[float, int]]]) -> None:
+    mine, theirs = CollectorRegistry(), CollectorRegistry()
+    histogram = BatchHistogram("lat_seconds", "latency", BOUNDS)
+    mine.register(histogram)
+    reference = Histogram("lat_seconds", "latency", buckets=BOUNDS, registry=theirs)
+    for batch in batches:
+        histogram.observe_counted(batch)
+        for value, count in batch:
+            for _ in range(count):
+                reference.observe(value)
+    got, want = samples(mine, "lat_seconds"), samples(theirs, "lat_seconds")
+    want.pop(("lat_seconds_created", ""), None)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert abs(got[key] - value) < 1e-6, key

@@ -86,3 +86,23 @@ def test_data_cache_evicts_least_recently_used_by_bytes():
 def test_feed_cache_needs_capacity():
     with pytest.raises(ValueError):
         FeedCache(0)
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(1, 40), max_size=12)), max_size=12),
+       st.integers(40, 200))
+def test_data_cache_put_many_keeps_what_put_one_by_one_keeps(batches: list[tuple[int, list[int]]], budget: int) -> None:
+    """A committed batch put at once (put_many) leaves the cache, its bytes and its budget charge as putting each
+    transaction alone does; reads in between reorder the recency alike."""
+    one, many = DataCache(budget), DataCache(budget)
+    next_id = 0
+    for read_back, sizes in batches:
+        records = [record(next_id + i, size) for i, size in enumerate(sizes)]
+        for r in records:
+            put(one, r)
+        many.put_many(next_id, [(r, len(r.data)) for r in records])
+        next_id += len(sizes)
+        for txn in range(max(0, next_id - read_back), next_id):
+            assert (one.get(txn) is None) == (many.get(txn) is None)
+    held = [t for t in range(next_id) if one.get(t) is not None]
+    assert held == [t for t in range(next_id) if many.get(t) is not None]
+    assert (many.size_bytes, many.charged, len(many)) == (one.size_bytes, one.charged, len(one))
