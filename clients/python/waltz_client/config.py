@@ -49,8 +49,10 @@ CLIENT_KEYS = (
     Key("client.discoveryIntervalSeconds", POSITIVE_SECONDS, 2.0,
         "with client.servers: seconds between GetClusterInfo polls that learn of partition moves (a NOT_READY "
         "from a server asks at once)"),
-    Key("client.maxConcurrentTransactions", COUNT, 5,
-        "pending appends per partition; submit waits for capacity (original default)"),
+    Key("client.maxConcurrentTransactions", COUNT, 20,
+        "appends in flight per partition (sent, not yet committed); submit waits for a free one. More pipelines "
+        "more (throughput) but builds each transaction on staler state (lock failures under contention); 20 was "
+        "measured the best of 1-50 (bench/inflight.py, docs/client-guide.md); the original's default was 5"),
     Key("client.longWaitThresholdSeconds", POSITIVE_SECONDS, 5.0,
         "seconds an append may stay pending before the client sends a flush to detect its loss"),
     Key("client.mountTimeout", POSITIVE_SECONDS, 10.0,
