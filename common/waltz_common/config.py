@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import logging
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 import yaml
 
 _REQUIRED = object()
+log = logging.getLogger(__name__)
 
 EXIT_CONFIG = 2
 """The exit status of every Waltz process (waltz-server, waltz-storage, the waltz CLI, waltz dev) whose
@@ -205,6 +208,25 @@ def load(path: str | Path, keys: Iterable[Key], overrides: Mapping[str, Any] | N
     return Config(keys, flat, str(path))
 
 
+def seconds_or_deprecated_ms(config: Config, new: str, old: str, stacklevel: int = 2) -> float:
+    """The value of a seconds key, or of its deprecated milliseconds key when only that is set (with a
+    DeprecationWarning, stacklevel as warnings.warn's counted from the caller, and a log warning); both set is a
+    ConfigError."""
+    if old not in config.given:
+        return float(config[new])
+    if new in config.given:
+        raise ConfigError(f"{config.source}: set {new} (seconds) only, not also {old} (deprecated, milliseconds)")
+    message = f"{config.source}: {old} (milliseconds) is deprecated: use {new} (seconds)"
+    warnings.warn(message, DeprecationWarning, stacklevel=stacklevel + 1)
+    log.warning("%s", message)
+    return float(config[old]) / 1000
+
+
+def zookeeper_session_timeout_s(config: Config) -> float:
+    """zookeeper.sessionTimeoutSeconds, or the deprecated zookeeper.sessionTimeout (milliseconds, warned about)."""
+    return seconds_or_deprecated_ms(config, "zookeeper.sessionTimeoutSeconds", "zookeeper.sessionTimeout", 2)
+
+
 def describe(keys: Iterable[Key]) -> str:
     """A table of keys, defaults and meanings, for --help and the README."""
     lines = []
@@ -247,7 +269,10 @@ def address_list(value: Any) -> tuple[str, ...]:
 
 ZOOKEEPER_KEYS = (
     Key("zookeeper.connectString", text, doc="ZooKeeper connect string, host:port[,host:port...]"),
-    Key("zookeeper.sessionTimeout", COUNT, 30000, "ZooKeeper session timeout in milliseconds"),
+    Key("zookeeper.sessionTimeoutSeconds", POSITIVE_SECONDS, 30.0,
+        "ZooKeeper session timeout, seconds: a server's partitions move this long after it dies (unless its peers "
+        "detect it sooner)"),
+    Key("zookeeper.sessionTimeout", COUNT, None, "deprecated: milliseconds; use zookeeper.sessionTimeoutSeconds"),
     Key("zookeeper.connectTimeout", COUNT, 10000, "how long to wait for ZooKeeper at start, milliseconds"),
     Key("cluster.root", text, doc="the cluster's root znode, e.g. /waltz/my_cluster"),
     Key(

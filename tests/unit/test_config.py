@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
-from waltz_common.config import ZOOKEEPER_KEYS, ConfigError, Key, boolean, load
+from waltz_common.config import ZOOKEEPER_KEYS, ConfigError, Key, boolean, load, zookeeper_session_timeout_s
 
 KEYS = (*ZOOKEEPER_KEYS, Key("server.port", int, doc="port"), Key("server.flag", boolean, False, "a flag"))
 
@@ -15,8 +17,30 @@ def test_nested_and_dotted_keys_with_defaults(tmp_path):
     config = load(path, KEYS)
     assert config["zookeeper.connectString"] == "127.0.0.1:2181"
     assert config["server.port"] == 55180
-    assert config["zookeeper.sessionTimeout"] == 30000
+    assert config["zookeeper.sessionTimeoutSeconds"] == 30.0 and config["zookeeper.sessionTimeout"] is None
     assert config["server.flag"] is False
+
+
+def test_the_zookeeper_session_timeout_is_in_seconds_and_the_millisecond_key_still_works_with_a_warning(
+        tmp_path, caplog):
+    path = tmp_path / "c.yaml"
+    base = "zookeeper.connectString: x\ncluster.root: /w\nserver.port: 1\n"
+    path.write_text(base + "zookeeper.sessionTimeoutSeconds: 6.5\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the seconds key warns of nothing
+        assert zookeeper_session_timeout_s(load(path, KEYS)) == 6.5
+    assert zookeeper_session_timeout_s(load(path, KEYS, {"zookeeper.sessionTimeoutSeconds": None})) == 30.0
+    path.write_text(base + "zookeeper:\n  sessionTimeout: 4000\n")
+    with pytest.warns(DeprecationWarning, match=r"zookeeper\.sessionTimeout \(milliseconds\) is deprecated: use "
+                                                 r"zookeeper\.sessionTimeoutSeconds \(seconds\)"):
+        assert zookeeper_session_timeout_s(load(path, KEYS)) == 4.0
+    assert any("zookeeper.sessionTimeoutSeconds" in r.getMessage() for r in caplog.records)
+    path.write_text(base + "zookeeper.sessionTimeout: 4000\nzookeeper.sessionTimeoutSeconds: 4\n")
+    with pytest.raises(ConfigError, match=r"set zookeeper\.sessionTimeoutSeconds \(seconds\) only"):
+        zookeeper_session_timeout_s(load(path, KEYS))
+    path.write_text(base + "zookeeper.sessionTimeoutSeconds: 0\n")
+    with pytest.raises(ConfigError, match=r"zookeeper\.sessionTimeoutSeconds: 0 is out of range"):
+        load(path, KEYS)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +29,16 @@ CLI_FILE_KEYS = (
 """The CLI file: ZooKeeper keys (needed by every command but the client ones with client.servers), TLS keys."""
 
 
+def cli_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The CLI file keys set by WALTZ_* variables (WALTZ_ZOOKEEPER_CONNECT_STRING, WALTZ_CLUSTER_ROOT,
+    WALTZ_CLIENT_SERVERS, WALTZ_TLS_CERT_FILE, ...: the client's names, waltz_client.config.env_name); empty values
+    and other variables are ignored."""
+    from waltz_client.config import env_name
+
+    names = {env_name(k.name): k.name for k in CLI_FILE_KEYS}
+    return {names[variable]: value for variable, value in environ.items() if variable in names and value.strip()}
+
+
 @dataclass
 class Context:
     """Where the cluster is and how long to wait; opens ZooKeeper only when a command needs it."""
@@ -46,27 +58,31 @@ class Context:
     _cluster_info: server_pb2.ClusterInfoResponse | None = field(default=None, repr=False)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Context:
-        """Build from -c CLI.yaml and/or --zookeeper/--root (flags win over the file)."""
-        connect, root = args.zookeeper, args.root
-        connect_timeout, session_timeout = args.timeout, 30.0
-        cert, key, ca = args.tls_cert, args.tls_key, args.tls_ca
-        security, security_keys = None, {}
-        servers = cfg.address_list(args.server_addresses) if args.server_addresses else ()
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Context:
+        """Build from the flags (--zookeeper, --root, --server-addresses, --tls-*), -c CLI.yaml and the WALTZ_*
+        variables of its keys (environ; None: os.environ), in that order of precedence."""
+        env = cli_environment(os.environ if environ is None else environ)
+        flags: dict[str, Any] = {name: value for name, value in (
+            ("zookeeper.connectString", args.zookeeper), ("cluster.root", args.root),
+            ("client.servers", args.server_addresses), ("tls.certFile", args.tls_cert),
+            ("tls.keyFile", args.tls_key), ("tls.caFile", args.tls_ca)) if value}
         if args.config:
-            overrides: dict[str, Any] = {}
-            if connect:
-                overrides["zookeeper.connectString"] = connect
-            if root:
-                overrides["cluster.root"] = root
-            conf = cfg.load(args.config, CLI_FILE_KEYS, overrides)
-            servers = servers or conf["client.servers"]
-            connect, root = conf["zookeeper.connectString"], conf["cluster.root"]
-            cert, key, ca = cert or conf["tls.certFile"], key or conf["tls.keyFile"], ca or conf["tls.caFile"]
-            security = ZkSecurity.from_config(conf)
-            security_keys = {k: conf[k] for k in zk_security.KEY_NAMES if conf[k] is not None}
-            connect_timeout = conf["zookeeper.connectTimeout"] / 1000.0
-            session_timeout = conf["zookeeper.sessionTimeout"] / 1000.0
+            conf = cfg.load(args.config, CLI_FILE_KEYS)
+            given = {name: conf[name] for name in conf.given}
+            if env or flags:
+                conf = cfg.Config(CLI_FILE_KEYS, {**env, **given, **flags},
+                                  f"{args.config} and the WALTZ_* environment" if env else str(args.config))
+        else:
+            conf = cfg.Config(CLI_FILE_KEYS, {**env, **flags}, "the WALTZ_* environment")
+        servers = conf["client.servers"]
+        connect, root = conf["zookeeper.connectString"], conf["cluster.root"]
+        cert, key, ca = conf["tls.certFile"], conf["tls.keyFile"], conf["tls.caFile"]
+        security = ZkSecurity.from_config(conf)
+        security_keys = {k: conf[k] for k in zk_security.KEY_NAMES if conf[k] is not None}
+        # without a file that sets it, --timeout bounds the connection to ZooKeeper too
+        explicit = args.config or "zookeeper.connectTimeout" in conf.given
+        connect_timeout = conf["zookeeper.connectTimeout"] / 1000.0 if explicit else args.timeout
+        session_timeout = cfg.zookeeper_session_timeout_s(conf)
         return cls(
             connect_string=connect,
             root=root,

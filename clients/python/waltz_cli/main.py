@@ -20,6 +20,8 @@ zookeeper.connectTimeout, cluster.root; with mutual TLS tls.certFile, tls.keyFil
 an operator certificate, see docs/security.md) or --zookeeper HOST:PORT --root /path. The client,
 server and perf commands also work from server addresses alone: --server-addresses HOST:PORT,...
 (client.servers in the CLI file); cluster verify takes them as the servers that must be up.
+Each key can also come from a WALTZ_* variable, as for the client: WALTZ_ZOOKEEPER_CONNECT_STRING,
+WALTZ_CLUSTER_ROOT, WALTZ_CLIENT_SERVERS, WALTZ_TLS_CERT_FILE, ... (a flag wins over -c, -c over a variable).
 Partition ranges look like 0-6,8. Add --json for machine-readable output. Exit codes: 0 ok, 1 failed, 2 bad usage.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -22,20 +22,22 @@ _MARGIN_S = 5.0  # the async side bounds its own waits; this only guards against
 class WaltzClient:
     """Thread-safe blocking client: `with WaltzClient(callbacks, config) as client: ...`.
 
-    Starts at construction (connects, takes a client id, mounts); metrics_registry: as AsyncWaltzClient's.
+    Starts at construction (connects, takes a client id, mounts); config, overrides, metrics_registry: as
+    AsyncWaltzClient's.
     Its methods must not be called from inside callbacks or context hooks (they run on the client's callback thread,
     or with client.callbackThread false on its event-loop thread, and would wait for
     themselves): that raises WaltzError.
     """
 
     def __init__(self, callbacks: WaltzClientCallbacks, config: ConfigSource = None, *, driver: Any = None,
-                 metrics_registry: CollectorRegistry | None = None) -> None:
+                 metrics_registry: CollectorRegistry | None = None, overrides: Mapping[str, Any] | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="waltz-client-loop", daemon=True)
         self._thread.start()
         self._closed = False
         try:
-            self._client = AsyncWaltzClient(callbacks, config, driver=driver, metrics_registry=metrics_registry)
+            self._client = AsyncWaltzClient(callbacks, config, driver=driver, metrics_registry=metrics_registry,
+                                            overrides=overrides)
             cfg = self._client.config
             self._limit = cfg.mount_timeout_s + cfg.request_timeout_s + _MARGIN_S
             self._call(self._client.start(), cfg.zookeeper_connect_timeout_s + self._limit)
@@ -46,8 +48,8 @@ class WaltzClient:
     def __enter__(self) -> WaltzClient:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(flush=exc_type is None or issubclass(exc_type, Exception))  # not on KeyboardInterrupt
 
     @property
     def client_id(self) -> int:
@@ -116,13 +118,15 @@ class WaltzClient:
 
         self._call(mount(), self._limit)
 
-    def close(self) -> None:
-        """Fail what is pending, stop the client and its thread (idempotent)."""
+    def close(self, *, flush: bool = True, timeout: float | None = None) -> None:
+        """Wait for the transactions in flight to end (flush: at most timeout seconds, None: client.closeTimeout),
+        fail what is still pending (WaltzClosedError), stop the client and its thread (idempotent)."""
         if self._closed:
             return
         self._closed = True
+        wait = (self._client.config.close_timeout_s if timeout is None else timeout) if flush else 0.0
         try:
-            self._call(self._client.close(), self._limit)
+            self._call(self._client.close(flush=flush, timeout=timeout), wait + self._limit)
         finally:
             self._stop_loop()
 

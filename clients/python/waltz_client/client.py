@@ -44,14 +44,17 @@ class AsyncWaltzClient:
     Driver) for tests. Application callbacks and context hooks run on one dedicated thread, or
     (client.callbackThread: false) on the event loop, where they must never block.
 
+    config: a YAML file's path, a mapping of (dotted or nested) keys, or None (WALTZ_* variables and defaults);
+    overrides: keys that win over config's (`AsyncWaltzClient(callbacks, "client.yaml", overrides={...})`).
+
     metrics_registry: a prometheus_client CollectorRegistry to expose this client's metrics in (waltz_client_*,
     docs/applications.md), from construction until close(); None (the default): no metrics, and no cost.
     One client per registry (the names carry no client id): give each client of a process its own.
     """
 
     def __init__(self, callbacks: WaltzClientCallbacks, config: ConfigSource = None, *, driver: Any = None,
-                 metrics_registry: CollectorRegistry | None = None) -> None:
-        self.config = ClientConfig.of(config, zookeeper_required=driver is None)
+                 metrics_registry: CollectorRegistry | None = None, overrides: Mapping[str, Any] | None = None) -> None:
+        self.config = ClientConfig.of(config, zookeeper_required=driver is None, overrides=overrides)
         self.callbacks = callbacks
         self._driver: Driver = _make_driver(driver, self.config)
         self._callback_thread = callback_runner(self.config.callback_thread, "waltz-callbacks")
@@ -61,6 +64,7 @@ class AsyncWaltzClient:
         self._topology: dict[int, Ownership] = {}
         self._topology_event = asyncio.Event()
         self._closed = False
+        self._closing = False  # close() is flushing
         self._started = False
         self._usable = False  # started and not closed: the one flag submit() reads
         self.stats = Stats()
@@ -82,8 +86,9 @@ class AsyncWaltzClient:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # leaving on a cancellation or an interrupt: no waiting for the transactions in flight
+        await self.close(flush=exc_type is None or issubclass(exc_type, Exception))
 
     async def start(self) -> None:
         """Connect, take a client id and (with client.autoMount) mount every partition."""
@@ -171,6 +176,7 @@ class AsyncWaltzClient:
         except TimeoutError:
             if future.done():
                 raise
+            future.add_done_callback(_retrieve)  # nobody awaits it now: its end must not be reported as unretrieved
             raise WaltzTimeoutError(f"the transaction did not end within {timeout:g} s; it goes on") from None
 
     def has_pending_transactions(self) -> bool:
@@ -235,10 +241,27 @@ class AsyncWaltzClient:
         raise TransactionDataError(
             f"partition {partition_id}, transaction {transaction_id}: {problem} ({DATA_ATTEMPTS} attempts)")
 
-    async def close(self) -> None:
-        """Fail what is still pending (WaltzClosedError), stop every task, release connections."""
+    async def close(self, *, flush: bool = True, timeout: float | None = None) -> None:
+        """Wait for the transactions in flight to end (flush: at most timeout seconds, None: client.closeTimeout),
+        then fail what is still pending (WaltzClosedError), stop every task, release connections.
+
+        A transaction that ends while closing ends as usual (committed, declined, failed); one failed by close()
+        has its on_exception called and its future ended with WaltzClosedError, which asyncio does not report as
+        never retrieved (the application closed the client; it may still await the future). flush=False (or
+        client.closeTimeout 0) fails them at once."""
         if self._closed:
             return
+        timeout = self.config.close_timeout_s if timeout is None else timeout
+        if flush and timeout > 0 and self._started and not self._closing and self._submitter.pending:
+            self._closing = True
+            try:
+                await self.flush(timeout)
+            except WaltzTimeoutError as exc:
+                log.warning("close: %s; failing them (WaltzClosedError)", exc)
+            finally:
+                self._closing = False
+            if self._closed:  # closed meanwhile, by another task
+                return
         self._closed = True
         self._usable = False
         self._unregister_metrics()
@@ -382,6 +405,12 @@ class AsyncWaltzClient:
             now = loop.time()
             for partition in self._partitions.values():
                 partition.nudge(now, threshold, threshold)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark an ended future's exception retrieved (its outcome went to the context's hooks)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _make_driver(driver: Any, config: ClientConfig) -> Driver:

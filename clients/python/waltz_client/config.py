@@ -12,10 +12,8 @@ its variable; a variable fills in a key the configuration leaves out; the defaul
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import re
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,20 +23,21 @@ from waltz_client.errors import ConfigError
 from waltz_common.config import (
     COUNT,
     POSITIVE_SECONDS,
+    SECONDS,
     ZOOKEEPER_KEYS,
     Config,
     Integer,
     Key,
+    _flatten,
     address_list,
     boolean,
     did_you_mean,
     load,
+    seconds_or_deprecated_ms,
 )
 from waltz_common.config import ConfigError as CommonConfigError
 from waltz_common.tls import TLS_KEYS, TlsFiles
 from waltz_common.zk_security import ZkSecurity
-
-log = logging.getLogger(__name__)
 
 ENV_PREFIX = "WALTZ_"
 
@@ -50,8 +49,10 @@ CLIENT_KEYS = (
     Key("client.discoveryIntervalSeconds", POSITIVE_SECONDS, 2.0,
         "with client.servers: seconds between GetClusterInfo polls that learn of partition moves (a NOT_READY "
         "from a server asks at once)"),
-    Key("client.maxConcurrentTransactions", COUNT, 5,
-        "pending appends per partition; submit waits for capacity (original default)"),
+    Key("client.maxConcurrentTransactions", COUNT, 20,
+        "appends in flight per partition (sent, not yet committed); submit waits for a free one. More pipelines "
+        "more (throughput) but builds each transaction on staler state (lock failures under contention); 20 was "
+        "measured the best of 1-50 (bench/inflight.py, docs/client-guide.md); the original's default was 5"),
     Key("client.longWaitThresholdSeconds", POSITIVE_SECONDS, 5.0,
         "seconds an append may stay pending before the client sends a flush to detect its loss"),
     Key("client.mountTimeout", POSITIVE_SECONDS, 10.0,
@@ -61,6 +62,9 @@ CLIENT_KEYS = (
     Key("client.requestTimeout", POSITIVE_SECONDS, 30.0,
         "seconds for capacity waits, unary calls, flush(), unanswered mounts, and for finding a server at start "
         "(UnavailableError)"),
+    Key("client.closeTimeout", SECONDS, 10.0,
+        "seconds close() (and leaving `with`/`async with`) waits for the transactions in flight to end before it "
+        "fails those still pending with WaltzClosedError; 0: do not wait (close(flush=False) does the same)"),
     Key("client.autoMount", boolean, True,
         "mount every partition at start; false: only those named in mount_partitions()"),
     Key("client.maxRetries", Integer(-1), -1,
@@ -125,16 +129,23 @@ def _merge_environment(config: Config, keys: tuple[Key, ...], environ: Mapping[s
     return Config(keys, values, f"{config.source} and the WALTZ_* environment")
 
 
-def _seconds(config: Config, new: str, old: str) -> float:
-    """The value of a seconds key, or of its deprecated milliseconds key (warned about) when only that is set."""
-    if old not in config.given:
-        return float(config[new])
-    if new in config.given:
-        raise ConfigError(f"{config.source}: set {new} (seconds) only, not also {old} (deprecated, milliseconds)")
-    message = f"{config.source}: {old} (milliseconds) is deprecated: use {new} (seconds)"
-    warnings.warn(message, DeprecationWarning, stacklevel=4)
-    log.warning("%s", message)
-    return float(config[old]) / 1000
+def _keys() -> tuple[Key, ...]:
+    """Every key a client reads, none required (ClientConfig.of says what is missing)."""
+    return tuple(dataclasses.replace(k, default="") if k.required else k for k in ALL_KEYS)
+
+
+def _with_overrides(config: Config | Mapping[str, Any] | str | Path | None,
+                    overrides: Mapping[str, Any] | None) -> Config | Mapping[str, Any] | str | Path | None:
+    """config with overrides applied (a Config: validated again with the keys it set and the overrides)."""
+    if not overrides:
+        return config
+    changes = _flatten(overrides)
+    if isinstance(config, str | Path):
+        return load(config, _keys(), changes)
+    if isinstance(config, Config):
+        return Config(_keys(), {**{name: config[name] for name in config.given}, **changes},
+                      f"{config.source} with overrides")
+    return {**_flatten(config or {}), **changes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,15 +169,18 @@ class ClientConfig:
     zookeeper_security: ZkSecurity | None = None
     servers: tuple[str, ...] = ()
     discovery_interval_s: float = 2.0
+    close_timeout_s: float = 10.0
 
     @staticmethod
     def of(config: Config | Mapping[str, Any] | str | Path | None, zookeeper_required: bool = True,
-           environ: Mapping[str, str] | None = None) -> ClientConfig:
-        """Validate a Config, a mapping of (dotted or nested) keys, or a YAML file path, filled in from WALTZ_*
-        environment variables (environ; None: os.environ). ZooKeeper keys are needed only when zookeeper_required
-        and client.servers is empty. Any problem is a ConfigError (a WaltzError and a ValueError)."""
+           environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> ClientConfig:
+        """Validate a Config, a mapping of (dotted or nested) keys, or a YAML file path, with overrides (a mapping
+        of dotted or nested keys that win over it), filled in from WALTZ_* environment variables (environ; None:
+        os.environ). ZooKeeper keys are needed only when zookeeper_required and client.servers is empty. Any
+        problem is a ConfigError (a WaltzError and a ValueError)."""
         try:
-            return ClientConfig._of(config, zookeeper_required, os.environ if environ is None else environ)
+            return ClientConfig._of(_with_overrides(config, overrides), zookeeper_required,
+                                    os.environ if environ is None else environ)
         except CommonConfigError as exc:
             if isinstance(exc, ConfigError):
                 raise
@@ -175,7 +189,7 @@ class ClientConfig:
     @staticmethod
     def _of(config: Config | Mapping[str, Any] | str | Path | None, zookeeper_required: bool,
             environ: Mapping[str, str]) -> ClientConfig:
-        keys = tuple(dataclasses.replace(k, default="") if k.required else k for k in ALL_KEYS)
+        keys = _keys()
         if isinstance(config, str | Path):
             config = load(config, keys)
         elif not isinstance(config, Config):
@@ -190,10 +204,11 @@ class ClientConfig:
         # the keys' kinds check types and ranges (seconds above 0, counts and the old ms keys at least 1)
         seconds: dict[str, float] = {}
         for old, new in DEPRECATED_MS_KEYS.items():  # a loop, not a comprehension: the warning's stacklevel
-            seconds[new] = _seconds(config, new, old)
+            seconds[new] = seconds_or_deprecated_ms(config, new, old, stacklevel=3)  # the caller of of()
         return ClientConfig(
             zookeeper_connect_string=config["zookeeper.connectString"],
-            zookeeper_session_timeout_s=config["zookeeper.sessionTimeout"] / 1000,
+            zookeeper_session_timeout_s=seconds_or_deprecated_ms(config, "zookeeper.sessionTimeoutSeconds",
+                                                                 "zookeeper.sessionTimeout", stacklevel=3),
             zookeeper_connect_timeout_s=config["zookeeper.connectTimeout"] / 1000,
             cluster_root=config["cluster.root"],
             max_concurrent_transactions=config["client.maxConcurrentTransactions"],
@@ -209,5 +224,6 @@ class ClientConfig:
             zookeeper_security=ZkSecurity.from_config(config),
             servers=config["client.servers"],
             discovery_interval_s=seconds["client.discoveryIntervalSeconds"],
+            close_timeout_s=config["client.closeTimeout"],
         )
 

@@ -72,6 +72,23 @@ class ClientIdDeniedError(WaltzError):
         self.client_id = client_id
 
 
+class ApplyError(WaltzError):
+    """The application's apply_transaction (or apply_transactions) kept raising while the partition was mounting:
+    the mount cannot complete until it applies. Raised, instead of WaltzTimeoutError, by what waits for the mount
+    (wait_mounted, submit) when client.mountTimeout passes with the apply failing, chained to the application's
+    exception (``__cause__``, also ``error``). The client goes on retrying the apply with backoff, so a later call
+    succeeds once the apply does."""
+
+    retriable = True
+
+    def __init__(self, partition_id: int, transaction_id: int, error: BaseException) -> None:
+        super().__init__(f"partition {partition_id}: applying transaction {transaction_id} failed: "
+                         f"{type(error).__name__}: {error} (the mount waits for it; the client retries the apply)")
+        self.partition_id = partition_id
+        self.transaction_id = transaction_id
+        self.error = error
+
+
 class RetriesExhaustedError(WaltzError):
     """A transaction context failed client.maxRetries + 1 times and was given up (submitting it again may work)."""
 

@@ -55,7 +55,7 @@ class PartitionView:
     server_high_water_mark: int
     pending_appends: int
     remounts: int
-    catchup_remaining: int = 0
+    catchup_remaining: int = 0  # -1: not mounted, target not known yet
 
 
 class ClientView(Protocol):
@@ -105,8 +105,9 @@ class ClientCollector(Collector):
              lambda p: p.pending_appends),
             ("waltz_client_partition_catchup_remaining_transactions",
              "transactions still to apply before the partition's mount completes (a mount waits for the catch-up "
-             "feed to be applied; the target is the server's high-water mark, asked every few seconds while "
-             "mounting); 0 when mounted", lambda p: p.catchup_remaining),
+             "feed to be applied; the target is the server's high-water mark, asked as the mount is sent and every "
+             "few seconds while mounting); 0 when mounted; -1 while not mounted and the target not known yet",
+             lambda p: p.catchup_remaining),
         ])
         remounts = CounterMetricFamily("waltz_client_remounts", "mounts of the partition after its first one "
                                        "(a lost stream, a new generation, a moved partition, a feed gap)",

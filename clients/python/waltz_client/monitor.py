@@ -13,6 +13,7 @@ T = TypeVar("T")
 SUPERSEDED = "a later append from this client committed first"
 FLUSHED = "not in the feed up to the flush high-water mark"
 CLEARED = "monitor cleared"
+LOCK_FAILURE = "lock failure"  # how the reason of an outcome that a lock failure caused begins
 
 FINAL_FOR_A_RESEND = frozenset({"SEQUENCE_NOT_INCREASING", "INVALID", "PERMISSION_DENIED"})
 """The rejections that prove an append sent more than once can never commit: the server saw its sequence number
@@ -47,7 +48,7 @@ class Outcome(NamedTuple):  # immutable like a frozen dataclass, and made severa
 
     @staticmethod
     def lock_failed(transaction_id: int) -> Outcome:
-        return Outcome(OutcomeKind.LOCK_FAILED, transaction_id, "lock failure")
+        return Outcome(OutcomeKind.LOCK_FAILED, transaction_id, LOCK_FAILURE)
 
 
 class CapacityError(RuntimeError):
@@ -288,7 +289,7 @@ class TransactionMonitor(Generic[T]):
             conflict = self._lock_failures.get(seq)
             if conflict is not None:
                 if conflict <= self._client_hwm:
-                    due[seq] = Outcome.failed(f"lock failure: conflict with transaction {conflict}")
+                    due[seq] = Outcome.failed(f"{LOCK_FAILURE}: conflict with transaction {conflict}")
             elif any(_seq_not_after(entry[2], up_to) for up_to in reached):
                 due[seq] = Outcome.failed(FLUSHED)
         return [self._resolve(seq, outcome) for seq, outcome in due.items()]

@@ -17,6 +17,7 @@ from waltz_client.catchup import CatchUp, mount_wait_reason
 from waltz_client.connection import ServerConnection
 from waltz_client.driver import Ownership
 from waltz_client.errors import (
+    ApplyError,
     ClientAheadError,
     ClientIdDeniedError,
     StreamClosedError,
@@ -81,6 +82,7 @@ class ClientPartition:
         self._steps = FeedSteps(partition_id, env.callbacks)
         self.catchup: CatchUp | None = None  # the current mount's, while MOUNTING
         self._problem: str | None = None  # what ended the last mount attempt (for the mount timeout's message)
+        self.apply_failure: tuple[int, BaseException] | None = None  # the apply failing now: (transaction id, error)
 
     # ---- application side -------------------------------------------------------------
 
@@ -159,6 +161,9 @@ class ClientPartition:
                 async with asyncio.timeout(max(0.0, deadline - loop.time())):
                     await changed.wait()
             except TimeoutError:
+                if not self.mounted and self.apply_failure is not None:  # the mount waits for it: that is the error
+                    txn_id, error = self.apply_failure
+                    raise ApplyError(self.partition_id, txn_id, error) from error
                 if not self.mounted:
                     raise WaltzTimeoutError(
                         f"partition {self.partition_id} was not mounted within {self.env.config.mount_timeout_s:g} s "
@@ -174,10 +179,13 @@ class ClientPartition:
                                  self.client_high_water_mark, _monotonic(), self._problem)
 
     def catchup_remaining(self) -> int:
-        """Transactions still to apply before the current mount completes, as far as known (0: mounted)."""
-        catchup = self.catchup
-        if catchup is None or self.state.mount_state is not MountState.MOUNTING:
+        """Transactions still to apply before the partition is mounted: 0 when mounted; -1 while it is not and the
+        target (the partition's high-water mark, asked of the server as the mount is sent) is not known yet."""
+        if self.mounted:
             return 0
+        catchup = self.catchup
+        if catchup is None or catchup.target is None or self.state.mount_state is not MountState.MOUNTING:
+            return -1
         return catchup.remaining(self.client_high_water_mark)
 
     def _notify(self) -> None:
@@ -254,21 +262,25 @@ class ClientPartition:
         """While this mount is MOUNTING: ask the server its high-water mark (the catch-up's target) now and then,
         and log the progress at INFO every env.progress_interval_s while there is a catch-up to show."""
         interval = self.env.progress_interval_s
+        await self._ask_catchup_target(catchup)  # at once: the metric shows the catch-up from its start
         await asyncio.sleep(min(1.0, interval))  # a mount with little to catch up says nothing
-        ask = self.env.high_water_mark
         while self.catchup is catchup and self.state.mount_state is MountState.MOUNTING:
-            if ask is not None:
-                try:
-                    catchup.target = await asyncio.wait_for(ask(catchup.endpoint, self.partition_id),
-                                                            self.env.config.request_timeout_s)
-                    self._heard_high_water_mark(catchup.target)
-                except Exception as exc:  # the progress line goes without it; the mount has its own timeout
-                    log.debug("partition %d: no high-water mark from %s: %s", self.partition_id, catchup.endpoint, exc)
+            await self._ask_catchup_target(catchup)
             hwm = self.client_high_water_mark
             if self.state.mount_state is MountState.MOUNTING and catchup.catching_up(hwm):
                 log.info("partition %d: catching up from %s before the mount completes: %s", self.partition_id,
                          catchup.endpoint, catchup.describe(_monotonic(), hwm))
             await asyncio.sleep(interval)
+
+    async def _ask_catchup_target(self, catchup: CatchUp) -> None:
+        ask = self.env.high_water_mark
+        if ask is not None:
+            try:
+                catchup.target = await asyncio.wait_for(ask(catchup.endpoint, self.partition_id),
+                                                        self.env.config.request_timeout_s)
+                self._heard_high_water_mark(catchup.target)
+            except Exception as exc:  # the progress line goes without it; the mount has its own timeout
+                log.debug("partition %d: no high-water mark from %s: %s", self.partition_id, catchup.endpoint, exc)
 
     async def _serve(self, conn: ServerConnection, owner: Ownership) -> _Verdict:
         """Handle the stream's messages for this partition until it must mount again (the verdict)."""
@@ -495,8 +507,11 @@ class ClientPartition:
             self._settle(steps, index, reached)
             index = reached
             if error is None:
+                if self.apply_failure is not None:
+                    self.apply_failure = None
                 return
             failed = steps[index][0]
+            self.apply_failure = (failed, error)  # what waits for the mount then raises it (ApplyError)
             log.error("partition %d: applying transaction %d failed; retrying in %.1f s",
                       self.partition_id, failed, delay, exc_info=error)
             await self._report(failed, error)

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Self, TypeVar
 
 import psycopg
 
-from waltz_client.api import Transaction, WaltzClientCallbacks
-from waltz_client.apply_batch import still_to_apply
+from waltz_client.api import Transaction
+from waltz_client.apply_batch import BatchApplyCallbacks, check_table_name, helper_default, still_to_apply
 from waltz_client.errors import WaltzError
-from waltz_client.postgres_callbacks import _NAME, DatabaseUnavailableError, Retry, describe
+from waltz_client.postgres_callbacks import DatabaseUnavailableError, PgStatements, Retry, describe
 from waltz_client.sqlite_callbacks import ForbiddenCallError
 
 R = TypeVar("R")
@@ -54,10 +53,10 @@ class AsyncPgGuardedConnection:
         raise ForbiddenCallError("apply() must not roll back: raise an exception instead")
 
 
-class AsyncPostgresClientCallbacks(WaltzClientCallbacks):
+class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
     """PostgresClientCallbacks' exactly-once apply (a batch and the partition's high-water mark in one database
     transaction, the partition's row locked FOR UPDATE, transactions up to the stored mark skipped), with
-    coroutines: subclasses implement `async def apply(transaction, connection)` (or `apply_batch`) and
+    coroutines: subclasses implement `async def apply(transaction, connection)` or `apply_batch` (or both) and
     `async def create_schema(connection)`. Use it as
 
         async with AsyncPostgresClientCallbacks(dsn) as callbacks:      # connects, creates the schema
@@ -71,10 +70,9 @@ class AsyncPostgresClientCallbacks(WaltzClientCallbacks):
 
     def __init__(self, conninfo: str, table: str = "waltz_client_high_water_mark", *,
                  connect_timeout: float = 10.0, reconnect_timeout: float = 30.0) -> None:
-        if not _NAME.match(table):
-            raise ValueError(f"not a plain SQL table name: {table!r}")
         self.conninfo = conninfo
-        self.table = table
+        self.table = check_table_name(table)
+        self.sql = PgStatements(table)
         self.connect_timeout = connect_timeout
         self.reconnect_timeout = reconnect_timeout
         self.where = describe(conninfo)
@@ -99,9 +97,8 @@ class AsyncPostgresClientCallbacks(WaltzClientCallbacks):
         conn = await self._connection("_apply_conn")
         async with conn.transaction():
             # two instances starting together must not race on CREATE TABLE IF NOT EXISTS
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"waltz schema {self.table}",))
-            await conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} "
-                               "(partition_id INTEGER PRIMARY KEY, high_water_mark BIGINT NOT NULL)")
+            await conn.execute(self.sql.schema_lock, (self.sql.schema_lock_key,))
+            await conn.execute(self.sql.create)
             await self.create_schema(AsyncPgGuardedConnection(conn))
 
     async def close(self) -> None:
@@ -115,10 +112,13 @@ class AsyncPostgresClientCallbacks(WaltzClientCallbacks):
     async def create_schema(self, connection: AsyncPgGuardedConnection) -> None:
         """Create the application's tables (called by open(), in the schema transaction)."""
 
-    @abstractmethod
+    @helper_default
     async def apply(self, transaction: Transaction, connection: AsyncPgGuardedConnection) -> None:
-        """Make the transaction's changes (its data() is loaded); the helper commits them with the high-water mark."""
+        """Make the transaction's changes (its data() is loaded); the helper commits them with the high-water mark.
+        Implement this, or apply_batch (then this is not called)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither apply() nor apply_batch()")
 
+    @helper_default
     async def apply_batch(self, transactions: Sequence[Transaction], connection: AsyncPgGuardedConnection) -> None:
         """Make a batch's changes: apply() for each. Override it to write a batch at once (executemany, COPY)."""
         for transaction in transactions:
@@ -128,33 +128,19 @@ class AsyncPostgresClientCallbacks(WaltzClientCallbacks):
 
     def get_client_high_water_mark(self, partition_id: int) -> int:
         async def read(conn: psycopg.AsyncConnection[Any]) -> int:
-            await conn.execute(f"INSERT INTO {self.table} (partition_id, high_water_mark) VALUES (%s, -1) "
-                               "ON CONFLICT (partition_id) DO NOTHING", (partition_id,))
-            cursor = await conn.execute(f"SELECT high_water_mark FROM {self.table} WHERE partition_id = %s",
-                                        (partition_id,))
+            await conn.execute(self.sql.insert, (partition_id,))
+            cursor = await conn.execute(self.sql.read, (partition_id,))
             row = await cursor.fetchone()
             return -1 if row is None else int(row[0])
 
         return self._on_loop(self._retrying(f"reading partition {partition_id}'s high-water mark", "_apply_conn",
                                             read))
 
-    def apply_transaction(self, transaction: Transaction) -> None:
-        self._apply_in_one_transaction([transaction])
-
-    def apply_transactions(self, transactions: list[Transaction]) -> None:
+    def _apply_in_one_transaction(self, transactions: list[Transaction], what: str) -> int:
         """The batch's data read here (it blocks), then the batch applied on the loop in one database transaction."""
-        self._apply_in_one_transaction(transactions)
-
-    def _apply_in_one_transaction(self, transactions: list[Transaction]) -> None:
-        if not transactions:
-            return
         for transaction in transactions:
             transaction.data()
-        first, last = transactions[0], transactions[-1]
-        what = (f"applying transactions {first.transaction_id}..{last.transaction_id} of partition "
-                f"{first.partition_id}")
-        self.skipped += self._on_loop(self._retrying(what, "_apply_conn",
-                                                     lambda conn: self._apply_once(conn, transactions)))
+        return self._on_loop(self._retrying(what, "_apply_conn", lambda conn: self._apply_once(conn, transactions)))
 
     # ---- on the loop ---------------------------------------------------------------------------
 
@@ -167,20 +153,17 @@ class AsyncPostgresClientCallbacks(WaltzClientCallbacks):
         return await self._retrying("a query", "_query_conn", query)
 
     async def _apply_once(self, conn: psycopg.AsyncConnection[Any], transactions: list[Transaction]) -> int:
-        pid = transactions[0].partition_id
-        lock = f"SELECT high_water_mark FROM {self.table} WHERE partition_id = %s FOR UPDATE"
+        pid, sql = transactions[0].partition_id, self.sql
         async with conn.transaction():
-            row = await (await conn.execute(lock, (pid,))).fetchone()
+            row = await (await conn.execute(sql.lock, (pid,))).fetchone()
             if row is None:  # no row to lock yet (no get_client_high_water_mark ran): make one, then lock it
-                await conn.execute(f"INSERT INTO {self.table} (partition_id, high_water_mark) VALUES (%s, -1) "
-                                   "ON CONFLICT (partition_id) DO NOTHING", (pid,))
-                row = await (await conn.execute(lock, (pid,))).fetchone()
+                await conn.execute(sql.insert, (pid,))
+                row = await (await conn.execute(sql.lock, (pid,))).fetchone()
             assert row is not None
             todo = still_to_apply(transactions, int(row[0]))
             if todo:
                 await self.apply_batch(todo, AsyncPgGuardedConnection(conn))
-                await conn.execute(f"UPDATE {self.table} SET high_water_mark = %s WHERE partition_id = %s",
-                                   (todo[-1].transaction_id, pid))
+                await conn.execute(sql.update, (todo[-1].transaction_id, pid))
             return len(transactions) - len(todo)
 
     async def _retrying(self, what: str, slot: str,

@@ -6,10 +6,8 @@ Needs psycopg 3 (`pip install 'waltz-python[postgres]'`).
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
-from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Self, TypeVar
@@ -18,14 +16,13 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
-from waltz_client.api import Transaction, WaltzClientCallbacks
-from waltz_client.apply_batch import still_to_apply
+from waltz_client.api import Transaction
+from waltz_client.apply_batch import BatchApplyCallbacks, check_table_name, helper_default, still_to_apply
 from waltz_client.errors import WaltzError
 from waltz_client.sqlite_callbacks import ForbiddenCallError
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class DatabaseUnavailableError(WaltzError):
@@ -101,7 +98,23 @@ def describe(conninfo: str) -> str:
     return f"{user}{host}:{port}/{parts.get('dbname') or '(default database)'}"
 
 
-class PostgresClientCallbacks(WaltzClientCallbacks):
+class PgStatements:
+    """The SQL of the high-water-mark table both PostgreSQL helpers run (%s parameters: the partition id first,
+    then, in `update`, the new mark first)."""
+
+    def __init__(self, table: str) -> None:
+        self.create = (f"CREATE TABLE IF NOT EXISTS {table} "
+                       "(partition_id INTEGER PRIMARY KEY, high_water_mark BIGINT NOT NULL)")
+        self.insert = (f"INSERT INTO {table} (partition_id, high_water_mark) VALUES (%s, -1) "
+                       "ON CONFLICT (partition_id) DO NOTHING")
+        self.read = f"SELECT high_water_mark FROM {table} WHERE partition_id = %s"
+        self.lock = self.read + " FOR UPDATE"
+        self.update = f"UPDATE {table} SET high_water_mark = %s WHERE partition_id = %s"
+        self.schema_lock = "SELECT pg_advisory_xact_lock(hashtext(%s))"  # with `waltz schema <table>`
+        self.schema_lock_key = f"waltz schema {table}"
+
+
+class PostgresClientCallbacks(BatchApplyCallbacks):
     """Applies each batch of transactions the feed brings (apply_transactions: up to a feed message's
     worth, one or a few in steady state, hundreds while catching up) and moves the partition's
     high-water mark in ONE database transaction, so that any number of application instances sharing
@@ -114,7 +127,7 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
     applied it; `skipped` counts these); it applies the rest of the batch and moves the mark to the
     batch's last id, then commits; the others wait on the row lock meanwhile. Subclasses implement
     apply(transaction, connection) with the connection they are given (no commit/rollback), or
-    apply_batch(transactions, connection) to write a batch at once, and create_schema(connection)
+    apply_batch(transactions, connection) to write a batch at once (or both), and create_schema(connection)
     for their tables. `with PostgresClientCallbacks(...) as callbacks:` closes its connections.
 
     A lost connection (server restart, failover, pg_terminate_backend), a deadlock or a serialization
@@ -131,10 +144,9 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
 
     def __init__(self, conninfo: str, table: str = "waltz_client_high_water_mark", *,
                  connect_timeout: float = 10.0, reconnect_timeout: float = 30.0) -> None:
-        if not _NAME.match(table):
-            raise ValueError(f"not a plain SQL table name: {table!r}")
         self.conninfo = conninfo
-        self.table = table
+        self.table = check_table_name(table)
+        self.sql = PgStatements(table)
         self.connect_timeout = connect_timeout
         self.reconnect_timeout = reconnect_timeout
         self.where = describe(conninfo)
@@ -146,9 +158,8 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
         conn = self.connect()
         with conn.transaction():
             # two instances starting together must not race on CREATE TABLE IF NOT EXISTS
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"waltz schema {table}",))
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {table} "
-                         "(partition_id INTEGER PRIMARY KEY, high_water_mark BIGINT NOT NULL)")
+            conn.execute(self.sql.schema_lock, (self.sql.schema_lock_key,))
+            conn.execute(self.sql.create)
             self.create_schema(PgGuardedConnection(conn))
 
     def connect(self) -> psycopg.Connection[Any]:
@@ -172,18 +183,20 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
     def create_schema(self, connection: PgGuardedConnection) -> None:
         """Create the application's tables (called at construction, in the schema transaction)."""
 
-    @abstractmethod
+    @helper_default
     def apply(self, transaction: Transaction, connection: PgGuardedConnection) -> None:
-        """Make the transaction's changes; the helper commits them with the high-water mark."""
+        """Make the transaction's changes; the helper commits them with the high-water mark. Implement this, or
+        apply_batch (then this is not called)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither apply() nor apply_batch()")
 
     def get_client_high_water_mark(self, partition_id: int) -> int:
         def read(conn: psycopg.Connection[Any]) -> int:
-            conn.execute(f"INSERT INTO {self.table} (partition_id, high_water_mark) VALUES (%s, -1) "
-                         "ON CONFLICT (partition_id) DO NOTHING", (partition_id,))
+            conn.execute(self.sql.insert, (partition_id,))
             return self._stored_high_water_mark(conn, partition_id)
 
         return self._retrying(f"reading partition {partition_id}'s high-water mark", read)
 
+    @helper_default
     def apply_batch(self, transactions: Sequence[Transaction], connection: PgGuardedConnection) -> None:
         """Make a batch's changes (consecutive transactions, in id order): apply() for each, in psycopg's
         pipeline mode unless `use_pipeline` is False (statements go without waiting for each answer: a round trip
@@ -193,39 +206,22 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
             for transaction in transactions:
                 self.apply(transaction, connection)
 
-    def apply_transaction(self, transaction: Transaction) -> None:
-        self._apply_in_one_transaction([transaction])
-
-    def apply_transactions(self, transactions: list[Transaction]) -> None:
-        """Apply a batch in ONE database transaction with one high-water-mark update: all of it or none."""
-        self._apply_in_one_transaction(transactions)
-
-    def _apply_in_one_transaction(self, transactions: list[Transaction]) -> None:
-        if not transactions:
-            return
-        first, last = transactions[0], transactions[-1]
-        what = (f"applying transaction {first.transaction_id} of partition {first.partition_id}" if first is last
-                else f"applying transactions {first.transaction_id}..{last.transaction_id} of partition "
-                     f"{first.partition_id}")
-        skipped = self._retrying(what, lambda conn: self._apply_once(conn, transactions))
-        self.skipped += skipped
+    def _apply_in_one_transaction(self, transactions: list[Transaction], what: str) -> int:
+        return self._retrying(what, lambda conn: self._apply_once(conn, transactions))
 
     def _apply_once(self, conn: psycopg.Connection[Any], transactions: list[Transaction]) -> int:
         """Apply what the database has not yet; how many it had (another instance applied them)."""
-        pid = transactions[0].partition_id
-        lock = f"SELECT high_water_mark FROM {self.table} WHERE partition_id = %s FOR UPDATE"
+        pid, sql = transactions[0].partition_id, self.sql
         with conn.transaction():
-            row = conn.execute(lock, (pid,)).fetchone()
+            row = conn.execute(sql.lock, (pid,)).fetchone()
             if row is None:  # no row to lock yet (no get_client_high_water_mark ran): make one, then lock it
-                conn.execute(f"INSERT INTO {self.table} (partition_id, high_water_mark) VALUES (%s, -1) "
-                             "ON CONFLICT (partition_id) DO NOTHING", (pid,))
-                row = conn.execute(lock, (pid,)).fetchone()
+                conn.execute(sql.insert, (pid,))
+                row = conn.execute(sql.lock, (pid,)).fetchone()
             assert row is not None
             todo = still_to_apply(transactions, int(row[0]))
             if todo:
                 self.apply_batch(todo, PgGuardedConnection(conn))
-                conn.execute(f"UPDATE {self.table} SET high_water_mark = %s WHERE partition_id = %s",
-                             (todo[-1].transaction_id, pid))
+                conn.execute(sql.update, (todo[-1].transaction_id, pid))
             return len(transactions) - len(todo)
 
     def _retrying(self, what: str, work: Callable[[psycopg.Connection[Any]], R]) -> R:
@@ -245,8 +241,7 @@ class PostgresClientCallbacks(WaltzClientCallbacks):
         return self._retrying("a query", lambda conn: list(conn.execute(sql, parameters or None).fetchall()))
 
     def _stored_high_water_mark(self, conn: psycopg.Connection[Any], partition_id: int) -> int:
-        row = conn.execute(f"SELECT high_water_mark FROM {self.table} WHERE partition_id = %s",
-                           (partition_id,)).fetchone()
+        row = conn.execute(self.sql.read, (partition_id,)).fetchone()
         return -1 if row is None else int(row[0])
 
     def _forget(self, conn: psycopg.Connection[Any]) -> None:

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import re
 import sqlite3
 import threading
-from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from waltz_client.api import Transaction, WaltzClientCallbacks
-from waltz_client.apply_batch import still_to_apply
+from waltz_client.api import Transaction
+from waltz_client.apply_batch import BatchApplyCallbacks, check_table_name, helper_default, still_to_apply
 from waltz_client.errors import WaltzError
-
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ForbiddenCallError(WaltzError):
@@ -46,24 +42,22 @@ class GuardedConnection:
         raise ForbiddenCallError("executescript commits implicitly; use execute()")
 
 
-class SqliteClientCallbacks(WaltzClientCallbacks):
+class SqliteClientCallbacks(BatchApplyCallbacks):
     """Applies each batch of transactions the feed brings (apply_transactions) and moves the
     partition's high-water mark in ONE database transaction, so that several application instances
     sharing the database apply every transaction exactly once: under BEGIN IMMEDIATE (the database's
     write lock) an instance reads the mark, skips the transactions up to it (another instance applied
     them; `skipped` counts these), applies the rest, moves the mark to the batch's last id and
     commits. Subclasses implement apply(transaction, connection) with the connection they are given
-    (no commit/rollback), or apply_batch(transactions, connection) to write a batch at once.
+    (no commit/rollback), or apply_batch(transactions, connection) to write a batch at once, or both.
     Connections are per thread; `connect()` gives the calling thread's (for reads in execute).
     """
 
     def __init__(self, database: str | Path, table: str = "waltz_client_high_water_mark") -> None:
         if str(database) == ":memory:":
             raise ValueError("use a database file: every thread's :memory: connection is a separate database")
-        if not _NAME.match(table):
-            raise ValueError(f"not a plain SQL table name: {table!r}")
         self.database = str(database)
-        self.table = table
+        self.table = check_table_name(table)
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._guard = threading.Lock()
@@ -88,9 +82,11 @@ class SqliteClientCallbacks(WaltzClientCallbacks):
     def create_schema(self, connection: sqlite3.Connection) -> None:
         """Create the application's tables (called once at construction)."""
 
-    @abstractmethod
+    @helper_default
     def apply(self, transaction: Transaction, connection: GuardedConnection) -> None:
-        """Make the transaction's changes; the helper commits them with the high-water mark."""
+        """Make the transaction's changes; the helper commits them with the high-water mark. Implement this, or
+        apply_batch (then this is not called)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither apply() nor apply_batch()")
 
     def get_client_high_water_mark(self, partition_id: int) -> int:
         conn = self.connect()
@@ -100,22 +96,14 @@ class SqliteClientCallbacks(WaltzClientCallbacks):
                            (partition_id,)).fetchone()
         return int(row[0])
 
+    @helper_default
     def apply_batch(self, transactions: Sequence[Transaction], connection: GuardedConnection) -> None:
         """Make a batch's changes (consecutive transactions, in id order): apply() for each. Override it to
         write a batch with fewer statements (executemany); the helper commits it with the high-water mark."""
         for transaction in transactions:
             self.apply(transaction, connection)
 
-    def apply_transaction(self, transaction: Transaction) -> None:
-        self._apply_in_one_transaction([transaction])
-
-    def apply_transactions(self, transactions: list[Transaction]) -> None:
-        """Apply a batch in ONE database transaction with one high-water-mark update: all of it or none."""
-        self._apply_in_one_transaction(transactions)
-
-    def _apply_in_one_transaction(self, transactions: list[Transaction]) -> None:
-        if not transactions:
-            return
+    def _apply_in_one_transaction(self, transactions: list[Transaction], what: str) -> int:
         conn = self.connect()
         pid = transactions[0].partition_id
         conn.execute("BEGIN IMMEDIATE")  # the write lock: no other instance moves the mark until COMMIT
@@ -137,7 +125,7 @@ class SqliteClientCallbacks(WaltzClientCallbacks):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        self.skipped += len(transactions) - len(todo)
+        return len(transactions) - len(todo)
 
     def query_all(self, sql: str, *parameters: Any) -> list[Any]:
         """Rows of a read-only query on this thread's connection (for applications and tests)."""

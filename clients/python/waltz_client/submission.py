@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from waltz_client.api import TransactionBuilder, TransactionContext
 from waltz_client.errors import RetriesExhaustedError, WaltzClosedError
-from waltz_client.monitor import Outcome, OutcomeKind
+from waltz_client.monitor import LOCK_FAILURE, Outcome, OutcomeKind
 from waltz_client.partition import ClientPartition
 from waltz_client.partition_env import PendingAppend, Stats
 from waltz_client.tasks import CallbackThread, Job, TaskSet
@@ -183,8 +183,10 @@ class _Submission(PendingAppend, Job):
                     f"partition {partition.partition_id}: gave up after {self.attempts} failed attempts "
                     f"(client.maxRetries={max_retries}); last: {outcome.reason}")
             self.submitter.stats.retries += 1
-            log.info("partition %d: the attempt with sequence number %d failed (%s); executing it again",
-                     partition.partition_id, self.seq_num, outcome.reason)
+            # a lock failure is the normal course under contention (waltz_client_lock_failures counts them): DEBUG
+            log.log(logging.DEBUG if outcome.reason.startswith(LOCK_FAILURE) else logging.INFO,
+                    "partition %d: the attempt with sequence number %d failed (%s); executing it again",
+                    partition.partition_id, self.seq_num, outcome.reason)
             await partition.acquire_slot()
         except Exception as exc:
             await self._fail(exc)
@@ -197,6 +199,8 @@ class _Submission(PendingAppend, Job):
         self.submitter.ended()
         if not self.future.done():  # the application may have cancelled it
             self.future.set_exception(exc)
+            if isinstance(exc, WaltzClosedError):  # the application closed the client: not an error to report
+                self.future.exception()  # (asyncio's "Future exception was never retrieved"); awaiting it still raises
 
     def _set(self, result: bool) -> None:
         self.submitter.ended()

@@ -20,7 +20,7 @@ from waltz_common.testing.zookeeper import ZooKeeperProcess
 
 FAST = {"client.longWaitThresholdSeconds": 0.5, "client.mountTimeout": 60, "client.requestTimeout": 60}
 # the restarted server gets its partitions back once the killed one's ZooKeeper session has expired
-SHORT_SESSION = {"zookeeper.sessionTimeout": 6000}
+SHORT_SESSION = {"zookeeper.sessionTimeoutSeconds": 6}
 pytestmark = pytest.mark.skipif(promtool() is None, reason="promtool is missing: scripts/bootstrap installs it")
 
 

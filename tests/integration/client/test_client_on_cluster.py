@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +20,7 @@ from waltz_common.testing.zookeeper import ZooKeeperProcess
 local_cluster = pytest.importorskip("waltz_common.testing.local_cluster")
 
 FAST = {"client.longWaitThresholdSeconds": 0.5, "client.mountTimeout": 60, "client.requestTimeout": 60}
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +30,7 @@ def cluster(zookeeper: ZooKeeperProcess, tmp_path_factory: pytest.TempPathFactor
     with local_cluster.LocalCluster(
         workdir, storage_nodes=3, servers=1, partitions=2, cluster_root=root, zookeeper=zookeeper.connect_string,
         # the last test kills the server: the restarted one gets its partitions back once the old session expired
-        server_overrides={"zookeeper.sessionTimeout": 6000},
+        server_overrides={"zookeeper.sessionTimeoutSeconds": 6},
     ) as c:
         yield c
 
@@ -51,6 +55,35 @@ def test_commits_feed_other_clients_and_data_is_fetched_by_rpc(cluster: object) 
         assert mine == {b"t%d" % i for i in range(20)}
 
     run(main())
+
+
+def test_closing_flushes_what_several_application_processes_have_in_flight(cluster: object, tmp_path: Path) -> None:
+    """Issue 35: leaving `async with` with transactions in flight abandoned them, and the one submit_and_wait had
+    given up on was logged as 'Future exception was never retrieved'. Three processes, each with 100 submitted and
+    not awaited when it closes: every future ends True and nothing is reported."""
+    config_file = tmp_path / "client.json"
+    config_file.write_text(json.dumps({**cluster.client_config(), **FAST}))  # type: ignore[attr-defined]
+    before = sum(cluster_high_water_marks(cluster).values())
+    processes = [subprocess.Popen([sys.executable, "-m", "tests.integration.client.close_process", str(config_file),
+                                   "100"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                 for _ in range(3)]
+    outputs = [process.communicate(timeout=240) for process in processes]
+    for process, (out, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err
+        assert "never retrieved" not in err, err
+        assert json.loads(out.splitlines()[-1]) == {"True": 100, "gave up waiting": 1}, out
+    assert sum(cluster_high_water_marks(cluster).values()) == before + 3 * 101  # the given-up one committed too
+
+
+def cluster_high_water_marks(cluster: object) -> dict[int, int]:
+    config = {**cluster.client_config(), **FAST}  # type: ignore[attr-defined]
+
+    async def read() -> dict[int, int]:
+        async with AsyncWaltzClient(MemoryCallbacks(), {**config, "client.autoMount": False}) as c:
+            return {p: await c.high_water_mark(p) for p in range(c.num_partitions)}
+
+    result: dict[int, int] = run(read())
+    return result
 
 
 def test_a_lock_conflict_between_clients_is_retried_and_commits(cluster: object) -> None:

@@ -10,7 +10,7 @@ from tests.unit.cli.helpers import waltz
 from waltz_cli.context import Context
 from waltz_cli.main import build_parser
 from waltz_common import cluster_admin
-from waltz_common.config import EXIT_CONFIG
+from waltz_common.config import EXIT_CONFIG, ConfigError
 from waltz_common.zk import ZkPaths
 
 COMMANDS = {
@@ -58,12 +58,34 @@ def test_subcommand_defaults_do_not_hide_top_level_options():
 def test_config_file_supplies_zookeeper_and_flags_override(tmp_path):
     conf = tmp_path / "cli.yaml"
     conf.write_text(
-        "zookeeper:\n  connectString: zk:2181\n  connectTimeout: 2500\n  sessionTimeout: 9000\ncluster.root: /a\n"
+        "zookeeper:\n  connectString: zk:2181\n  connectTimeout: 2500\n  sessionTimeoutSeconds: 9\ncluster.root: /a\n"
     )
     ctx = Context.from_args(build_parser().parse_args(["-c", str(conf), "cluster", "list"]))
     assert (ctx.connect_string, ctx.root, ctx.connect_timeout_s, ctx.session_timeout_s) == ("zk:2181", "/a", 2.5, 9.0)
     ctx = Context.from_args(build_parser().parse_args(["-c", str(conf), "--root", "/b", "cluster", "list"]))
     assert ctx.root == "/b"
+
+
+def test_waltz_variables_fill_in_what_the_file_and_the_flags_leave_out(tmp_path):
+    env = {"WALTZ_ZOOKEEPER_CONNECT_STRING": "envzk:2181", "WALTZ_CLUSTER_ROOT": "/env",
+           "WALTZ_ZOOKEEPER_SESSION_TIMEOUT_SECONDS": "12", "WALTZ_CLIENT_SERVERS": "s1:9091,s2:9091",
+           "WALTZ_CLIENT_MOUNT_TIMEOUT": "5", "WALTZ_EVENT_LOOP": "asyncio", "WALTZ_CLUSTER_ROOTS": "/ignored"}
+    ctx = Context.from_args(build_parser().parse_args(["cluster", "list"]), environ=env)
+    assert (ctx.connect_string, ctx.root, ctx.session_timeout_s, ctx.servers) == (
+        "envzk:2181", "/env", 12.0, ("s1:9091", "s2:9091"))
+    assert ctx.connect_timeout_s == 10.0  # --timeout's default, as without the variables
+    flags = ["--zookeeper", "flag:2181", "--server-addresses", "s3:9091", "cluster", "list"]
+    ctx = Context.from_args(build_parser().parse_args(flags), environ=env)  # an explicit flag wins
+    assert (ctx.connect_string, ctx.root, ctx.servers) == ("flag:2181", "/env", ("s3:9091",))
+    conf = tmp_path / "cli.yaml"
+    conf.write_text("cluster.root: /file\n")
+    ctx = Context.from_args(build_parser().parse_args(["-c", str(conf), "cluster", "list"]), environ=env)
+    assert (ctx.connect_string, ctx.root) == ("envzk:2181", "/file")  # the file wins over a variable
+    with pytest.raises(ConfigError, match=r"WALTZ_.*zookeeper\.sessionTimeoutSeconds: 'soon' is not a number"):
+        Context.from_args(build_parser().parse_args(["cluster", "list"]),
+                          environ={"WALTZ_ZOOKEEPER_SESSION_TIMEOUT_SECONDS": "soon"})
+    ctx = Context.from_args(build_parser().parse_args(["cluster", "list"]), environ={})
+    assert (ctx.connect_string, ctx.root, ctx.servers) == (None, None, ())
 
 
 def test_tls_files_from_the_config_file_or_flags(tmp_path, capsys):

@@ -15,7 +15,7 @@ from waltz_common.types import INT32_MAX, ReqId, crc32
 
 def test_config_defaults_follow_the_original_and_need_zookeeper_only_for_real_clusters() -> None:
     config = ClientConfig.of({"zookeeper.connectString": "127.0.0.1:2181", "cluster.root": "/waltz/a"})
-    assert (config.max_concurrent_transactions, config.long_wait_threshold_s, config.mount_timeout_s) == (5, 5.0, 10.0)
+    assert (config.max_concurrent_transactions, config.long_wait_threshold_s, config.mount_timeout_s) == (20, 5.0, 10.0)
     assert config.auto_mount is True and config.max_retries == -1 and config.request_timeout_s == 30.0
     with pytest.raises(ConfigError, match=r"zookeeper\.connectString"):
         ClientConfig.of({})
