@@ -123,7 +123,7 @@ def test_postgres_instances_catch_up_in_batches_exactly_once(postgres_dsn: str) 
         batches = a.stats.apply_batches + b.stats.apply_batches
         rows = a_db.query_all("SELECT partition_id, transaction_id, data FROM journal ORDER BY 1, 2")
     assert rows == [(p, r.transaction_id, r.data) for p in (0, 1) for r in server.records(p)] and len(rows) == 60
-    assert batches >= 10  # 30 transactions a partition in feed batches of 7: 5 calls at least for each
+    assert batches >= 2  # a call per partition at least (feed batches that wait together are applied as one)
     # (how many each instance skipped depends on the race: an instance that mounts after the other applied
     # some starts at the database's mark, and never sees those)
 
