@@ -1,11 +1,12 @@
 """Contention: several instances of a service racing on a few hot locks, each reading its own database in execute().
 
     .venv/bin/python -m bench.contention [--seconds 40] [--instances 3] [--submitters 20] [--items 4]
-        [--baseline REV | --no-baseline]
+        [--baseline REV | --no-baseline] [--postgres]
 
 A LocalCluster (3 storage replicas, 1 server, 1 partition) and, per row, --instances application processes
-(bench/contention_instance.py: an AsyncWaltzClient applying into its own SQLite database, --submitters concurrent
-reservers, each reservation reading an item's count from the database in execute() and write-locking the item).
+(bench/contention_instance.py: an AsyncWaltzClient applying into its own SQLite database, or with --postgres its own
+database of a throwaway PostgreSQL server with AsyncPostgresClientCallbacks, --submitters concurrent reservers, each
+reservation reading an item's count from the database in execute() and write-locking the item).
 The instances start together and run --seconds; the table gives, per row:
   - commits per instance and each instance's smallest share of the commits in any 10 s window (fair: 1/instances);
   - lock failures, and their answer latency p50/p99 (end of the execute() that built the append to the
@@ -23,6 +24,7 @@ reservations/s at least the baseline's. The machine is shared: the load average 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -35,9 +37,12 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from bench.baselines import percentile
 from bench.curves.common import table
 from waltz_common.testing.local_cluster import LocalCluster
+from waltz_common.testing.postgres import PostgresProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE_REVISION = "7175f3a12299a6de262b991927677ec347c8342c"  # main before issue 31's changes
@@ -55,18 +60,21 @@ def checkout(revision: str, into: Path) -> list[str]:
 
 
 def run_instances(workdir: Path, config: dict[str, Any], pythonpath: list[str], instances: int, submitters: int,
-                  items: int, seconds: float) -> list[dict[str, Any]]:
-    """Start the instances, wait until all are mounted, start them together; their results."""
+                  items: int, seconds: float, postgres: list[str] | None = None) -> list[dict[str, Any]]:
+    """Start the instances (each into its SQLite file, or into the PostgreSQL database of postgres[i]), wait until
+    all are mounted, start them together; their results."""
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "client.json"
     config_path.write_text(json.dumps(config))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*pythonpath, str(ROOT)]))
     processes = []
     prefixes = [workdir / f"instance-{i}" for i in range(instances)]
-    for prefix in prefixes:
+    for index, prefix in enumerate(prefixes):
         command = [sys.executable, "-m", "bench.contention_instance", "--config", str(config_path),
                    "--database", str(prefix.with_suffix(".db")), "--out", str(prefix),
                    "--submitters", str(submitters), "--items", str(items), "--seconds", str(seconds)]
+        if postgres:
+            command += ["--postgres", postgres[index]]
         log = prefix.with_suffix(".log").open("w")
         processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
@@ -156,17 +164,29 @@ def report(rows: list[tuple[str, dict[str, Any]]], seconds: float) -> str:
 
 def run(workdir: Path, args: argparse.Namespace) -> str:
     rows: list[tuple[str, dict[str, Any]]] = []
-    with LocalCluster(workdir / "cluster", cluster_root="/bench/contention") as cluster:
+    with contextlib.ExitStack() as stack:
+        postgres = stack.enter_context(PostgresProcess()) if args.postgres else None
+
+        def databases(row: str) -> list[str] | None:
+            if postgres is None:
+                return None
+            with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
+                for i in range(args.instances):
+                    admin.execute(f"CREATE DATABASE {row}_{i}")
+            return [postgres.dsn(f"{row}_{i}") for i in range(args.instances)]
+
+        cluster = stack.enter_context(LocalCluster(workdir / "cluster", cluster_root="/bench/contention"))
         config = cluster.client_config(**CLIENT)
         if args.baseline:
             path = checkout(args.baseline, workdir / "baseline")
             results = run_instances(workdir / "baseline-run", config, path, args.instances, args.submitters,
-                                    args.items, args.seconds)
+                                    args.items, args.seconds, databases("baseline"))
             rows.append((f"baseline {args.baseline[:10]}", summarize(results)))
         results = run_instances(workdir / "this-run", config, [], args.instances, args.submitters, args.items,
-                                args.seconds)
+                                args.seconds, databases("this"))
         rows.append(("this checkout", summarize(results)))
-    return report(rows, args.seconds)
+    return ("PostgreSQL (AsyncPostgresClientCallbacks)" if args.postgres else "SQLite (SqliteClientCallbacks)") + \
+        "; " + report(rows, args.seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=4, help="hot items, one write lock each")
     parser.add_argument("--baseline", default=BASELINE_REVISION, help="git revision of the baseline client")
     parser.add_argument("--no-baseline", dest="baseline", action="store_const", const="")
+    parser.add_argument("--postgres", action="store_true",
+                        help="apply into PostgreSQL (a throwaway server: initdb/pg_ctl) with the asyncio helper")
     parser.add_argument("--workdir", help="keep the logs and databases here (default: a temporary directory)")
     args = parser.parse_args(argv)
     if args.workdir:

@@ -4,7 +4,8 @@
         [--submitters 20] [--items 4] [--seconds 30]
 
 An application instance as a user writes one from the docs: an AsyncWaltzClient applying the log into its own
-SQLite database (SqliteClientCallbacks, batched), and many concurrent reservers. A reservation's execute() reads
+SQLite database (SqliteClientCallbacks, batched; or, with --postgres, a PostgreSQL database with
+AsyncPostgresClientCallbacks), and many concurrent reservers. A reservation's execute() reads
 the item's reserved count from the instance's own database and takes a write lock on the item; the payload says
 which count it saw, and apply() checks that it is the count the log has reached (a reservation that acted on a
 stale read is an oversell: counted in `stale`, never expected).
@@ -25,27 +26,50 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from waltz_client import AsyncWaltzClient, Transaction, TransactionBuilder, TransactionContext
 from waltz_client import monitor as monitor_module
 from waltz_client.locks import PartitionLocalLock
+from waltz_client.postgres_async import AsyncPgGuardedConnection, AsyncPostgresClientCallbacks
 from waltz_client.sqlite_callbacks import GuardedConnection, SqliteClientCallbacks
 
 LOCK_NAME = "item"
 
 
-class Reservations(SqliteClientCallbacks):
-    """The instance's database: reserved units per item, and one row per reservation."""
+class Measured:
+    """What an instance's callbacks record of their applies, with either database."""
 
-    def __init__(self, database: str | Path) -> None:
-        super().__init__(database)
+    def __init__(self) -> None:
         self.applied = -1  # the last transaction id committed into the database
         self.applied_at: dict[int, float] = {}  # transaction id -> when its batch was committed
         self.stale = 0  # reservations whose execute() saw another count than the log had reached
         self.apply_s = 0.0  # time spent in apply_transactions
+
+    def measure_apply(self, transactions: list[Transaction], apply: Callable[[list[Transaction]], None]) -> None:
+        started = time.monotonic()
+        apply(transactions)
+        now = time.monotonic()
+        self.apply_s += now - started
+        for transaction in transactions:
+            self.applied_at[transaction.transaction_id] = now
+        self.applied = max(self.applied, transactions[-1].transaction_id)
+
+    def reserved(self, item: int) -> int:
+        raise NotImplementedError
+
+    async def rows(self) -> list[Any]:
+        raise NotImplementedError
+
+
+class Reservations(Measured, SqliteClientCallbacks):
+    """The instance's database: reserved units per item, and one row per reservation."""
+
+    def __init__(self, database: str | Path) -> None:
+        Measured.__init__(self)
+        SqliteClientCallbacks.__init__(self, database)
 
     def create_schema(self, connection: Any) -> None:
         connection.execute("CREATE TABLE IF NOT EXISTS items (item INTEGER PRIMARY KEY, reserved INTEGER NOT NULL)")
@@ -69,13 +93,55 @@ class Reservations(SqliteClientCallbacks):
                            (transaction.transaction_id, item, seen, payload["by"]))
 
     def apply_transactions(self, transactions: list[Transaction]) -> None:
-        started = time.monotonic()
-        super().apply_transactions(transactions)
-        now = time.monotonic()
-        self.apply_s += now - started
-        for transaction in transactions:
-            self.applied_at[transaction.transaction_id] = now
-        self.applied = max(self.applied, transactions[-1].transaction_id)
+        self.measure_apply(transactions, super().apply_transactions)
+
+    async def rows(self) -> list[Any]:
+        rows = self.query_all("SELECT transaction_id, item, seen, instance FROM reservations ORDER BY transaction_id")
+        self.close()
+        return rows
+
+
+class PgReservations(Measured, AsyncPostgresClientCallbacks):
+    """The same in PostgreSQL, with the asyncio helper (batches in one transaction); execute() reads with
+    query_all_blocking, as the client guide says."""
+
+    def __init__(self, dsn: str) -> None:
+        Measured.__init__(self)
+        AsyncPostgresClientCallbacks.__init__(self, dsn)
+
+    async def create_schema(self, connection: AsyncPgGuardedConnection) -> None:
+        await connection.execute("CREATE TABLE IF NOT EXISTS items (item INTEGER PRIMARY KEY, "
+                                 "reserved INTEGER NOT NULL)")
+        await connection.execute("CREATE TABLE IF NOT EXISTS reservations (transaction_id BIGINT PRIMARY KEY, "
+                                 "item INTEGER NOT NULL, seen INTEGER NOT NULL, instance TEXT NOT NULL)")
+
+    def reserved(self, item: int) -> int:
+        sql = "SELECT reserved FROM items WHERE item = %s"
+        if hasattr(AsyncPostgresClientCallbacks, "query_all_blocking"):
+            rows = self.query_all_blocking(sql, item)
+        else:  # a baseline revision's helper, from before issue 31: what query_all_blocking does
+            rows = self._on_loop(self.query_all(sql, item))
+        return int(rows[0][0]) if rows else 0
+
+    async def apply(self, transaction: Transaction, connection: AsyncPgGuardedConnection) -> None:
+        payload = json.loads(transaction.data())  # read already: the helper reads a batch's data first
+        item, seen = payload["item"], payload["seen"]
+        row = await (await connection.execute("SELECT reserved FROM items WHERE item = %s", (item,))).fetchone()
+        if seen != (0 if row is None else int(row[0])):
+            self.stale += 1
+        await connection.execute("INSERT INTO items (item, reserved) VALUES (%s, 1) "
+                                 "ON CONFLICT (item) DO UPDATE SET reserved = items.reserved + 1", (item,))
+        await connection.execute("INSERT INTO reservations VALUES (%s, %s, %s, %s)",
+                                 (transaction.transaction_id, item, seen, payload["by"]))
+
+    def apply_transactions(self, transactions: list[Transaction]) -> None:
+        self.measure_apply(transactions, super().apply_transactions)
+
+    async def rows(self) -> list[Any]:
+        rows = await self.query_all("SELECT transaction_id, item, seen, instance FROM reservations "
+                                    "ORDER BY transaction_id")
+        await self.close()
+        return [list(row) for row in rows]
 
 
 class Reservation(TransactionContext):
@@ -110,7 +176,7 @@ class Reservation(TransactionContext):
 
 
 class Run:
-    def __init__(self, name: str, db: Reservations) -> None:
+    def __init__(self, name: str, db: Measured) -> None:
         self.name = name
         self.db = db
         self.commits: list[float] = []
@@ -172,7 +238,12 @@ async def _sample_lag(client: AsyncWaltzClient, run: Run, stop: asyncio.Event) -
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     config = json.loads(Path(args.config).read_text())
-    db = Reservations(args.database)
+    db: Measured
+    if args.postgres:
+        db = PgReservations(args.postgres)
+        await db.open()
+    else:
+        db = Reservations(args.database)
     run = Run(out.name, db)
     _wrap_monitor()
     async with AsyncWaltzClient(db, config) as client:
@@ -193,8 +264,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         while time.monotonic() < deadline and db.applied < await client.high_water_mark(0):
             await asyncio.sleep(0.1)
         final = await client.high_water_mark(0)
-    rows = db.query_all("SELECT transaction_id, item, seen, instance FROM reservations ORDER BY transaction_id")
-    db.close()
+    rows = await db.rows()
     return {
         "name": run.name, "started": started, "ended": ended, "commits": run.commits,
         "lock_failures": run.lock_failures, "reexecutions": run.reexecutions, "lags": run.lags,
@@ -208,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="the client configuration, a JSON object of dotted keys")
     parser.add_argument("--database", required=True, help="the instance's SQLite database file")
+    parser.add_argument("--postgres", help="a PostgreSQL database's DSN to apply into instead (the asyncio helper)")
     parser.add_argument("--out", required=True, help="path prefix of the .ready, .go and .json files")
     parser.add_argument("--submitters", type=int, default=20)
     parser.add_argument("--items", type=int, default=4, help="hot items (one write lock each)")
