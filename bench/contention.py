@@ -16,7 +16,8 @@ The instances start together and run --seconds; the table gives, per row:
   - the callback thread's CPU seconds per instance; total reservations/s; stale reads (must be 0) and whether
     every database ended identical.
 Rows: the client of revision --baseline (default: the code before issue 31), in the same run against the same
-cluster (its waltz_client and waltz_common on PYTHONPATH), then this checkout's. Targets (issue 31): every
+cluster (its waltz_client and waltz_common on PYTHONPATH), and this checkout's, taking turns for --rounds rounds
+(the figures of a row pool its runs; the 10 s windows are those of every run). Targets (issue 31): every
 instance >= 20% of the commits in every 10 s window, lock-failure answers p99 <= 50 ms, applied lag < 50, total
 reservations/s at least the baseline's. The machine is shared: the load average is printed with the table.
 """
@@ -96,34 +97,40 @@ def run_instances(workdir: Path, config: dict[str, Any], pythonpath: list[str], 
     return [json.loads(p.with_suffix(".json").read_text()) for p in prefixes]
 
 
-def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The figures of one row (see the module docstring)."""
-    start = min(r["started"] for r in results)
-    end = max(r["ended"] for r in results)
-    windows = max(1, int((end - start) // WINDOW_S))
-    shares: list[float] = []  # each instance's smallest share over the whole windows
-    per_window = [[0] * windows for _ in results]
-    for index, result in enumerate(results):
-        for t in result["commits"]:
-            w = int((t - start) // WINDOW_S)
-            if 0 <= w < windows:
-                per_window[index][w] += 1
-    for index in range(len(results)):
-        shares.append(min((per_window[index][w] / max(1, sum(row[w] for row in per_window)))
-                          for w in range(windows)))
+def summarize(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """The figures of one row (see the module docstring), over its runs (one per round)."""
+    per_window: list[list[int]] = [[] for _ in runs[0]]  # per instance, its commits in each whole window
+    seconds = 0.0
+    for results in runs:
+        start = min(r["started"] for r in results)
+        end = max(r["ended"] for r in results)
+        seconds += end - start
+        windows = max(1, int((end - start) // WINDOW_S))
+        for index, result in enumerate(results):
+            counts = [0] * windows
+            for t in result["commits"]:
+                w = int((t - start) // WINDOW_S)
+                if 0 <= w < windows:
+                    counts[w] += 1
+            per_window[index] += counts
+    windows = len(per_window[0])
+    min_share = min(per_window[index][w] / max(1, sum(row[w] for row in per_window))
+                    for index in range(len(per_window)) for w in range(windows))
+    results = [r for run in runs for r in run]
     latencies = [latency for r in results for _, latency in r["lock_failures"]]
     delays = [d for r in results for d in r["reexecutions"] if d >= 0]
     lags = [lag for r in results for _, lag in r["lags"]]
-    commits = sum(len(r["commits"]) for r in results)
+    commits = [sum(len(run[index]["commits"]) for run in runs) for index in range(len(runs[0]))]
     return {
-        "commits": [len(r["commits"]) for r in results], "per_window": per_window, "min_share": min(shares),
+        "commits": commits, "per_window": per_window, "min_share": min_share,
         "lock_failures": len(latencies),
         "answer_p50": percentile(latencies, 0.5), "answer_p99": percentile(latencies, 0.99),
         "reexec_p50": percentile(delays, 0.5), "reexec_p99": percentile(delays, 0.99),
         "lag_p50": percentile([float(x) for x in lags], 0.5), "lag_max": max(lags, default=0),
-        "callback_cpu": [round(r["callback_cpu_s"], 1) for r in results], "rate": commits / (end - start),
+        "callback_cpu": [round(sum(run[index]["callback_cpu_s"] for run in runs), 1) for index in range(len(runs[0]))],
+        "rate": sum(commits) / seconds,
         "stale": sum(r["stale"] for r in results), "errors": sum(r["error_count"] for r in results),
-        "identical": identical([r["rows"] for r in results]),
+        "identical": all(identical([r["rows"] for r in run]) for run in runs),
     }
 
 
@@ -157,13 +164,12 @@ def report(rows: list[tuple[str, dict[str, Any]]], seconds: float) -> str:
                + "  ".join("/".join(str(row[w]) for row in s["per_window"]) for w in range(len(s["per_window"][0])))
                for name, s in rows]
     return "\n".join([
-        f"load average {os.getloadavg()[0]:.1f}; {seconds:g} s per row", table(header, lines), *windows,
+        f"{seconds:g} s per run; load average {os.getloadavg()[0]:.1f}", table(header, lines), *windows,
         "targets: every instance >= 20% of every 10 s window; answer p99 <= 50 ms; lag < 50; rate >= baseline",
     ])
 
 
 def run(workdir: Path, args: argparse.Namespace) -> str:
-    rows: list[tuple[str, dict[str, Any]]] = []
     with contextlib.ExitStack() as stack:
         postgres = stack.enter_context(PostgresProcess()) if args.postgres else None
 
@@ -177,16 +183,19 @@ def run(workdir: Path, args: argparse.Namespace) -> str:
 
         cluster = stack.enter_context(LocalCluster(workdir / "cluster", cluster_root="/bench/contention"))
         config = cluster.client_config(**CLIENT)
+        variants: list[tuple[str, str, list[str]]] = [("this checkout", "this", [])]
         if args.baseline:
-            path = checkout(args.baseline, workdir / "baseline")
-            results = run_instances(workdir / "baseline-run", config, path, args.instances, args.submitters,
-                                    args.items, args.seconds, databases("baseline"))
-            rows.append((f"baseline {args.baseline[:10]}", summarize(results)))
-        results = run_instances(workdir / "this-run", config, [], args.instances, args.submitters, args.items,
-                                args.seconds, databases("this"))
-        rows.append(("this checkout", summarize(results)))
+            variants.insert(0, (f"baseline {args.baseline[:10]}", "baseline", checkout(args.baseline,
+                                                                                       workdir / "baseline")))
+        runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name, _, _ in variants}
+        for round_ in range(args.rounds):  # the rows take turns: a machine whose load drifts favours neither
+            for name, label, path in variants:
+                runs[name].append(run_instances(workdir / f"{label}-run{round_}", config, path, args.instances,
+                                                args.submitters, args.items, args.seconds,
+                                                databases(f"{label}{round_}")))
+        rows = [(name, summarize(runs[name])) for name, _, _ in variants]
     return ("PostgreSQL (AsyncPostgresClientCallbacks)" if args.postgres else "SQLite (SqliteClientCallbacks)") + \
-        "; " + report(rows, args.seconds)
+        f"; {args.rounds} round(s) of " + report(rows, args.seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -197,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=4, help="hot items, one write lock each")
     parser.add_argument("--baseline", default=BASELINE_REVISION, help="git revision of the baseline client")
     parser.add_argument("--no-baseline", dest="baseline", action="store_const", const="")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each row, taking turns")
     parser.add_argument("--postgres", action="store_true",
                         help="apply into PostgreSQL (a throwaway server: initdb/pg_ctl) with the asyncio helper")
     parser.add_argument("--workdir", help="keep the logs and databases here (default: a temporary directory)")
