@@ -241,10 +241,14 @@ class CallbackThread:
                 pass
 
     def _finish(self, batch: list[Job], kind: type[Job], values: list[Any]) -> None:
-        try:
-            kind.done_all(batch, values)  # Job.done_all for a mixed batch
-        except Exception:
-            log.exception("callback-thread completion of a batch of %s failed", kind.__name__)
+        # a mixed batch (a feed apply scheduled first among submissions): each run of one class together, so that
+        # the submissions' appends still go out in one pass
+        runs = [(kind, batch, values)] if kind is not Job else _runs(batch, values)
+        for run_kind, jobs, run_values in runs:
+            try:
+                run_kind.done_all(jobs, run_values)
+            except Exception:
+                log.exception("callback-thread completion of a batch of %s failed", run_kind.__name__)
         self._busy = False
         self._running = 0
         if self._waiting:  # scheduled while this batch ran: they go together, now
@@ -309,6 +313,18 @@ class LoopCallbacks(CallbackThread):
 def callback_runner(threaded: bool, name: str) -> CallbackThread:
     """A CallbackThread named name, or (threaded False: client.callbackThread) LoopCallbacks."""
     return CallbackThread(name) if threaded else LoopCallbacks()
+
+
+def _runs(batch: list[Job], values: list[Any]) -> list[tuple[type[Job], list[Job], list[Any]]]:
+    """The batch cut into runs of consecutive jobs of one class, in order, with their values."""
+    runs: list[tuple[type[Job], list[Job], list[Any]]] = []
+    for job, value in zip(batch, values, strict=True):
+        if runs and type(job) is runs[-1][0]:
+            runs[-1][1].append(job)
+            runs[-1][2].append(value)
+        else:
+            runs.append((type(job), [job], [value]))
+    return runs
 
 
 def _refused(count: int) -> list[Any]:
