@@ -104,7 +104,8 @@ class ClientCollector(Collector):
              lambda p: p.server_high_water_mark),
             ("waltz_client_partition_lag_transactions",
              "committed transactions the client has not applied yet, received or not (the server's high-water mark, "
-             "heard with every feed message and flush answer as it arrives and asked every 2 s, minus the client's)",
+             "heard with every feed message and flush answer as it arrives, and asked every 2 s while the client's "
+             "stream is backed up, minus the client's)",
              lambda p: max(0, p.server_high_water_mark - p.client_high_water_mark)),
             ("waltz_client_partition_pending_appends", "appends sent and not resolved yet",
              lambda p: p.pending_appends),

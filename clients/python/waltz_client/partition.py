@@ -38,7 +38,7 @@ NOT_READY_RETRY_S = 0.5  # original: sleep 500 ms after NOT_READY, then find the
 APPLY_RETRY_MAX_S = 5.0
 INBOX_SIZE = 256
 MAX_MERGED_FEED = 10_000  # feed entries applied in one callback-thread call when the partition is behind
-HIGH_WATER_MARK_ASK_S = 2.0  # while mounted, the server's high-water mark is asked this often (the lag metric)
+HIGH_WATER_MARK_ASK_S = 2.0  # while the inbox is backed up, the server's high-water mark is asked this often (lag)
 _monotonic = time.monotonic  # what asyncio's loop.time() returns, without the two lookups
 
 _MOUNT_RESULTS = {
@@ -269,13 +269,16 @@ class ClientPartition:
             asker.cancel()
 
     async def _ask_high_water_mark(self, conn: ServerConnection) -> None:
-        """While this stream serves the partition: ask its server's high-water mark every HIGH_WATER_MARK_ASK_S,
-        so that the lag metric is true when the stream itself is backed up (a unary call: not behind the feed)."""
+        """While this stream serves the partition: ask its server's high-water mark every HIGH_WATER_MARK_ASK_S while
+        the inbox is half full or more, so that the lag metric is true when the stream itself is backed up (a unary
+        call: not behind the feed). Otherwise every feed message is heard as it arrives: no call is needed."""
         ask = self.env.high_water_mark
         if ask is None:
             return
         while self.conn is conn:
             await asyncio.sleep(HIGH_WATER_MARK_ASK_S)
+            if self.inbox.qsize() < INBOX_SIZE // 2:
+                continue
             try:
                 mark = await asyncio.wait_for(ask(conn.endpoint, self.partition_id), self.env.config.request_timeout_s)
             except Exception as exc:  # the metric goes without it this time
