@@ -11,6 +11,7 @@
 // {"phase": "done", ...}; any failure: {"error": ...} and exit status 1.
 'use strict';
 
+const crypto = require('crypto');
 const fs = require('fs');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
@@ -51,6 +52,17 @@ function lockHash(name, id) { // server.proto, above AppendRequest; id is a BigI
   const low = Number(BigInt.asUintN(32, id));
   const high = Number(BigInt.asUintN(32, id >> 32n));
   return (crc32(Buffer.from(name, 'utf8')) ^ low ^ high) | 0;
+}
+
+function lockKeyId(key) { // docs/protocol.md, "Lock keys": a string (UTF-8) or Buffer key's signed 64-bit lock id
+  const bytes = Buffer.isBuffer(key) ? key : Buffer.from(key, 'utf8');
+  return crypto.createHash('sha256').update(bytes).digest().readBigInt64BE(0);
+}
+
+function keyVectors() {
+  const text = fs.readFileSync(path.resolve(__dirname, '..', '..', 'docs', 'protocol.md'), 'utf8');
+  const pattern = /^\s+- lock_key_id\("([^"]*)"\) = (-?\d+)$/gm;
+  return [...text.matchAll(pattern)].map((m) => ({key: m[1], spec: m[2], node: lockKeyId(m[1]).toString()}));
 }
 
 function specVectors() {
@@ -342,7 +354,7 @@ async function main() {
   const edge = await edges(info.num_partitions, first, last[first.pid]);
   emit({
     phase: 'steady', client_id: clientId, limits, appended: PER_PARTITION * parts.size, locks, dense, fetched,
-    flushed, lock_hashes: vectors, edges: edge,
+    flushed, lock_hashes: vectors, lock_key_ids: keyVectors(), edges: edge,
   });
 
   // a partition moves: heard on the stream, found again, remounted there

@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from waltz.v1 import server_pb2, server_pb2_grpc
-from waltz_client.locks import PartitionLocalLock
+from waltz_client.locks import PartitionLocalLock, lock_key_id
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 
@@ -103,6 +103,10 @@ def test_the_node_client_conforms(cluster: LocalCluster) -> None:
     assert len(vectors) >= 10
     for v in vectors:  # Node, the spec and the Python client agree
         assert v["node"] == v["spec"] == PartitionLocalLock(v["name"], int(v["id"])).lock_hash, v
+    key_ids = steady["lock_key_ids"]  # docs/protocol.md's lock keys: Node, the doc and the Python client agree
+    assert len(key_ids) >= 6 and any(not v["key"].isascii() for v in key_ids)
+    for v in key_ids:
+        assert int(v["node"]) == int(v["spec"]) == lock_key_id(v["key"]), v
 
     assert done["heard"]["state"] == "NOT_READY"  # learnt on its stream
     assert done["new_owner"] == cluster.servers[1].address and done["new_generation"] > done["old_generation"]

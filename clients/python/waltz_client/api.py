@@ -213,6 +213,11 @@ class FedTransaction(Transaction):
     def _load(self) -> bytes:
         return self._source(self.partition_id, self.transaction_id)
 
+    def preload(self, data: bytes | None) -> None:
+        """Its data, read ahead of the apply (None: data() fetches it)."""
+        if data is not None and self._data is None:
+            self._data = data
+
 
 class PartialApplyError(Exception):
     """apply_transactions applied the first `applied` transactions of its batch, then `error` stopped it:

@@ -75,10 +75,12 @@ class AsyncWaltzClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._latency: LatencyHistogram | None = None
+        self._lock_failure_latency: LatencyHistogram | None = None
         self._metrics: tuple[CollectorRegistry, ClientCollector] | None = None
         if metrics_registry is not None:
             self._latency = LatencyHistogram()
-            collector = ClientCollector(self, self._latency)
+            self._lock_failure_latency = LatencyHistogram()
+            collector = ClientCollector(self, self._latency, self._lock_failure_latency)
             metrics_registry.register(collector)  # ValueError if the registry already has a client's metrics
             self._metrics = (metrics_registry, collector)
 
@@ -110,8 +112,11 @@ class AsyncWaltzClient:
         self._connections = ConnectionManager(self._driver, self._dispatch, self._tasks, self.config.max_batch_size)
         self._env = PartitionEnv(
             client_id=self.client_id, config=self.config, callbacks=self.callbacks, call=self._callback_thread.call,
+            call_first=self._callback_thread.call_first, post=self._callback_thread.post,
+            lock_failure_latency=self._lock_failure_latency,
             connections=self._connections, ownership=self._topology.get, topology_changed=lambda: self._topology_event,
-            fetch=self._fetch_blocking, fetch_range=self._fetch_range_blocking, stats=self.stats, latency=self._latency,
+            fetch=self._fetch_blocking, fetch_range=self._fetch_range_blocking, read_range=self.transaction_range,
+            stats=self.stats, latency=self._latency,
             refresh_topology=self._driver.refresh, high_water_mark=self._server_high_water_mark,
         )
         self._usable = not self._closed
@@ -299,6 +304,10 @@ class AsyncWaltzClient:
         }
         assert values.keys() == COUNTERS.keys()
         return values
+
+    def metric_callback_thread(self) -> tuple[int, float]:
+        """The callback thread's queue length and busy seconds, for a scrape."""
+        return self._callback_thread.queue_length(), self._callback_thread.busy_seconds
 
     def metric_partitions(self) -> list[PartitionView]:
         """What a scrape shows of each partition this client uses."""

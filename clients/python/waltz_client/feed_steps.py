@@ -4,6 +4,7 @@ hooks and the transaction's apply, one at a time or as one apply_transactions ca
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from waltz_client.api import PartialApplyError, Transaction, WaltzClientCallbacks
 from waltz_client.partition_env import PendingAppend
@@ -22,6 +23,7 @@ class FeedSteps:
     def __init__(self, partition_id: int, callbacks: WaltzClientCallbacks) -> None:
         self.partition_id = partition_id
         self.callbacks = callbacks
+        self.applied = -1  # the last transaction id an apply returned for (written on the callback thread)
 
     def run_steps(self, steps: list[FeedStep], index: int, completed: int) -> tuple[int, int, BaseException | None]:
         """On the callback thread, from steps[index] (those before steps[completed] had their on_completion):
@@ -41,6 +43,7 @@ class FeedSteps:
                     apply(transaction)
                 except Exception as exc:
                     return i, i + 1, exc
+                self.applied = txn_id
             if mine is not None:
                 try:
                     mine.context.on_application()
@@ -71,6 +74,9 @@ class FeedSteps:
                     reached, error = self._step_of(steps, index, transactions, exc.applied), exc.error
             except Exception as exc:
                 reached, error = self._step_of(steps, index, transactions, 0), exc
+        applied = [transaction.transaction_id for _, _, transaction in steps[index:reached] if transaction is not None]
+        if applied:
+            self.applied = applied[-1]
         for i in range(index, reached):
             txn_id, mine, _ = steps[i]
             if mine is not None:
@@ -85,6 +91,13 @@ class FeedSteps:
         """The index in steps of transactions[applied], the first one a failed batch did not apply."""
         failed = transactions[max(0, applied)].transaction_id
         return next(i for i in range(index, len(steps)) if steps[i][0] == failed and steps[i][2] is not None)
+
+    def run_hook(self, hook: Callable[[], None], name: str, txn_id: int) -> None:
+        """On the callback thread: a context hook the loop does not wait for (on_lock_failure)."""
+        try:
+            hook()
+        except Exception as exc:
+            self.hook_raised(name, txn_id, exc)
 
     def hook_raised(self, hook: str, txn_id: int, exc: BaseException) -> None:
         """A context hook raised, on the callback thread: it goes to uncaught_exception."""

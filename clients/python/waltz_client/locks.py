@@ -1,7 +1,8 @@
-"""Partition-local lock names and their stable cross-language 32-bit hash."""
+"""Partition-local lock names, their stable cross-language 32-bit hash, and lock ids of string or bytes keys."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -27,19 +28,46 @@ class PartitionLocalLock:
     ("", 0) -> 0, ("", 1) -> 1, ("", -1) -> 0, ("123456789", 0) -> -873187034 (0xCBF43926).
     Distinct locks may share a hash: the server then reports a spurious lock failure, never
     a missed one.
+
+    A lock on a string or bytes key (an SKU, an account number): `PartitionLocalLock.of_key(name, key)`,
+    whose id is `lock_key_id(key)`, the same in every process and language (never Python's hash(),
+    which differs per process).
     """
 
     name: str
     id: int
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"a lock name is a str, not {type(self.name).__name__}")
+        if not isinstance(self.id, int) or isinstance(self.id, bool):
+            hint = " (for a string or bytes key: PartitionLocalLock.of_key(name, key))" if isinstance(
+                self.id, str | bytes | bytearray) else ""
+            raise TypeError(f"a lock id is an int (signed 64-bit), not {type(self.id).__name__}{hint}")
         if not _INT64_MIN <= self.id <= _INT64_MAX:
             raise ValueError(f"lock id {self.id} is outside the signed 64-bit range")
+
+    @classmethod
+    def of_key(cls, name: str, key: str | bytes) -> PartitionLocalLock:
+        """The lock on (name, key) for a string or bytes key: PartitionLocalLock(name, lock_key_id(key))."""
+        return cls(name, lock_key_id(key))
 
     @property
     def lock_hash(self) -> int:
         h = (crc32(self.name.encode("utf-8")) & _U32) ^ (self.id & _U32) ^ ((self.id >> 32) & _U32)
         return h - 2**32 if h >= 2**31 else h
+
+
+def lock_key_id(key: str | bytes) -> int:
+    """The lock id of a string or bytes key, the same in every language (docs/protocol.md, "Lock keys"): the first
+    8 bytes of the SHA-256 of the key's bytes (a str's UTF-8 encoding) as a big-endian signed 64-bit integer."""
+    if isinstance(key, str):
+        data = key.encode("utf-8")
+    elif isinstance(key, bytes | bytearray | memoryview):
+        data = bytes(key)
+    else:
+        raise TypeError(f"a lock key is a str or bytes, not {type(key).__name__} (an int is a lock id already)")
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "big", signed=True)
 
 
 def lock_hashes(locks: Iterable[PartitionLocalLock]) -> list[int]:

@@ -65,6 +65,8 @@ class ClientView(Protocol):
 
     def metric_partitions(self) -> list[PartitionView]: ...
 
+    def metric_callback_thread(self) -> tuple[int, float]: ...
+
 
 # name (without _total) -> help; the values come from ClientView.metric_counters() under the same keys
 COUNTERS = {
@@ -84,9 +86,11 @@ COUNTERS = {
 class ClientCollector(Collector):
     """Exposes one client's metrics; register it in a CollectorRegistry (one client per registry)."""
 
-    def __init__(self, client: ClientView, latency: LatencyHistogram) -> None:
+    def __init__(self, client: ClientView, latency: LatencyHistogram,
+                 lock_failure_latency: LatencyHistogram | None = None) -> None:
         self._client = client
         self._latency = latency
+        self._lock_failure_latency = lock_failure_latency if lock_failure_latency is not None else LatencyHistogram()
 
     def collect(self) -> Iterator[Metric]:
         partitions = self._client.metric_partitions()
@@ -99,7 +103,9 @@ class ClientCollector(Collector):
              "the highest transaction id the client has heard its server committed (mount, feed, flush answers)",
              lambda p: p.server_high_water_mark),
             ("waltz_client_partition_lag_transactions",
-             "committed transactions the client has not applied yet (server minus client high-water mark)",
+             "committed transactions the client has not applied yet, received or not (the server's high-water mark, "
+             "heard with every feed message and flush answer as it arrives, and asked every 2 s while the client's "
+             "stream is backed up, minus the client's)",
              lambda p: max(0, p.server_high_water_mark - p.client_high_water_mark)),
             ("waltz_client_partition_pending_appends", "appends sent and not resolved yet",
              lambda p: p.pending_appends),
@@ -123,6 +129,19 @@ class ClientCollector(Collector):
             "waltz_client_append_latency_seconds",
             "from sending an append to its commit arriving in the feed (per attempt that committed)",
             buckets=buckets, sum_value=total)
+        buckets, total = self._lock_failure_latency.cumulative()
+        yield HistogramMetricFamily(
+            "waltz_client_lock_failure_latency_seconds",
+            "from sending an append to its lock failure arriving (per attempt that failed its lock check)",
+            buckets=buckets, sum_value=total)
+        queued, busy = self._client.metric_callback_thread()
+        yield GaugeMetricFamily("waltz_client_callback_queue_length",
+                                "jobs (feed applies, execute() calls, hooks) waiting for the callback thread or in "
+                                "the batch it runs: a queue that stays long is a thread that cannot keep up",
+                                value=queued)
+        yield CounterMetricFamily("waltz_client_callback_busy_seconds",
+                                  "time the callback thread spent running application code (its rate near 1: always "
+                                  "busy)", value=busy)
 
     def describe(self) -> Iterator[Metric]:
         return self.collect()

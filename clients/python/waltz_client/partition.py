@@ -6,13 +6,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any
 
 from waltz.v1 import server_pb2
 from waltz_client.api import FedTransaction, TransactionBuilder, applies_batches
-from waltz_client.batch_data import BatchData
+from waltz_client.batch_data import READ_CHUNK, BatchData
 from waltz_client.catchup import CatchUp, mount_wait_reason
 from waltz_client.connection import ServerConnection
 from waltz_client.driver import Ownership
@@ -30,12 +31,15 @@ from waltz_client.partition_env import PartitionEnv, PendingAppend
 from waltz_client.partition_env import Stats as Stats  # where it was before partition_env.py
 from waltz_client.partition_state import ClientPartitionState, FeedDecision, MountResult, MountState
 from waltz_client.wire import feed_request, fill_append_requests, flush_request, mount_request, req_id_from_proto
+from waltz_common.types import ReqId
 
 log = logging.getLogger(__name__)
 
 NOT_READY_RETRY_S = 0.5  # original: sleep 500 ms after NOT_READY, then find the owner again
 APPLY_RETRY_MAX_S = 5.0
 INBOX_SIZE = 256
+MAX_MERGED_FEED = 10_000  # feed entries applied in one callback-thread call when the partition is behind
+HIGH_WATER_MARK_ASK_S = 2.0  # while the inbox is backed up, the server's high-water mark is asked this often (lag)
 _monotonic = time.monotonic  # what asyncio's loop.time() returns, without the two lookups
 
 _MOUNT_RESULTS = {
@@ -83,12 +87,20 @@ class ClientPartition:
         self.catchup: CatchUp | None = None  # the current mount's, while MOUNTING
         self._problem: str | None = None  # what ended the last mount attempt (for the mount timeout's message)
         self.apply_failure: tuple[int, BaseException] | None = None  # the apply failing now: (transaction id, error)
+        self._backlog: deque[Any] = deque()  # inbox events taken out while merging feed messages, in order
+        self._reads_data = False  # the application read another client's data: later batches' is read ahead
 
     # ---- application side -------------------------------------------------------------
 
     @property
     def client_high_water_mark(self) -> int:
         return self.monitor.client_high_water_mark
+
+    @property
+    def applied_high_water_mark(self) -> int:
+        """What the application's state holds, for an execute() on the callback thread: the feed steps move it
+        there as soon as an apply returned, before the loop hears of it (client_high_water_mark)."""
+        return max(self.monitor.client_high_water_mark, self._steps.applied)
 
     @property
     def mounted(self) -> bool:
@@ -109,6 +121,10 @@ class ClientPartition:
             await self._wait(lambda: self.monitor.pending_count() + self._reserved < self.monitor.max_concurrent,
                              "a free pending-append slot")
             self._reserved += 1
+
+    def hold_slot(self) -> None:
+        """Take a slot whatever the capacity: for a retry, in the place its resolved entry just left."""
+        self._reserved += 1
 
     def release_slot(self) -> None:
         self._reserved -= 1
@@ -253,10 +269,31 @@ class ClientPartition:
         loop = asyncio.get_running_loop()
         self.catchup = CatchUp(loop.time(), self.client_high_water_mark, conn.endpoint)
         reporter = loop.create_task(self._report_catchup(self.catchup), name=f"waltz-catchup-{self.partition_id}")
+        asker = loop.create_task(self._ask_high_water_mark(conn), name=f"waltz-hwm-{self.partition_id}")
         try:
             return await self._serve(conn, owner)
         finally:
             reporter.cancel()
+            asker.cancel()
+
+    async def _ask_high_water_mark(self, conn: ServerConnection) -> None:
+        """While this stream serves the partition: ask its server's high-water mark every HIGH_WATER_MARK_ASK_S while
+        the inbox is half full or more, so that the lag metric is true when the stream itself is backed up (a unary
+        call: not behind the feed). Otherwise every feed message is heard as it arrives: no call is needed."""
+        ask = self.env.high_water_mark
+        if ask is None:
+            return
+        while self.conn is conn:
+            await asyncio.sleep(HIGH_WATER_MARK_ASK_S)
+            if self.inbox.qsize() < INBOX_SIZE // 2:
+                continue
+            try:
+                mark = await asyncio.wait_for(ask(conn.endpoint, self.partition_id), self.env.config.request_timeout_s)
+            except Exception as exc:  # the metric goes without it this time
+                log.debug("partition %d: no high-water mark from %s: %s", self.partition_id, conn.endpoint, exc)
+                continue
+            if self.conn is conn:
+                self._heard_high_water_mark(mark)
 
     async def _report_catchup(self, catchup: CatchUp) -> None:
         """While this mount is MOUNTING: ask the server its high-water mark (the catch-up's target) now and then,
@@ -287,7 +324,9 @@ class ClientPartition:
         loop = asyncio.get_running_loop()
         mount_deadline = loop.time() + self.env.config.request_timeout_s
         while True:
-            if self.state.mount_state is not MountState.MOUNTING:
+            if self._backlog:
+                event = self._backlog.popleft()
+            elif self.state.mount_state is not MountState.MOUNTING:
                 event = await self.inbox.get()  # mounted: no deadline (and no timeout object per event)
             else:
                 try:
@@ -352,12 +391,9 @@ class ClientPartition:
             return _Verdict.REMOUNT  # reconnect procedure step 1: appends are blocked from here
         kind = message.WhichOneof("message")
         if kind == "feed":
-            return await self._on_feed(message.feed.transactions)
+            return await self._on_feed(self._merge_feeds(conn, message.feed.transactions))
         if kind == "mount":
             return await self._on_mount(message.mount)
-        elif kind == "lock_failure":
-            req_id = req_id_from_proto(message.lock_failure.req_id)
-            await self._fire(self.monitor.on_lock_failure(req_id, message.lock_failure.transaction_id))
         elif kind == "flush":
             req_id = req_id_from_proto(message.flush.req_id)
             self._heard_high_water_mark(message.flush.transaction_id)
@@ -377,6 +413,31 @@ class ClientPartition:
             if rejected.reason in _REMOUNT_REJECTIONS:
                 return _Verdict.REMOUNT
         return None
+
+    def _merge_feeds(self, conn: ServerConnection | None,
+                     entries: Sequence[server_pb2.FeedData]) -> Sequence[server_pb2.FeedData]:
+        """The entries of this feed message and of those right behind it in the inbox (up to MAX_MERGED_FEED): a
+        partition that fell behind applies its backlog in one callback-thread call (and one data read), not one
+        message at a time, so that it catches up faster than the log grows. Other events keep their order. Only for
+        callbacks that apply batches (apply_transactions): one by one, a merge would only hold back the high-water
+        mark until its last transaction."""
+        inbox = self.inbox
+        if inbox.empty() or not self._batched:
+            return entries
+        merged: list[server_pb2.FeedData] | None = None
+        while len(entries) + (len(merged) if merged is not None else 0) < MAX_MERGED_FEED:
+            try:
+                event = inbox.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            message = event[1] if event is not _RECHECK and event[0] is conn else None
+            if message is None or message.WhichOneof("message") != "feed":
+                self._backlog.append(event)
+                break
+            if merged is None:
+                merged = list(entries)
+            merged.extend(message.feed.transactions)
+        return entries if merged is None else merged
 
     def _heard_high_water_mark(self, high_water_mark: int) -> None:
         if high_water_mark > self.server_high_water_mark:
@@ -442,7 +503,7 @@ class ClientPartition:
         next_id = self.client_high_water_mark + 1  # the transaction to apply next
         gap_at: int | None = None
         foreign = 0
-        pid, client_id, fetch = self.partition_id, self.env.client_id, self.env.fetch
+        pid, client_id, fetch = self.partition_id, self.env.client_id, self._fetch_one
         source: BatchData | None = None  # made at the batch's first transaction without data at hand
         last_foreign = -1  # the batch's last such transaction: the source reads up to it
         commit_oldest, on_feed = self.monitor.commit_oldest, self.monitor.on_feed
@@ -475,7 +536,7 @@ class ClientPartition:
                 if mine is None:
                     last_foreign = txn_id
                     if source is None and len(entries) > 1:
-                        source = BatchData(fetch, self.env.fetch_range, -1)
+                        source = BatchData(fetch, self._fetch_range if self.env.fetch_range is not None else None, -1)
                         fetch = source
                 steps.append((txn_id, mine, FedTransaction(
                     pid, txn_id, req_id, entry.header, fetch, None if mine is None else mine.data)))
@@ -486,6 +547,8 @@ class ClientPartition:
         if foreign:
             log.error("partition %d: ignored %d feed entries of other partitions (a feed batch must carry one "
                       "partition's entries)", pid, foreign)
+        if self._reads_data and last_foreign >= 0:
+            await self._read_ahead(steps)
         await self._apply_steps(steps)
         await self._fire(superseded)
         if gap_at is not None and self.state.accept_feed(gap_at, self.client_high_water_mark) is FeedDecision.GAP:
@@ -493,6 +556,36 @@ class ClientPartition:
                         self.partition_id, gap_at, self.client_high_water_mark)
             return _Verdict.REMOUNT
         return None
+
+    def _fetch_one(self, partition_id: int, transaction_id: int) -> bytes:
+        self._reads_data = True  # on the callback thread: the application reads other clients' data
+        return self.env.fetch(partition_id, transaction_id)
+
+    def _fetch_range(self, partition_id: int, first: int, last: int) -> dict[int, bytes]:
+        self._reads_data = True
+        assert self.env.fetch_range is not None
+        return self.env.fetch_range(partition_id, first, last)
+
+    async def _read_ahead(self, steps: list[FeedStep]) -> None:
+        """For an application that reads other clients' data: read the batch's on the loop, before its apply, so
+        that the callback thread never waits for the network (an execute() can run meanwhile). A read that fails
+        leaves the rest to the apply's own fetches, which retry."""
+        read = self.env.read_range
+        if read is None:
+            return
+        wanted = [t for _, mine, t in steps if mine is None and t is not None]
+        if not wanted:
+            return
+        data: dict[int, bytes] = {}
+        first, last = wanted[0].transaction_id, wanted[-1].transaction_id
+        try:
+            for start in range(first, last + 1, READ_CHUNK):
+                data.update(await read(self.partition_id, start, min(last, start + READ_CHUNK - 1)))
+        except Exception as exc:
+            log.debug("partition %d: reading transactions %d..%d ahead failed: %s", self.partition_id, first, last, exc)
+        for transaction in wanted:
+            if isinstance(transaction, FedTransaction):
+                transaction.preload(data.get(transaction.transaction_id))
 
     async def _apply_steps(self, steps: list[FeedStep]) -> None:
         """Run the steps on the callback thread; an apply that raises is retried with backoff (skipping
@@ -503,7 +596,7 @@ class ClientPartition:
         while index < len(steps):
             if self._batched and any(transaction is not None for _, _, transaction in steps[index:]):
                 self.env.stats.apply_batches += 1  # an apply_transactions call (steps of own appends fed again: none)
-            reached, completed, error = await self.env.call(run, steps, index, completed)
+            reached, completed, error = await self.env.call_first(run, steps, index, completed)
             self._settle(steps, index, reached)
             index = reached
             if error is None:
@@ -577,9 +670,37 @@ class ClientPartition:
             self._notify()
 
     async def deliver(self, conn: ServerConnection, message: server_pb2.ServerMessage | None) -> None:
-        """Called by the connection, in stream order; waits when the partition is behind."""
-        if conn is self.conn:  # anything else is stale, and must not block the other partitions
-            await self.inbox.put((conn, message))
+        """Called by the connection, in stream order; waits when the partition is behind. A lock failure is
+        settled at once (it decides nothing about the feed before it: the append waits in the monitor until
+        the conflicting transaction is applied), and a feed message's last id is heard on arrival (the lag
+        counts what is received but not applied yet)."""
+        if conn is not self.conn:  # anything else is stale, and must not block the other partitions
+            return
+        if message is not None:
+            kind = message.WhichOneof("message")
+            if kind == "lock_failure":
+                failure = message.lock_failure
+                self._on_lock_failure(req_id_from_proto(failure.req_id), failure.transaction_id)
+                return
+            if kind == "feed":
+                entries = message.feed.transactions
+                if entries and entries[-1].transaction_id > self.server_high_water_mark:
+                    self.server_high_water_mark = entries[-1].transaction_id
+        await self.inbox.put((conn, message))
+
+    def _on_lock_failure(self, req_id: ReqId, transaction_id: int) -> None:
+        """The monitor's notice, the on_lock_failure hooks queued on the callback thread (not awaited: the stream
+        goes on), and the failures the applied high-water mark already allows resolved (their re-execution)."""
+        sent_at = self.env.lock_failure_latency
+        now = _monotonic()
+        outcomes = self.monitor.on_lock_failure(req_id, transaction_id)
+        for token, outcome in outcomes:
+            if outcome.kind is OutcomeKind.LOCK_FAILED:
+                self.env.stats.lock_failures += 1
+                if sent_at is not None:
+                    sent_at.observe(now - token.sent_at)
+                self.env.post(self._steps.run_hook, token.context.on_lock_failure, "on_lock_failure", -1)
+        self._resolve([(t, o) for t, o in outcomes if o.is_final])
 
     def recheck_owner(self) -> None:
         """The topology changed: wake the partition so it compares its ownership."""

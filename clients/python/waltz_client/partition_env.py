@@ -76,13 +76,17 @@ class PartitionEnv:
     config: ClientConfig
     callbacks: WaltzClientCallbacks
     call: Callable[..., Awaitable[Any]]  # run application code on the callback thread
+    call_first: Callable[..., Awaitable[Any]]  # the same, ahead of what waits there (applying the feed)
+    post: Callable[..., None]  # run application code on the callback thread, not waiting for it
     connections: ConnectionManager
     ownership: Callable[[int], Ownership | None]
     topology_changed: Callable[[], asyncio.Event]
     fetch: Callable[[int, int], bytes]  # (partition id, transaction id) -> data, for Transaction.data()
     fetch_range: FetchRange | None = None  # (partition id, first, last) -> data by id: a batch's data at once
+    read_range: Callable[[int, int, int], Awaitable[dict[int, bytes]]] | None = None  # fetch_range, on the loop
     stats: Stats = field(default_factory=Stats)
     latency: LatencyHistogram | None = None  # append latencies, when the application asked for metrics
+    lock_failure_latency: LatencyHistogram | None = None  # from sending an append to its LockFailure arriving
     refresh_topology: Callable[[], None] = lambda: None  # a server said NOT_READY: ask where partitions are now
     high_water_mark: Callable[[str, int], Awaitable[int]] | None = None  # (endpoint, partition): a catch-up's target
     progress_interval_s: float = 5.0  # seconds between a catch-up's progress lines (INFO)

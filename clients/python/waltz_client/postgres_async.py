@@ -142,6 +142,11 @@ class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
             transaction.data()
         return self._on_loop(self._retrying(what, "_apply_conn", lambda conn: self._apply_once(conn, transactions)))
 
+    def query_all_blocking(self, sql: Any, *parameters: Any) -> list[Any]:
+        """query_all from the client's callback thread (in execute(), which is not a coroutine): the rows, once
+        the query ran on the loop. It sees every batch applied before it (they commit before their apply returns)."""
+        return self._on_loop(self.query_all(sql, *parameters))
+
     # ---- on the loop ---------------------------------------------------------------------------
 
     async def query_all(self, sql: Any, *parameters: Any) -> list[Any]:

@@ -99,7 +99,12 @@ class _Submission(PendingAppend, Job):
         self.submitter.callback_thread.schedule(self)
 
     def run(self) -> Any:
-        return self.context.execute(self.builder)  # type: ignore[arg-type]  # set until done
+        builder = self.builder
+        assert builder is not None  # set until done
+        # the state execute() reads now: what the callback thread applied so far (a mark taken when the job was
+        # scheduled would be older, and every lock taken on it would fail against what was applied meanwhile)
+        builder.client_high_water_mark = self.partition.applied_high_water_mark
+        return self.context.execute(builder)
 
     def done(self, ok: bool, value: Any) -> None:
         builder, self.builder = self.builder, None
@@ -165,10 +170,13 @@ class _Submission(PendingAppend, Job):
         if outcome.kind is OutcomeKind.COMMITTED:
             self._set(True)  # the common path ends here
         else:
+            # the slot its entry held passes to the retry at once: a retry that queued for a slot with every new
+            # submission could wait behind them for ever, with the transaction that failed it long applied
+            self.partition.hold_slot()
             self._spawn(self._retry(outcome))
 
     async def _retry(self, outcome: Outcome) -> None:
-        """The append failed: give up, or take a slot and execute again (it then sees the client's
+        """The append failed (its slot held again): give up, or execute again (it then sees the client's
         state at least as fresh as what the monitor waited for)."""
         partition = self.partition
         try:
@@ -187,8 +195,8 @@ class _Submission(PendingAppend, Job):
             log.log(logging.DEBUG if outcome.reason.startswith(LOCK_FAILURE) else logging.INFO,
                     "partition %d: the attempt with sequence number %d failed (%s); executing it again",
                     partition.partition_id, self.seq_num, outcome.reason)
-            await partition.acquire_slot()
         except Exception as exc:
+            partition.release_slot()
             await self._fail(exc)
             return
         self.execute()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Coroutine
 from queue import SimpleQueue
@@ -94,6 +95,20 @@ class _Call(Job):
             future.set_exception(value)
 
 
+class _Post(Job):
+    __slots__ = ("args", "fn")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn, self.args = fn, args
+
+    def run(self) -> Any:
+        return self.fn(*self.args)
+
+    def done(self, ok: bool, value: Any) -> None:
+        if not ok and value is not None:
+            log.error("callback-thread job %s raised", getattr(self.fn, "__name__", self.fn), exc_info=value)
+
+
 class _Raised:
     """What a job raised, among the values a batch returned (Job.done_all: done(False, exc))."""
 
@@ -127,6 +142,11 @@ class CallbackThread:
     thread costs far more than most hooks (two thread wake-ups, and with the GIL up to a switch
     interval when the loop is busy), so many submissions share one hop instead of taking one each.
     The thread is a plain one fed by a queue: an executor's futures cost more than the hooks.
+
+    Jobs scheduled `first` (applying the feed: schedule_first, call_first) go ahead of the other waiting
+    ones, in their own order: an application's transactions are judged against what it has applied, so a
+    crowd of execute() calls must not keep the feed waiting. `busy_seconds` (time spent running jobs) and
+    `queue_length()` (jobs waiting or running) show a thread that cannot keep up (client metrics).
     """
 
     def __init__(self, name: str) -> None:
@@ -135,8 +155,11 @@ class CallbackThread:
         self._thread.start()
         _LIVE[self._thread] = self._queue
         self._waiting: list[Job] = []
+        self._first = 0  # the jobs scheduled first, at the head of _waiting
         self._kind: type[Job] = Job  # the class of every waiting job, or Job when they are mixed
         self._busy = False  # a batch is queued or running, or one is about to start
+        self._running = 0  # jobs in the batch queued or running
+        self.busy_seconds = 0.0  # written by the thread only
         self._shut = False
         self._shut_lock = threading.Lock()  # nothing is queued after the thread's stop signal
 
@@ -147,6 +170,31 @@ class CallbackThread:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self.schedule(_Call(fn, args, future))
         return await future
+
+    async def call_first(self, fn: Callable[..., R], *args: Any) -> R:
+        """call(), ahead of the jobs that were not scheduled first (schedule_first)."""
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self.schedule_first(_Call(fn, args, future))
+        return await future
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run fn(*args) on the thread, in order with the other jobs, without waiting for it (it must not
+        raise: what it raises is logged)."""
+        self.schedule(_Post(fn, args))
+
+    def queue_length(self) -> int:
+        """Jobs waiting for the thread or in the batch it runs (read on the loop)."""
+        return len(self._waiting) + self._running
+
+    def schedule_first(self, job: Job) -> None:
+        """schedule(job), ahead of every waiting job not scheduled first (after those that were)."""
+        self._waiting.insert(self._first, job)
+        self._first += 1
+        if type(job) is not self._kind:
+            self._kind = type(job) if len(self._waiting) == 1 else Job
+        if not self._busy:
+            self._busy = True
+            asyncio.get_running_loop().call_soon(self._run_waiting)
 
     def schedule(self, job: Job) -> None:
         """Run job on the thread; its done() is called on the event loop, later, never from inside
@@ -173,27 +221,36 @@ class CallbackThread:
         was a call the application cancelled meanwhile: those do not run."""
         batch, kind = self._waiting, self._kind
         self._waiting = []
+        self._first = 0
         if kind is _Call or kind is Job:
             batch = [job for job in batch if not (type(job) is _Call and job.future.cancelled())]
             if not batch:
                 self._busy = False
+        self._running = len(batch)
         return batch, kind
 
     def _serve(self) -> None:
         while (item := self._queue.get()) is not None:
             batch, kind, loop = item
+            started = time.perf_counter()
             values = [_NEVER_RAN] * len(batch) if self._shut else _run_batch(batch)
+            self.busy_seconds += time.perf_counter() - started
             try:
                 loop.call_soon_threadsafe(self._finish, batch, kind, values)
             except RuntimeError:  # the loop is closed: nobody waits any more
                 pass
 
     def _finish(self, batch: list[Job], kind: type[Job], values: list[Any]) -> None:
-        try:
-            kind.done_all(batch, values)  # Job.done_all for a mixed batch
-        except Exception:
-            log.exception("callback-thread completion of a batch of %s failed", kind.__name__)
+        # a mixed batch (a feed apply scheduled first among submissions): each run of one class together, so that
+        # the submissions' appends still go out in one pass
+        runs = [(kind, batch, values)] if kind is not Job else _runs(batch, values)
+        for run_kind, jobs, run_values in runs:
+            try:
+                run_kind.done_all(jobs, run_values)
+            except Exception:
+                log.exception("callback-thread completion of a batch of %s failed", run_kind.__name__)
         self._busy = False
+        self._running = 0
         if self._waiting:  # scheduled while this batch ran: they go together, now
             self._busy = True
             self._next_batch()
@@ -224,8 +281,11 @@ class LoopCallbacks(CallbackThread):
     def __init__(self) -> None:  # no thread, no queue
         self._loop_thread: threading.Thread | None = None  # the loop's, once a batch ran there
         self._waiting = []
+        self._first = 0
         self._kind = Job
         self._busy = False
+        self._running = 0
+        self.busy_seconds = 0.0
         self._shut = False
 
     def is_current(self) -> bool:
@@ -236,7 +296,10 @@ class LoopCallbacks(CallbackThread):
         self._loop_thread = threading.current_thread()
         batch, kind = self._take_waiting()
         if batch:
-            self._finish(batch, kind, _refused(len(batch)) if self._shut else _run_batch(batch))
+            started = time.perf_counter()
+            values = _refused(len(batch)) if self._shut else _run_batch(batch)
+            self.busy_seconds += time.perf_counter() - started
+            self._finish(batch, kind, values)
 
     def _next_batch(self) -> None:
         # on the next iteration, with whatever else it schedules: never a batch inside another's done_all
@@ -250,6 +313,18 @@ class LoopCallbacks(CallbackThread):
 def callback_runner(threaded: bool, name: str) -> CallbackThread:
     """A CallbackThread named name, or (threaded False: client.callbackThread) LoopCallbacks."""
     return CallbackThread(name) if threaded else LoopCallbacks()
+
+
+def _runs(batch: list[Job], values: list[Any]) -> list[tuple[type[Job], list[Job], list[Any]]]:
+    """The batch cut into runs of consecutive jobs of one class, in order, with their values."""
+    runs: list[tuple[type[Job], list[Job], list[Any]]] = []
+    for job, value in zip(batch, values, strict=True):
+        if runs and type(job) is runs[-1][0]:
+            runs[-1][1].append(job)
+            runs[-1][2].append(value)
+        else:
+            runs.append((type(job), [job], [value]))
+    return runs
 
 
 def _refused(count: int) -> list[Any]:

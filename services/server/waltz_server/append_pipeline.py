@@ -161,6 +161,8 @@ class AppendPipeline(Generic[T]):
     until that one resolves, because only its outcome decides the lock check. Appends that do
     not touch a waiting append's client or locks pass it; those that do stay behind it, so a
     client's appends resolve in order and conflicting appends are served first come, first served.
+    Except a lock failure: an append whose check fails on what committed already is answered at once,
+    not after the appends it waits behind (committed marks only grow: their outcome cannot save it).
     """
 
     def __init__(self, locks: LockTable, max_batch_size: int, max_batch_bytes: int, max_in_flight: int = 1) -> None:
@@ -214,6 +216,11 @@ class AppendPipeline(Generic[T]):
             if item.client_id in blocked_clients or (
                 locked and blocked_locks and not blocked_locks.isdisjoint(item.all_locks)
             ):
+                if locked:  # a check that fails on what committed fails whatever the appends before it do
+                    conflict = self._locks.check(item.locks, item.client_high_water_mark)
+                    if conflict is not None:
+                        failures.append((item, conflict))
+                        continue
                 self._block(item)
                 kept.append(item)
                 continue

@@ -135,6 +135,7 @@ class ClientStream:
         self._identities = identities if identity is not None else None
         self._identity = identity
         self._permitted_ids: set[int] = set()  # client ids this stream's identity may use (checked once)
+        self._written: dict[int, int] = {}  # partition -> the last transaction id handed to the transport (lag)
 
     # StreamPort
 
@@ -158,12 +159,24 @@ class ClientStream:
         while True:
             for message in coalesce(await self.outbound.take(), self._max_feed_entries):
                 await context.write(message)
+                self._wrote(message)
 
     async def drain(self, context: grpc.aio.ServicerContext) -> None:
         """Write what is still queued (the client closed its side)."""
         while len(self.outbound):
             for message in coalesce(await self.outbound.take(), self._max_feed_entries):
                 await context.write(message)
+                self._wrote(message)
+
+    def written(self, partition_id: int) -> int | None:
+        return self._written.get(partition_id)
+
+    def _wrote(self, message: server_pb2.ServerMessage) -> None:
+        if message.WhichOneof("message") == "feed":
+            entries = message.feed.transactions
+            if entries:
+                last = entries[-1]
+                self._written[last.req_id.partition_id] = last.transaction_id
 
     def detach(self) -> None:
         self.outbound.close()

@@ -43,6 +43,11 @@ class StreamPort(Protocol):
         """Queue a feed message if the outbound queue has room now; False (nothing queued) if not."""
         ...
 
+    def written(self, partition_id: int) -> int | None:
+        """The last transaction id of the partition the stream handed to the transport (None: none yet): what
+        waits in its outbound queue is not read by the client yet."""
+        ...
+
 
 class FeedSource(Protocol):
     """What a feed reads: the partition's committed transactions."""
@@ -110,9 +115,14 @@ class FeedContext:
         self.task: asyncio.Task[None] | None = None
         self.waiting_for: int | None = None
         """The next id to send while the task waits for it to commit (the source may then send it here)."""
+        self._start = cursor.next_id
 
     def lag(self) -> int:
-        return self.cursor.lag(self.source.high_water_mark)
+        """Committed transactions the client has not read from its stream yet: those not sent, and those sent and
+        still waiting in the stream's outbound queue (a client that reads slowly backs them up there)."""
+        written = self.stream.written(self.source.partition_id)
+        base = self._start - 1 if written is None or written < self._start - 1 else written
+        return max(0, self.source.high_water_mark - base)
 
     async def run(self) -> None:
         source, cursor = self.source, self.cursor

@@ -99,7 +99,8 @@ class ServerMetrics:
         self.generation = Gauge("waltz_server_partition_generation", "Partition generation", ["partition"], registry=r)
         self.feed_lag = Gauge(
             "waltz_server_feed_lag_transactions",
-            "Transactions the furthest-behind feed of the partition still has to send",
+            "Transactions the furthest-behind feed of the partition has committed that its client has not read yet "
+            "(not sent, or waiting in the stream's outbound queue)",
             ["partition"],
             registry=r,
         )
@@ -196,6 +197,10 @@ class PartitionMetrics:
         self.session_id.set_function(partial(_status_field, status, "session_id"))
         for state, child in self.replicas.items():
             child.set_function(partial(_status_field, status, REPLICA_STATES[state]))
+
+    def watch_feed_lag(self, lag: Callable[[], int]) -> None:
+        """Read the feed lag from lag() at each scrape: a client reading slowly changes it between commits."""
+        self.feed_lag.set_function(lag)
 
     def remove(self) -> None:
         """Forget the partition's gauges (it moved to another server)."""

@@ -76,6 +76,7 @@ class Partition(MountedRequests):
         self.metrics = metrics
         if metrics is not None:
             metrics.watch_store(store.status)
+            metrics.watch_feed_lag(self.feed_lag)
         self._clock = clock
         self._ready = asyncio.Event()
         self._accepting = asyncio.Event()
@@ -493,4 +494,3 @@ class Partition(MountedRequests):
         m.high_water_mark.set(self.feeds.high_water_mark)
         m.generation.set(self.generation)
         m.append_queue_size.set(self.pending_appends())
-        m.feed_lag.set(self.feed_lag())

@@ -192,6 +192,12 @@ class FakeStream:
         self.send_control(message)
         return True
 
+    def written(self, partition_id: int) -> int | None:
+        """What a client reading every message recorded here has read of the partition."""
+        fed = [f.transaction_id for batch in self.of("feed") for f in batch.transactions
+               if f.req_id.partition_id == partition_id]
+        return fed[-1] if fed else None
+
     def of(self, kind: str) -> list:
         return [getattr(m, kind) for m in self.messages if m.WhichOneof("message") == kind]
 

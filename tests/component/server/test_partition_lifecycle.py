@@ -23,15 +23,21 @@ def sample(metrics: ServerMetrics, name: str, **labels: str) -> float | None:
     return metrics.registry.get_sample_value(name, labels)
 
 
+async def measured(stream: FakeStream) -> tuple[ServerMetrics, FakeStore, Partition]:
+    """Partition 3 (generation 2) with metrics, open, and mounted by stream."""
+    metrics = ServerMetrics()
+    store = FakeStore(3)
+    partition = Partition(3, 2, store, SMALL, metrics.for_partition(3))
+    await partition.open()
+    await partition.wait_ready(10)
+    partition.mount(stream, mount(partition_id=3, generation=2))
+    return metrics, store, partition
+
+
 def test_metrics_follow_appends_and_disappear_with_the_partition():
     async def scenario():
-        metrics = ServerMetrics()
-        store = FakeStore(3)
-        partition = Partition(3, 2, store, SMALL, metrics.for_partition(3))
-        await partition.open()
-        await partition.wait_ready(10)
         stream = FakeStream()
-        partition.mount(stream, mount(partition_id=3, generation=2))
+        metrics, store, partition = await measured(stream)
         await partition.submit(stream, [append(seq=1, partition_id=3, generation=2, write=(5,))])
         await partition.submit(stream, [append(2, 1, partition_id=3, generation=2, write=(5,))])
         await partition.submit(stream, [append(seq=3, partition_id=3, generation=1)])
@@ -167,5 +173,32 @@ def test_partitions_share_the_cache_budget_and_a_closed_one_frees_its_share():
         assert len(budget) == 2 and budget.used == 2 * FEED_ENTRY_BYTES + partitions[1].data_cache.charged
         await partitions[1].close()
         assert budget.used == 0 and len(budget) == 0
+
+    run(scenario)
+
+
+class _SlowReader(FakeStream):
+    """A stream whose client has read only up to `read` (the rest waits in its outbound queue)."""
+
+    read: int | None = None
+
+    def written(self, partition_id: int) -> int | None:
+        return self.read
+
+
+def test_the_feed_lag_metric_counts_what_the_client_has_not_read_at_each_scrape():
+    async def scenario():
+        stream = _SlowReader()
+        metrics, _, partition = await measured(stream)
+        for seq in range(1, 11):
+            await partition.submit(stream, [append(seq=seq, partition_id=3, generation=2)])
+        await stream.wait_for(lambda s: len(s.fed()) == 10)  # all queued for the client: nothing read yet
+        lag = "waltz_server_feed_lag_transactions"
+        assert sample(metrics, lag, partition="3") == 10  # issue 31: it read 0, the feed having "sent" them
+        stream.read = 3
+        assert sample(metrics, lag, partition="3") == 6  # at the next scrape, no commit needed
+        stream.read = 9
+        assert sample(metrics, lag, partition="3") == 0
+        await partition.close()
 
     run(scenario)

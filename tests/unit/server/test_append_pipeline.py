@@ -261,3 +261,23 @@ def test_client_pending_resolves_a_batch_as_each_append_alone_would():
                 assert batched.pending(client) == one.pending(client)
         assert all(batched.pending(client) == 0 for client in range(4))
         assert batched.add_waiter(0, "after all") is True
+
+
+def test_a_stale_append_behind_an_in_flight_conflict_fails_at_once() -> None:
+    p = pipeline()
+    p.offer(item(1, "w0", write=[7]))
+    p.poll()
+    p.take_batch()
+    p.committed(0)  # lock 7's last writer: transaction 0
+    p.offer(item(1, "w1", hwm=0, write=[7]))
+    p.poll()
+    p.take_batch()  # in flight, holding lock 7
+    p.offer(item(2, "fresh", hwm=0, write=[7]))  # waits: only w1's outcome decides it
+    p.offer(item(3, "stale", write=[7]))  # saw nothing of 0: fails whatever w1 does
+    p.offer(item(2, "stale-same-client", read=[7]))  # behind fresh (its client), and stale as well
+    failures = p.poll()
+    # issue 31: they waited for w1's store round trip (and those of the appends queued before them)
+    assert [(i.origin, t) for i, t in failures] == [("stale", 0), ("stale-same-client", 0)]
+    assert p.waiting == 1
+    p.committed(1)  # w1 committed: now fresh's check fails on it
+    assert [(i.origin, t) for i, t in p.poll()] == [("fresh", 1)] and p.waiting == 0

@@ -1,0 +1,223 @@
+"""Contention: several instances of a service racing on a few hot locks, each reading its own database in execute().
+
+    .venv/bin/python -m bench.contention [--seconds 40] [--instances 3] [--submitters 20] [--items 4]
+        [--baseline REV | --no-baseline] [--postgres]
+
+A LocalCluster (3 storage replicas, 1 server, 1 partition) and, per row, --instances application processes
+(bench/contention_instance.py: an AsyncWaltzClient applying into its own SQLite database, or with --postgres its own
+database of a throwaway PostgreSQL server with AsyncPostgresClientCallbacks, --submitters concurrent reservers, each
+reservation reading an item's count from the database in execute() and write-locking the item).
+The instances start together and run --seconds; the table gives, per row:
+  - commits per instance and each instance's smallest share of the commits in any 10 s window (fair: 1/instances);
+  - lock failures, and their answer latency p50/p99 (end of the execute() that built the append to the
+    on_lock_failure hook: what the application waits for);
+  - the re-execution delay after the conflicting transaction was applied (p50/p99);
+  - the applied lag (the server's high-water mark minus what an instance's database holds: p50, max);
+  - the callback thread's CPU seconds per instance; total reservations/s; stale reads (must be 0) and whether
+    every database ended identical.
+Rows: the client of revision --baseline (default: the code before issue 31), in the same run against the same
+cluster (its waltz_client and waltz_common on PYTHONPATH), and this checkout's, taking turns for --rounds rounds
+(the figures of a row pool its runs; the 10 s windows are those of every run). Targets (issue 31): every
+instance >= 20% of the commits in every 10 s window, lock-failure answers p99 <= 50 ms, applied lag < 50, total
+reservations/s at least the baseline's. The machine is shared: the load average is printed with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Sequence
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.baselines import percentile
+from bench.curves.common import table
+from waltz_common.testing.local_cluster import LocalCluster
+from waltz_common.testing.postgres import PostgresProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE_REVISION = "7175f3a12299a6de262b991927677ec347c8342c"  # main before issue 31's changes
+WINDOW_S = 10.0
+CLIENT = {"client.mountTimeout": 120.0, "client.requestTimeout": 60.0, "client.maxRetries": -1}
+
+
+def checkout(revision: str, into: Path) -> list[str]:
+    """The client packages of a git revision, extracted into a directory: the PYTHONPATH entries to run it."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "clients/python", "common"],
+                             check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return [str(into / "clients" / "python"), str(into / "common")]
+
+
+def run_instances(workdir: Path, config: dict[str, Any], pythonpath: list[str], instances: int, submitters: int,
+                  items: int, seconds: float, postgres: list[str] | None = None) -> list[dict[str, Any]]:
+    """Start the instances (each into its SQLite file, or into the PostgreSQL database of postgres[i]), wait until
+    all are mounted, start them together; their results."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path = workdir / "client.json"
+    config_path.write_text(json.dumps(config))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*pythonpath, str(ROOT)]))
+    processes = []
+    prefixes = [workdir / f"instance-{i}" for i in range(instances)]
+    for index, prefix in enumerate(prefixes):
+        command = [sys.executable, "-m", "bench.contention_instance", "--config", str(config_path),
+                   "--database", str(prefix.with_suffix(".db")), "--out", str(prefix),
+                   "--submitters", str(submitters), "--items", str(items), "--seconds", str(seconds)]
+        if postgres:
+            command += ["--postgres", postgres[index]]
+        log = prefix.with_suffix(".log").open("w")
+        processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        deadline = time.monotonic() + 120
+        while not all(p.with_suffix(".ready").exists() for p in prefixes):
+            if time.monotonic() > deadline or any(process.poll() is not None for process in processes):
+                raise RuntimeError(f"an instance did not mount: see {workdir}/instance-*.log")
+            time.sleep(0.05)
+        for prefix in prefixes:
+            prefix.with_suffix(".go").write_text("")
+        for process in processes:
+            if process.wait(timeout=seconds + 300) != 0:
+                raise RuntimeError(f"an instance failed: see {workdir}/instance-*.log")
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return [json.loads(p.with_suffix(".json").read_text()) for p in prefixes]
+
+
+def summarize(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """The figures of one row (see the module docstring), over its runs (one per round)."""
+    per_window: list[list[int]] = [[] for _ in runs[0]]  # per instance, its commits in each whole window
+    seconds = 0.0
+    for results in runs:
+        start = min(r["started"] for r in results)
+        end = max(r["ended"] for r in results)
+        seconds += end - start
+        windows = max(1, int((end - start) // WINDOW_S))
+        for index, result in enumerate(results):
+            counts = [0] * windows
+            for t in result["commits"]:
+                w = int((t - start) // WINDOW_S)
+                if 0 <= w < windows:
+                    counts[w] += 1
+            per_window[index] += counts
+    windows = len(per_window[0])
+    min_share = min(per_window[index][w] / max(1, sum(row[w] for row in per_window))
+                    for index in range(len(per_window)) for w in range(windows))
+    results = [r for run in runs for r in run]
+    latencies = [latency for r in results for _, latency in r["lock_failures"]]
+    delays = [d for r in results for d in r["reexecutions"] if d >= 0]
+    lags = [lag for r in results for _, lag in r["lags"]]
+    commits = [sum(len(run[index]["commits"]) for run in runs) for index in range(len(runs[0]))]
+    return {
+        "commits": commits, "per_window": per_window, "min_share": min_share,
+        "lock_failures": len(latencies),
+        "answer_p50": percentile(latencies, 0.5), "answer_p99": percentile(latencies, 0.99),
+        "reexec_p50": percentile(delays, 0.5), "reexec_p99": percentile(delays, 0.99),
+        "lag_p50": percentile([float(x) for x in lags], 0.5), "lag_max": max(lags, default=0),
+        "callback_cpu": [round(sum(run[index]["callback_cpu_s"] for run in runs), 1) for index in range(len(runs[0]))],
+        "rate": sum(commits) / seconds,
+        "stale": sum(r["stale"] for r in results), "errors": sum(r["error_count"] for r in results),
+        "identical": all(identical([r["rows"] for r in run]) for run in runs),
+    }
+
+
+def identical(databases: list[list[Any]]) -> bool:
+    """Every instance's reservations (rows in transaction order) are the same, up to the shortest (an instance
+    may have drained a little more), and each one's transaction ids are dense from 0."""
+    shortest = min(len(rows) for rows in databases)
+    first = databases[0][:shortest]
+    dense = all([row[0] for row in rows] == list(range(len(rows))) for rows in databases)
+    return dense and all(rows[:shortest] == first for rows in databases)
+
+
+def _ms(seconds: float) -> str:
+    return "-" if seconds != seconds else f"{seconds * 1000:,.0f}"
+
+
+def report(rows: list[tuple[str, dict[str, Any]]], seconds: float) -> str:
+    header = ["client", "commits per instance", "min 10 s share", "lock failures", "answer p50/p99 ms",
+              "re-exec p50/p99 ms", "lag p50/max", "callback CPU s", "reservations/s", "x baseline", "stale",
+              "errors", "identical"]
+    base = rows[0][1]["rate"] if rows else 0.0
+    lines = []
+    for name, s in rows:
+        lines.append([
+            name, "/".join(str(c) for c in s["commits"]), f"{s['min_share']:.0%}", s["lock_failures"],
+            f"{_ms(s['answer_p50'])}/{_ms(s['answer_p99'])}", f"{_ms(s['reexec_p50'])}/{_ms(s['reexec_p99'])}",
+            f"{s['lag_p50']:.0f}/{s['lag_max']}", "/".join(str(c) for c in s["callback_cpu"]), f"{s['rate']:,.0f}",
+            f"{s['rate'] / base:.2f}" if base else "", s["stale"], s["errors"], "yes" if s["identical"] else "NO",
+        ])
+    windows = [f"  {name}: commits per 10 s window, per instance: "
+               + "  ".join("/".join(str(row[w]) for row in s["per_window"]) for w in range(len(s["per_window"][0])))
+               for name, s in rows]
+    return "\n".join([
+        f"{seconds:g} s per run; load average {os.getloadavg()[0]:.1f}", table(header, lines), *windows,
+        "targets: every instance >= 20% of every 10 s window; answer p99 <= 50 ms; lag < 50; rate >= baseline",
+    ])
+
+
+def run(workdir: Path, args: argparse.Namespace) -> str:
+    with contextlib.ExitStack() as stack:
+        postgres = stack.enter_context(PostgresProcess()) if args.postgres else None
+
+        def databases(row: str) -> list[str] | None:
+            if postgres is None:
+                return None
+            with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
+                for i in range(args.instances):
+                    admin.execute(f"CREATE DATABASE {row}_{i}")
+            return [postgres.dsn(f"{row}_{i}") for i in range(args.instances)]
+
+        cluster = stack.enter_context(LocalCluster(workdir / "cluster", cluster_root="/bench/contention"))
+        config = cluster.client_config(**CLIENT)
+        variants: list[tuple[str, str, list[str]]] = [("this checkout", "this", [])]
+        if args.baseline:
+            variants.insert(0, (f"baseline {args.baseline[:10]}", "baseline", checkout(args.baseline,
+                                                                                       workdir / "baseline")))
+        runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name, _, _ in variants}
+        for round_ in range(args.rounds):  # the rows take turns: a machine whose load drifts favours neither
+            for name, label, path in variants:
+                runs[name].append(run_instances(workdir / f"{label}-run{round_}", config, path, args.instances,
+                                                args.submitters, args.items, args.seconds,
+                                                databases(f"{label}{round_}")))
+        rows = [(name, summarize(runs[name])) for name, _, _ in variants]
+    return ("PostgreSQL (AsyncPostgresClientCallbacks)" if args.postgres else "SQLite (SqliteClientCallbacks)") + \
+        f"; {args.rounds} round(s) of " + report(rows, args.seconds)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=40.0)
+    parser.add_argument("--instances", type=int, default=3)
+    parser.add_argument("--submitters", type=int, default=20)
+    parser.add_argument("--items", type=int, default=4, help="hot items, one write lock each")
+    parser.add_argument("--baseline", default=BASELINE_REVISION, help="git revision of the baseline client")
+    parser.add_argument("--no-baseline", dest="baseline", action="store_const", const="")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each row, taking turns")
+    parser.add_argument("--postgres", action="store_true",
+                        help="apply into PostgreSQL (a throwaway server: initdb/pg_ctl) with the asyncio helper")
+    parser.add_argument("--workdir", help="keep the logs and databases here (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    if args.workdir:
+        print(run(Path(args.workdir), args))
+    else:
+        with tempfile.TemporaryDirectory(prefix="waltz-contention-") as tmp:
+            print(run(Path(tmp), args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

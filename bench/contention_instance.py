@@ -1,0 +1,294 @@
+"""One instance of the contention workload (bench/contention.py, tests/integration/client/test_contention.py).
+
+    python -m bench.contention_instance --config client.json --database DB --out PREFIX
+        [--submitters 20] [--items 4] [--seconds 30]
+
+An application instance as a user writes one from the docs: an AsyncWaltzClient applying the log into its own
+SQLite database (SqliteClientCallbacks, batched; or, with --postgres, a PostgreSQL database with
+AsyncPostgresClientCallbacks), and many concurrent reservers. A reservation's execute() reads
+the item's reserved count from the instance's own database and takes a write lock on the item; the payload says
+which count it saw, and apply() checks that it is the count the log has reached (a reservation that acted on a
+stale read is an oversell: counted in `stale`, never expected).
+
+It measures, from the application's side only, so that it runs the same against any revision of the client:
+when each reservation committed; each lock failure's answer latency (from the end of the execute() that built the
+append to the on_lock_failure hook); each re-execution's delay after the transaction that failed it was applied
+(the conflicting id is taken from TransactionMonitor.on_lock_failure, wrapped: the one client-internal it reads);
+the applied lag (the server's high-water mark minus what the database holds, every 0.25 s); and the callback
+thread's CPU time. It writes PREFIX.ready once mounted, starts when PREFIX.go exists, runs --seconds, drains,
+waits until it has applied the whole log, and writes PREFIX.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from waltz_client import AsyncWaltzClient, Transaction, TransactionBuilder, TransactionContext
+from waltz_client import monitor as monitor_module
+from waltz_client.locks import PartitionLocalLock
+from waltz_client.postgres_async import AsyncPgGuardedConnection, AsyncPostgresClientCallbacks
+from waltz_client.sqlite_callbacks import GuardedConnection, SqliteClientCallbacks
+
+LOCK_NAME = "item"
+
+
+class Measured:
+    """What an instance's callbacks record of their applies, with either database."""
+
+    def __init__(self) -> None:
+        self.applied = -1  # the last transaction id committed into the database
+        self.applied_at: dict[int, float] = {}  # transaction id -> when its batch was committed
+        self.stale = 0  # reservations whose execute() saw another count than the log had reached
+        self.apply_s = 0.0  # time spent in apply_transactions
+
+    def measure_apply(self, transactions: list[Transaction], apply: Callable[[list[Transaction]], None]) -> None:
+        started = time.monotonic()
+        apply(transactions)
+        now = time.monotonic()
+        self.apply_s += now - started
+        for transaction in transactions:
+            self.applied_at[transaction.transaction_id] = now
+        self.applied = max(self.applied, transactions[-1].transaction_id)
+
+    def reserved(self, item: int) -> int:
+        raise NotImplementedError
+
+    async def rows(self) -> list[Any]:
+        raise NotImplementedError
+
+
+class Reservations(Measured, SqliteClientCallbacks):
+    """The instance's database: reserved units per item, and one row per reservation."""
+
+    def __init__(self, database: str | Path) -> None:
+        Measured.__init__(self)
+        SqliteClientCallbacks.__init__(self, database)
+
+    def create_schema(self, connection: Any) -> None:
+        connection.execute("CREATE TABLE IF NOT EXISTS items (item INTEGER PRIMARY KEY, reserved INTEGER NOT NULL)")
+        connection.execute("CREATE TABLE IF NOT EXISTS reservations (transaction_id INTEGER PRIMARY KEY, "
+                           "item INTEGER NOT NULL, seen INTEGER NOT NULL, instance TEXT NOT NULL)")
+
+    def reserved(self, item: int) -> int:
+        row = self.connect().execute("SELECT reserved FROM items WHERE item = ?", (item,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def apply(self, transaction: Transaction, connection: GuardedConnection) -> None:
+        payload = json.loads(transaction.data())
+        item, seen = payload["item"], payload["seen"]
+        row = connection.execute("SELECT reserved FROM items WHERE item = ?", (item,)).fetchone()
+        current = 0 if row is None else int(row[0])
+        if seen != current:
+            self.stale += 1
+        connection.execute("INSERT INTO items (item, reserved) VALUES (?, 1) "
+                           "ON CONFLICT (item) DO UPDATE SET reserved = reserved + 1", (item,))
+        connection.execute("INSERT INTO reservations VALUES (?, ?, ?, ?)",
+                           (transaction.transaction_id, item, seen, payload["by"]))
+
+    def apply_transactions(self, transactions: list[Transaction]) -> None:
+        self.measure_apply(transactions, super().apply_transactions)
+
+    async def rows(self) -> list[Any]:
+        rows = self.query_all("SELECT transaction_id, item, seen, instance FROM reservations ORDER BY transaction_id")
+        self.close()
+        return rows
+
+
+class PgReservations(Measured, AsyncPostgresClientCallbacks):
+    """The same in PostgreSQL, with the asyncio helper (batches in one transaction); execute() reads with
+    query_all_blocking, as the client guide says."""
+
+    def __init__(self, dsn: str) -> None:
+        Measured.__init__(self)
+        AsyncPostgresClientCallbacks.__init__(self, dsn)
+
+    async def create_schema(self, connection: AsyncPgGuardedConnection) -> None:
+        await connection.execute("CREATE TABLE IF NOT EXISTS items (item INTEGER PRIMARY KEY, "
+                                 "reserved INTEGER NOT NULL)")
+        await connection.execute("CREATE TABLE IF NOT EXISTS reservations (transaction_id BIGINT PRIMARY KEY, "
+                                 "item INTEGER NOT NULL, seen INTEGER NOT NULL, instance TEXT NOT NULL)")
+
+    def reserved(self, item: int) -> int:
+        sql = "SELECT reserved FROM items WHERE item = %s"
+        if hasattr(AsyncPostgresClientCallbacks, "query_all_blocking"):
+            rows = self.query_all_blocking(sql, item)
+        else:  # a baseline revision's helper, from before issue 31: what query_all_blocking does
+            rows = self._on_loop(self.query_all(sql, item))
+        return int(rows[0][0]) if rows else 0
+
+    async def apply(self, transaction: Transaction, connection: AsyncPgGuardedConnection) -> None:
+        payload = json.loads(transaction.data())  # read already: the helper reads a batch's data first
+        item, seen = payload["item"], payload["seen"]
+        row = await (await connection.execute("SELECT reserved FROM items WHERE item = %s", (item,))).fetchone()
+        if seen != (0 if row is None else int(row[0])):
+            self.stale += 1
+        await connection.execute("INSERT INTO items (item, reserved) VALUES (%s, 1) "
+                                 "ON CONFLICT (item) DO UPDATE SET reserved = items.reserved + 1", (item,))
+        await connection.execute("INSERT INTO reservations VALUES (%s, %s, %s, %s)",
+                                 (transaction.transaction_id, item, seen, payload["by"]))
+
+    def apply_transactions(self, transactions: list[Transaction]) -> None:
+        self.measure_apply(transactions, super().apply_transactions)
+
+    async def rows(self) -> list[Any]:
+        rows = await self.query_all("SELECT transaction_id, item, seen, instance FROM reservations "
+                                    "ORDER BY transaction_id")
+        await self.close()
+        return [list(row) for row in rows]
+
+
+class Reservation(TransactionContext):
+    """Reserve one unit of an item: read its count from the database, write-lock it, append."""
+
+    def __init__(self, run: Run, item: int) -> None:
+        self.run = run
+        self.item = item
+        self.sent_at = 0.0  # when the last execute() returned (its append is sent right after)
+        self.conflict: int | None = None  # set by the wrapped TransactionMonitor.on_lock_failure
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        run = self.run
+        started = time.monotonic()
+        if self.conflict is not None:  # a re-execution after a lock failure
+            applied_at = run.db.applied_at.get(self.conflict)
+            run.reexecutions.append(started - applied_at if applied_at is not None else -1.0)
+            self.conflict = None
+        seen = run.db.reserved(self.item)
+        builder.set_write_locks([PartitionLocalLock(LOCK_NAME, self.item)])
+        builder.set_data(json.dumps({"item": self.item, "seen": seen, "by": run.name}).encode())
+        self.sent_at = time.monotonic()
+        run.execute_s += self.sent_at - started
+        return True
+
+    def on_lock_failure(self) -> None:
+        now = time.monotonic()
+        self.run.lock_failures.append((now, now - self.sent_at))
+
+
+class Run:
+    def __init__(self, name: str, db: Measured) -> None:
+        self.name = name
+        self.db = db
+        self.commits: list[float] = []
+        self.lock_failures: list[tuple[float, float]] = []  # (when, latency)
+        self.reexecutions: list[float] = []  # delays after the conflicting transaction was applied
+        self.lags: list[tuple[float, int]] = []
+        self.execute_s = 0.0
+        self.errors: list[str] = []
+
+
+def _wrap_monitor() -> None:
+    """Tell each lock-failed Reservation which transaction failed it (for the re-execution delay)."""
+    original = monitor_module.TransactionMonitor.on_lock_failure
+
+    def on_lock_failure(self: Any, req_id: Any, transaction_id: int) -> Any:
+        outcomes = original(self, req_id, transaction_id)
+        for token, _ in outcomes:
+            context = getattr(token, "context", None)
+            if isinstance(context, Reservation):
+                context.conflict = transaction_id
+        return outcomes
+
+    monitor_module.TransactionMonitor.on_lock_failure = on_lock_failure  # type: ignore[method-assign]
+
+
+def _thread_cpu_s(name: str) -> float:
+    for thread in threading.enumerate():
+        if thread.name == name and thread.ident is not None:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return 0.0
+
+
+async def _reserver(client: AsyncWaltzClient, run: Run, items: int, index: int, stop: asyncio.Event) -> None:
+    seq = 0
+    while not stop.is_set():
+        item = (index * 7 + seq) % items
+        seq += 1
+        try:
+            committed = await client.submit_and_wait(Reservation(run, item))
+        except Exception as exc:
+            run.errors.append(f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(0.1)
+            continue
+        if committed:
+            run.commits.append(time.monotonic())
+
+
+async def _sample_lag(client: AsyncWaltzClient, run: Run, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            server = await client.high_water_mark(0)
+        except Exception:
+            server = None
+        if server is not None:
+            run.lags.append((time.monotonic(), max(0, server - run.db.applied)))
+        await asyncio.sleep(0.25)
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    out = Path(args.out)
+    config = json.loads(Path(args.config).read_text())
+    db: Measured
+    if args.postgres:
+        db = PgReservations(args.postgres)
+        await db.open()
+    else:
+        db = Reservations(args.database)
+    run = Run(out.name, db)
+    _wrap_monitor()
+    async with AsyncWaltzClient(db, config) as client:
+        await client.wait_mounted()
+        out.with_suffix(".ready").write_text("")
+        while not out.with_suffix(".go").exists():
+            await asyncio.sleep(0.02)
+        stop = asyncio.Event()
+        cpu0, started = _thread_cpu_s("waltz-callbacks"), time.monotonic()
+        tasks = [asyncio.create_task(_reserver(client, run, args.items, i, stop)) for i in range(args.submitters)]
+        sampler = asyncio.create_task(_sample_lag(client, run, stop))
+        await asyncio.sleep(args.seconds)
+        stop.set()
+        cpu1, ended = _thread_cpu_s("waltz-callbacks"), time.monotonic()
+        await asyncio.wait(tasks, timeout=120)
+        await sampler
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and db.applied < await client.high_water_mark(0):
+            await asyncio.sleep(0.1)
+        final = await client.high_water_mark(0)
+    rows = await db.rows()
+    return {
+        "name": run.name, "started": started, "ended": ended, "commits": run.commits,
+        "lock_failures": run.lock_failures, "reexecutions": run.reexecutions, "lags": run.lags,
+        "callback_cpu_s": cpu1 - cpu0, "execute_s": run.execute_s, "apply_s": db.apply_s,
+        "errors": run.errors[:20], "error_count": len(run.errors), "stale": db.stale,
+        "applied": db.applied, "final": final, "rows": rows,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="the client configuration, a JSON object of dotted keys")
+    parser.add_argument("--database", required=True, help="the instance's SQLite database file")
+    parser.add_argument("--postgres", help="a PostgreSQL database's DSN to apply into instead (the asyncio helper)")
+    parser.add_argument("--out", required=True, help="path prefix of the .ready, .go and .json files")
+    parser.add_argument("--submitters", type=int, default=20)
+    parser.add_argument("--items", type=int, default=4, help="hot items (one write lock each)")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    result = asyncio.run(main_async(args))
+    out = Path(args.out).with_suffix(".json")
+    out.with_suffix(".tmp").write_text(json.dumps(result))
+    out.with_suffix(".tmp").replace(out)
+
+
+if __name__ == "__main__":
+    main()
