@@ -86,6 +86,13 @@ def run_instances(workdir: Path, config: dict[str, Any], pythonpath: list[str], 
             time.sleep(0.05)
         for prefix in prefixes:
             prefix.with_suffix(".go").write_text("")
+        deadline = time.monotonic() + seconds + 180
+        while not all(p.with_suffix(".stopped").exists() for p in prefixes):
+            if time.monotonic() > deadline or any(process.poll() is not None for process in processes):
+                raise RuntimeError(f"an instance did not stop: see {workdir}/instance-*.log")
+            time.sleep(0.05)
+        for prefix in prefixes:
+            prefix.with_suffix(".drain").write_text("")
         for process in processes:
             if process.wait(timeout=seconds + 300) != 0:
                 raise RuntimeError(f"an instance failed: see {workdir}/instance-*.log")

@@ -16,6 +16,7 @@ append to the on_lock_failure hook); each re-execution's delay after the transac
 (the conflicting id is taken from TransactionMonitor.on_lock_failure, wrapped: the one client-internal it reads);
 the applied lag (the server's high-water mark minus what the database holds, every 0.25 s); and the callback
 thread's CPU time. It writes PREFIX.ready once mounted, starts when PREFIX.go exists, runs --seconds, drains,
+writes PREFIX.stopped and waits for PREFIX.drain (every instance has stopped), then
 waits until it has applied the whole log, and writes PREFIX.json.
 """
 
@@ -260,6 +261,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         cpu1, ended = _thread_cpu_s("waltz-callbacks"), time.monotonic()
         await asyncio.wait(tasks, timeout=120)
         await sampler
+        # every instance stops before any takes its final mark: one still committing would move the mark past
+        # what another had drained to
+        out.with_suffix(".stopped").write_text("")
+        while not out.with_suffix(".drain").exists():
+            await asyncio.sleep(0.02)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and db.applied < await client.high_water_mark(0):
             await asyncio.sleep(0.1)
