@@ -37,6 +37,17 @@ def live_server_ids(children: Iterable[str]) -> list[int]:
     return sorted(int(c) for c in children if c.isdigit())
 
 
+def stale_registrations(
+    server_id: int, host: str, port: int, descriptors: Mapping[int, metadata_pb2.ServerDescriptor]
+) -> list[int]:
+    """The other registrations that name this server's own address: their processes are gone (this one could
+    bind the port, and a server's port is never shared), their sessions not expired yet. A peer is an
+    incarnation, not an address: they must not stay registered, nor look alive through this process."""
+    return sorted(
+        sid for sid, d in descriptors.items() if sid != server_id and d.host == host and d.port == port
+    )
+
+
 def is_coordinator(server_id: int, live: Iterable[int]) -> bool:
     """The live server with the smallest id assigns partitions."""
     ids = list(live)
@@ -90,12 +101,14 @@ class ClusterMembership:
         num_partitions: int,
         manager: PartitionManager,
         on_connected: Callable[[bool], Awaitable[None]] | None = None,
+        on_identity: Callable[[int], Awaitable[None]] | None = None,
         preferred_partitions: Iterable[int] = (),
         retry_seconds: float = 1.0,
         peers: PeerWatch | None = None,
     ) -> None:
         """peers: the failure detector whose dead servers the coordinator leaves out (None: only ZooKeeper's
-        registrations count)."""
+        registrations count). on_identity: called with the server id once taken, before it is registered (the
+        health name peers probe must answer before they see the registration)."""
         self.zk = zk
         self.paths = paths
         self.host = host
@@ -104,6 +117,7 @@ class ClusterMembership:
         self.manager = manager
         self.server_id = -1
         self._on_connected = on_connected
+        self._on_identity = on_identity
         self._preferred = list(preferred_partitions)
         self._retry_s = retry_seconds
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -123,7 +137,10 @@ class ClusterMembership:
         """Take a server id, register, watch membership and assignment; returns the server id."""
         self._loop = asyncio.get_running_loop()
         self.server_id = await asyncio.to_thread(self._take_id)
+        if self._on_identity is not None:
+            await self._on_identity(self.server_id)
         await asyncio.to_thread(self._register)
+        await asyncio.to_thread(self._remove_stale)
         self.zk.add_listener(self._on_state)
         if self._peers is not None:
             self._peers.start(self.server_id, lambda: self._post(lambda: setattr(self, "_recheck", True)))
@@ -162,6 +179,17 @@ class ClusterMembership:
             zkmeta.create(self.zk, self.paths.server(self.server_id), descriptor, ephemeral=True)
         except NodeExistsError:
             pass  # registered by this session already
+
+    def _remove_stale(self) -> None:
+        """Delete the registrations of earlier processes on this server's address (see stale_registrations)."""
+        registered = live_server_ids(self.zk.get_children(self.paths.servers))
+        for sid in stale_registrations(self.server_id, self.host, self.port, self._descriptors(registered)):
+            try:
+                self.zk.delete(self.paths.server(sid))
+            except NoNodeError:
+                continue  # its session expired meanwhile
+            log.warning("server %d: removed server %d's registration: it names this server's address %s:%d, "
+                        "so its process is gone", self.server_id, sid, self.host, self.port)
 
     def _watch(self) -> None:
         self.zk.ChildrenWatch(self.paths.servers, self._on_children, allow_session_lost=True)

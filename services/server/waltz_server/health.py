@@ -17,6 +17,12 @@ READY_NAMES = ("", SERVICE)
 """SERVING when connected to ZooKeeper: the server takes part in the cluster (a readiness probe)."""
 
 
+def identity_name(server_id: int) -> str:
+    """SERVING for as long as this process runs as server_id. Peers probe it (peers.py): another process
+    answering at the address (NOT_FOUND for this name) proves the registration's process is gone."""
+    return f"{SERVICE}/server/{server_id}"
+
+
 def partition_name(partition_id: int) -> str:
     """The health name of one owned partition: SERVING when it can commit."""
     return f"{SERVICE}/partition/{partition_id}"
@@ -31,12 +37,17 @@ class PartitionHealth:
     detail: str
 
 
-def server_verdicts(connected: bool, partitions: Sequence[PartitionHealth]) -> dict[str, Verdict]:
-    """Every health name of a running server, from its ZooKeeper connection and its owned partitions."""
+def server_verdicts(
+    connected: bool, partitions: Sequence[PartitionHealth], server_id: int = -1
+) -> dict[str, Verdict]:
+    """Every health name of a running server, from its ZooKeeper connection, its owned partitions and its server
+    id (-1: not taken yet)."""
     offline = "not connected to ZooKeeper: appends are held and partitions may move"
     ready = Verdict(True) if connected else Verdict(False, offline)
     verdicts = {name: ready for name in READY_NAMES}
     verdicts[LIVE] = Verdict(True)
+    if server_id >= 0:
+        verdicts[identity_name(server_id)] = Verdict(True)
     failing = []
     for p in partitions:
         if not connected:

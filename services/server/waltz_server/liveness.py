@@ -5,9 +5,13 @@ the outcomes to a PeerLiveness, the pure decision here. A peer is dead when
 
 - its connections are refused or reset: every probe failed that way for `refused_confirm_s` (and at
   least twice) since it last answered: a killed process, whose kernel resets its connections at once;
-- it answered nothing for `timeout_s`: a frozen process (SIGSTOP, a hung machine, a cut network).
+- it answered nothing for `timeout_s`: a frozen process (SIGSTOP, a hung machine, a cut network);
+- another process answers at its address (Probe.OTHER): a peer is an incarnation, not an address. A probe asks
+  for the registration's own server id (ids are never reused: a restarted process takes a new one), so a new
+  process on a dead server's address makes that registration dead at once, and can never make it look alive;
+  this holds even for a peer never heard from (the answer proves the registration's process is gone).
 
-Anything a peer answers, even an error, shows its process runs. A peer never heard from since it was
+Anything else a peer answers, even an error, shows its process runs. A peer never heard from since it was
 first seen is not judged (a firewall or a TLS mistake must not make every server look dead; ZooKeeper's
 session expiry still covers it). A dead peer is alive again once it answered for `rejoin_s` without a
 failure in between.
@@ -33,6 +37,7 @@ class Probe(enum.Enum):
     ANSWERED = "answered"  # any answer (an error status too): the process runs
     REFUSED = "refused"  # connection refused or reset (gRPC UNAVAILABLE)
     UNANSWERED = "unanswered"  # the probe's deadline passed
+    OTHER = "other"  # a process answered at the address, but not as this server id: the registration's is gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,7 @@ class _Peer:
     refused_since: float | None = None  # first refusal since the last answer
     refusals: int = 0
     dead: bool = False
+    replaced: bool = False  # another process answered at its address: dead for good (ids are never reused)
     answering_since: float | None = None  # while dead: the first answer of the current run of answers
 
 
@@ -94,7 +100,13 @@ class PeerLiveness:
         state = self._peers.get(peer)
         if state is None:
             return
+        if probe is Probe.OTHER:
+            state.replaced = True
+            state.answering_since = None
+            return
         if probe is Probe.ANSWERED:
+            if state.replaced:
+                return  # an answer as this id after another process answered: impossible, and never a rejoin
             state.since = max(state.since, now)
             state.answered_once = True
             state.refused_since, state.refusals = None, 0
@@ -128,6 +140,8 @@ class PeerLiveness:
         return changed
 
     def _is_dead(self, state: _Peer, now: float) -> bool:
+        if state.replaced:
+            return True
         if not state.answered_once:
             return False
         s = self.settings

@@ -1,5 +1,9 @@
 """The failure detector's shell: probes every peer server's client port with grpc.health.v1 Check.
 
+A probe asks for the peer's identity name (health.identity_name: its server id), so the answer says whether
+the process answering at the address is that registration's: NOT_FOUND means another process (a restarted
+server under a new id, or anything else) holds the address now.
+
 The addresses are the ones in the peers' ZooKeeper descriptors (what clients are told). A probe goes out to
 each peer every server.peerProbeInterval, each with server.peerTimeout as its deadline, so a slow answer
 still counts; outcomes go to a PeerLiveness (liveness.py), which decides. The channel to a peer reconnects
@@ -18,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from waltz_common import tls
+from waltz_server.health import identity_name
 from waltz_server.liveness import LivenessSettings, PeerLiveness, Probe
 
 log = logging.getLogger(__name__)
@@ -39,6 +44,8 @@ def outcome(error: grpc.aio.AioRpcError | None) -> Probe:
         return Probe.UNANSWERED
     if code == grpc.StatusCode.UNAVAILABLE:
         return Probe.REFUSED
+    if code == grpc.StatusCode.NOT_FOUND:
+        return Probe.OTHER  # a health service without this server id's name: another process holds the address
     return Probe.ANSWERED  # the peer's gRPC server said something: its process runs
 
 
@@ -137,7 +144,7 @@ class PeerWatch:
         error: grpc.aio.AioRpcError | None = None
         try:
             stub = health_pb2_grpc.HealthStub(self._channel(sid, address))
-            await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.settings.timeout_s)
+            await stub.Check(health_pb2.HealthCheckRequest(service=identity_name(sid)), timeout=self.settings.timeout_s)
         except grpc.aio.AioRpcError as exc:
             error = exc
         except Exception as exc:  # the channel was closed under the probe (the peer's address changed): no news

@@ -156,4 +156,75 @@ def test_probe_outcomes_from_grpc_status_codes() -> None:
     assert outcome(error(grpc.StatusCode.UNAVAILABLE)) is Probe.REFUSED
     assert outcome(error(grpc.StatusCode.DEADLINE_EXCEEDED)) is Probe.UNANSWERED
     assert outcome(error(grpc.StatusCode.UNIMPLEMENTED)) is Probe.ANSWERED  # its server answered
-    assert outcome(error(grpc.StatusCode.NOT_FOUND)) is Probe.ANSWERED
+    assert outcome(error(grpc.StatusCode.NOT_FOUND)) is Probe.OTHER  # no such server id there: another process
+
+
+# A peer is an incarnation, not an address: every case of a new process on a registered server's address.
+
+
+def test_a_new_process_answering_at_a_killed_peers_address_makes_it_dead_at_once() -> None:
+    view = fresh()
+    view.observe(2, Probe.REFUSED, 0.25)  # killed: one refusal, not yet confirmed
+    view.observe(2, Probe.OTHER, 0.3)  # restarted under a new id on the same address
+    assert view.tick(0.3)
+    assert view.dead() == {2}
+
+
+def test_a_dead_peer_never_rejoins_through_a_process_that_took_its_address() -> None:
+    view = fresh()
+    run(view, 2, Probe.REFUSED, 0.25, 1.0)
+    assert view.dead() == {2}
+    assert run(view, 2, Probe.OTHER, 1.25, 30.0) == []  # answered all along, by another process
+    assert view.dead() == {2}
+    assert view.coordinator([1, 2]) == 1  # the ghost never coordinates
+
+
+def test_a_replaced_peer_stays_dead_even_if_an_answer_as_its_id_arrives_late() -> None:
+    view = fresh()
+    view.observe(2, Probe.OTHER, 0.25)
+    view.tick(0.25)
+    assert run(view, 2, Probe.ANSWERED, 0.5, 10.0) == []  # a probe that left before the restart: stale
+    assert view.dead() == {2}
+
+
+def test_a_registration_never_heard_from_is_dead_once_another_process_answers_for_its_address() -> None:
+    view = PeerLiveness(3, S)  # started after server 1 was killed: its registration is still in ZooKeeper
+    view.watch((1, 2, 3), 0.0)
+    view.observe(2, Probe.ANSWERED, 0.0)
+    view.observe(1, Probe.OTHER, 0.0)  # server 1's address is this very process's, or anyone else's
+    assert view.tick(0.0)
+    assert view.dead() == {1}
+    assert view.coordinator([1, 2, 3]) == 2
+
+
+def test_a_replaced_peer_is_dead_through_this_servers_own_stall() -> None:
+    view = fresh()
+    view.observe(2, Probe.OTHER, 0.25)
+    view.tick(0.25)
+    view.tick(10.0)  # this process was paused: every peer's clocks restart
+    assert view.dead() == {2}
+    assert run(view, 2, Probe.OTHER, 10.25, 13.0) == [12.0]  # only the resync after the stall
+    assert view.dead() == {2}
+
+
+def test_a_peer_registered_again_under_its_id_after_a_session_expiry_is_the_same_incarnation() -> None:
+    view = fresh()
+    assert run(view, 2, Probe.ANSWERED, 0.25, 5.0) == []
+    view.watch((1,), 5.0)  # its session expired: the registration went
+    assert run(view, 2, Probe.ANSWERED, 5.25, 6.0) == []
+    view.watch((1, 2), 6.0)  # the same process registered again, same id
+    assert run(view, 2, Probe.ANSWERED, 6.25, 20.0) == []
+    assert view.dead() == frozenset()
+
+
+def test_the_stale_registrations_are_the_other_ids_on_this_servers_address() -> None:
+    from waltz.v1 import metadata_pb2
+    from waltz_server.cluster import stale_registrations
+
+    def at(sid: int, host: str, port: int) -> metadata_pb2.ServerDescriptor:
+        return metadata_pb2.ServerDescriptor(server_id=sid, host=host, port=port)
+
+    registered = {1: at(1, "h1", 4000), 2: at(2, "h2", 4000), 3: at(3, "h1", 4000), 4: at(4, "h1", 4001)}
+    assert stale_registrations(3, "h1", 4000, registered) == [1]  # server 1 was the process before this one
+    assert stale_registrations(2, "h2", 4000, registered) == []
+    assert stale_registrations(5, "h1", 4000, registered) == [1, 3]

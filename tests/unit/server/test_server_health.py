@@ -39,3 +39,12 @@ def test_without_zookeeper_nothing_is_ready_but_the_process_is_live():
 def test_owning_nothing_is_all_partitions_healthy():
     verdicts = server_verdicts(True, [])
     assert verdicts[PARTITIONS] == Verdict(True)
+
+
+def test_the_identity_name_serves_once_the_server_id_is_taken():
+    from waltz_server.health import identity_name
+
+    assert identity_name(7) not in server_verdicts(True, [])
+    verdicts = server_verdicts(True, [], server_id=7)
+    assert verdicts[identity_name(7)] == Verdict(True)
+    assert identity_name(7) == "waltz.v1.WaltzServer/server/7"
