@@ -6,15 +6,16 @@ the outcomes to a PeerLiveness, the pure decision here. A peer is dead when
 - its connections are refused or reset: every probe failed that way for `refused_confirm_s` (and at
   least twice) since it last answered: a killed process, whose kernel resets its connections at once;
 - it answered nothing for `timeout_s`: a frozen process (SIGSTOP, a hung machine, a cut network);
-- another process answers at its address (Probe.OTHER): a peer is an incarnation, not an address. A probe asks
-  for the registration's own server id (ids are never reused: a restarted process takes a new one), so a new
-  process on a dead server's address makes that registration dead at once, and can never make it look alive;
-  this holds even for a peer never heard from (the answer proves the registration's process is gone).
+- another process answers at its address (Probe.OTHER) after the peer itself had answered: a peer is an
+  incarnation, not an address. A probe asks for the registration's own server id (ids are never reused: a
+  restarted process takes a new one), so a new process on a dead server's address makes that registration dead
+  at once, and can never make it look alive.
 
-Anything else a peer answers, even an error, shows its process runs. A peer never heard from since it was
-first seen is not judged (a firewall or a TLS mistake must not make every server look dead; ZooKeeper's
-session expiry still covers it). A dead peer is alive again once it answered for `rejoin_s` without a
-failure in between.
+Anything else a peer answers, even an error, shows its process runs. A peer never heard from as itself is not
+judged (a firewall or a TLS mistake must not make every server look dead, nor a peer of an older release, which
+does not answer for its id; ZooKeeper's session expiry still covers it, and a server that starts on a dead
+registration's address deletes that registration: cluster.stale_registrations). A dead peer is alive again
+once it answered for `rejoin_s` without a failure in between.
 
 This server's own pauses must not make its peers look dead: a tick that comes more than half the timeout
 after the one before means this process was stopped or starved meanwhile, so every peer's clocks start
@@ -101,7 +102,7 @@ class PeerLiveness:
         if state is None:
             return
         if probe is Probe.OTHER:
-            state.replaced = True
+            state.replaced = state.answered_once  # never heard from as itself: not judged (an older release)
             state.answering_since = None
             return
         if probe is Probe.ANSWERED:
