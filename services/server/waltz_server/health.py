@@ -12,9 +12,10 @@ SERVICE = "waltz.v1.WaltzServer"
 LIVE = f"{SERVICE}/live"
 """SERVING while the process serves (until it begins shutting down): a liveness probe."""
 PARTITIONS = f"{SERVICE}/partitions"
-"""SERVING when connected to ZooKeeper and every partition this server owns can commit."""
+"""SERVING when every partition this server owns can commit."""
 READY_NAMES = ("", SERVICE)
-"""SERVING when connected to ZooKeeper: the server takes part in the cluster (a readiness probe)."""
+"""SERVING once the server joined the cluster (took its id, registered in ZooKeeper), also while ZooKeeper is
+unreachable afterwards: its partitions go on serving meanwhile (a readiness probe)."""
 
 
 def identity_name(server_id: int) -> str:
@@ -38,28 +39,23 @@ class PartitionHealth:
 
 
 def server_verdicts(
-    connected: bool, partitions: Sequence[PartitionHealth], server_id: int = -1
+    joined: bool, partitions: Sequence[PartitionHealth], server_id: int = -1
 ) -> dict[str, Verdict]:
-    """Every health name of a running server, from its ZooKeeper connection, its owned partitions and its server
-    id (-1: not taken yet)."""
-    offline = "not connected to ZooKeeper: appends are held and partitions may move"
-    ready = Verdict(True) if connected else Verdict(False, offline)
+    """Every health name of a running server, from whether it joined the cluster, its owned partitions and its
+    server id (-1: not taken yet). A ZooKeeper outage after joining changes none of them: owned partitions
+    commit through it (docs/failover.md, "ZooKeeper outages")."""
+    ready = Verdict(True) if joined else Verdict(False, "not registered in ZooKeeper yet")
     verdicts = {name: ready for name in READY_NAMES}
     verdicts[LIVE] = Verdict(True)
     if server_id >= 0:
         verdicts[identity_name(server_id)] = Verdict(True)
     failing = []
     for p in partitions:
-        if not connected:
-            verdict = Verdict(False, offline)
-        elif p.healthy:
+        if p.healthy:
             verdict = Verdict(True)
         else:
             verdict = Verdict(False, p.detail or "cannot commit")
             failing.append(f"partition {p.partition_id}: {verdict.reason}")
         verdicts[partition_name(p.partition_id)] = verdict
-    if not connected:
-        verdicts[PARTITIONS] = Verdict(False, offline)
-    else:
-        verdicts[PARTITIONS] = Verdict(not failing, "; ".join(failing))
+    verdicts[PARTITIONS] = Verdict(not failing, "; ".join(failing))
     return verdicts

@@ -105,17 +105,16 @@ async def _serve(
         service, host, config["server.port"], max_message, tls.process_files(), calls
     )
 
-    zookeeper = {"connected": False}  # set by membership; read by the health verdicts
+    joined = {"cluster": False}  # registered in ZooKeeper once; read by the health verdicts
     nudge = asyncio.Event()
 
     async def on_connected(connected: bool) -> None:
-        zookeeper["connected"] = connected
-        nudge.set()
+        nudge.set()  # the partitions' health may change as ZooKeeper comes and goes
 
     def verdicts() -> dict[str, Verdict]:
         owned = [partition_status(p) for p in manager.all()]
         return server_verdicts(
-            zookeeper["connected"], [PartitionHealth(p.partition_id, p.healthy, p.detail) for p in owned],
+            joined["cluster"], [PartitionHealth(p.partition_id, p.healthy, p.detail) for p in owned],
             membership.server_id if membership is not None else -1,
         )
 
@@ -139,6 +138,7 @@ async def _serve(
             on_identity, peers=peers
         )
         server_id = await membership.start()
+        joined["cluster"] = True
         await on_connected(True)
         print(f"waltz-server ready {host}:{port} id={server_id}", file=sys.stderr, flush=True)
         await _until_signalled()
