@@ -17,6 +17,7 @@ count, not a time).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from pathlib import Path
@@ -68,9 +69,12 @@ async def zookeeper_restart_under_load(
         acked = await load.acknowledged_at_least(during + STEP, f"after ZooKeeper came back ({name})", timeout=180)
         times = load.acknowledgement_times()
         late = sum(1 for t in times if killed + down_s / 2 <= t < restarting)
+        before_fault = [t for t in times if t <= killed]
+        baseline = max((b - a for a, b in itertools.pairwise(before_fault)), default=0.0)
         report(name, f"ZooKeeper {'frozen' if freeze else 'down'} {back - killed:.1f} s: "
-                     f"{recovery(name, times, killed, back).describe()}; {late} acknowledged in the second half "
-                     f"of the outage; {acked} in all, {STEP} more {time.monotonic() - back:.1f} s after it")
+                     f"{recovery(name, times, killed, back).describe()} (baseline: longest gap {baseline:.2f} s in "
+                     f"the {killed - before_fault[0]:.1f} s of load before the fault); {late} acknowledged in the "
+                     f"second half of the outage; {acked} in all, {STEP} more {time.monotonic() - back:.1f} s after it")
         submissions = await load.stop()
     finally:
         load.kill()
