@@ -136,9 +136,9 @@ async def through_a_zookeeper_outage(
 
 @pytest.mark.slow
 def test_kill_9_of_zookeeper_and_a_restart_on_the_same_data_within_the_session_timeout(tmp_path: Path) -> None:
-    """ZooKeeper down for 10 s under load with the servers' sessions at 30 s: they survive. The servers
-    hold new appends while their connection is suspended (ownership is uncertain) and go on once it is back,
-    with no partition moved. (The default suite runs the same fault under three client processes' load in
+    """ZooKeeper down for 10 s under load with the servers' sessions at 30 s: they survive. The servers go
+    on committing while their connection is suspended (issue 32: the store sessions fence an old owner), with
+    no partition moved. (The default suite runs the same fault under three client processes' load in
     test_exactly_once.py; WALTZ_SLOW=1 runs this one too.)"""
     if not SLOW:
         pytest.skip("test_exactly_once.py covers it in the default suite")
@@ -152,9 +152,10 @@ def test_kill_9_of_zookeeper_and_a_restart_on_the_same_data_within_the_session_t
 
 @pytest.mark.slow
 def test_zookeeper_down_for_longer_than_the_session_timeout(tmp_path: Path) -> None:
-    """ZooKeeper down for 10 s with the servers' sessions at 4 s: they expire. Each server gives up its
-    partitions, registers again, and the partitions are assigned anew at higher generations, while clients
-    that have not seen the new generations yet still flush under their old mounts (the double commit of
+    """ZooKeeper down for 10 s with the servers' sessions at 4 s: they may expire. Each server keeps serving
+    its partitions, registers again, and keeps those still assigned to it (issue 32); any partition assigned anew
+    gets a higher generation, while clients that have not seen the new generations yet still flush under their
+    old mounts (the double commit of
     issue 15 came from answering those flushes). Nothing lost, nothing committed twice. (The default suite
     runs the same fault under three client processes' load in test_exactly_once.py.)"""
     if not SLOW:
