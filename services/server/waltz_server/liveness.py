@@ -25,6 +25,11 @@ view is reported changed once, so that a coordinator that was paused looks at th
 
 The coordinator is the smallest server id among the registered servers this server does not hold dead,
 itself included: when the coordinator is the dead one, the next one takes its place at once.
+
+A registration that vanishes while its server answers as itself, SERVING, is a session that expired (a
+frozen ZooKeeper expires sessions as it wakes), not a departure: for `timeout_s` that server still counts
+as live (its partitions stay where they are) while it registers again. A server that stops gracefully
+answers NOT_SERVING (Probe.LEAVING) first, so its partitions move as soon as a probe hears it.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Probe(enum.Enum):
     REFUSED = "refused"  # connection refused or reset (gRPC UNAVAILABLE)
     UNANSWERED = "unanswered"  # the probe's deadline passed
     OTHER = "other"  # a process answered at the address, but not as this server id: the registration's is gone
+    LEAVING = "leaving"  # answered as itself, NOT_SERVING: the process is shutting down
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,8 @@ class _Peer:
     dead: bool = False
     replaced: bool = False  # another process answered at its address: dead for good (ids are never reused)
     answering_since: float | None = None  # while dead: the first answer of the current run of answers
+    serving: bool = False  # its last answer was as itself and SERVING
+    departed_at: float | None = None  # when its registration vanished while it was serving
 
 
 @dataclass(slots=True)
@@ -88,24 +96,34 @@ class PeerLiveness:
     stalls: int = 0
 
     def watch(self, registered: Iterable[int], now: float) -> None:
-        """The servers registered in ZooKeeper now: new ones are watched from now, gone ones forgotten."""
+        """The servers registered in ZooKeeper now: new ones are watched from now, gone ones forgotten (those
+        still serving as themselves after `timeout_s` only: their sessions expired, they register again)."""
         ids = {sid for sid in registered if sid != self.me}
-        for sid in list(self._peers):
-            if sid not in ids:
+        for sid, state in list(self._peers.items()):
+            if sid in ids:
+                state.departed_at = None
+            elif state.departed_at is None and state.serving and not state.dead:
+                state.departed_at = now
+            elif state.departed_at is None:
                 del self._peers[sid]
         for sid in ids:
             self._peers.setdefault(sid, _Peer(since=now))
+
+    def watched(self) -> frozenset[int]:
+        """The peers watched now: the registered ones and those departed within the grace."""
+        return frozenset(self._peers)
 
     def observe(self, peer: int, probe: Probe, now: float) -> None:
         """A probe of peer ended (now: when its outcome arrived)."""
         state = self._peers.get(peer)
         if state is None:
             return
+        state.serving = probe is Probe.ANSWERED and not state.replaced
         if probe is Probe.OTHER:
             state.replaced = state.answered_once  # never heard from as itself: not judged (an older release)
             state.answering_since = None
             return
-        if probe is Probe.ANSWERED:
+        if probe in (Probe.ANSWERED, Probe.LEAVING):
             if state.replaced:
                 return  # an answer as this id after another process answered: impossible, and never a rejoin
             state.since = max(state.since, now)
@@ -129,7 +147,13 @@ class PeerLiveness:
         if self._resync_at is not None and now >= self._resync_at:
             self._resync_at = None
             changed = True
-        for state in self._peers.values():
+        for sid, state in list(self._peers.items()):
+            if state.departed_at is not None and (
+                state.dead or not state.serving or now - state.departed_at >= self.settings.timeout_s
+            ):
+                del self._peers[sid]  # left for good (or never came back): the coordinator assigns without it
+                changed = True
+                continue
             if state.dead:
                 if state.answering_since is not None and now - state.answering_since >= self.settings.rejoin_s:
                     state.dead, state.answering_since = False, None
@@ -163,9 +187,11 @@ class PeerLiveness:
         return frozenset(sid for sid, state in self._peers.items() if state.dead)
 
     def alive(self, registered: Iterable[int]) -> list[int]:
-        """The registered servers this server does not hold dead (itself always counts), sorted."""
+        """The registered servers this server does not hold dead (itself always counts), and those whose
+        registration vanished within `timeout_s` while they still serve as themselves, sorted."""
         dead = self.dead()
-        return sorted(sid for sid in set(registered) if sid == self.me or sid not in dead)
+        departed = {sid for sid, state in self._peers.items() if state.departed_at is not None}
+        return sorted(sid for sid in set(registered) | departed if sid == self.me or sid not in dead)
 
     def coordinator(self, registered: Iterable[int]) -> int | None:
         """The server that assigns partitions in this view: the smallest live id."""

@@ -35,10 +35,10 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def outcome(error: grpc.aio.AioRpcError | None) -> Probe:
-    """A probe's outcome from its error (None: answered)."""
+def outcome(error: grpc.aio.AioRpcError | None, serving: bool = True) -> Probe:
+    """A probe's outcome from its error (None: answered, SERVING or not)."""
     if error is None:
-        return Probe.ANSWERED
+        return Probe.ANSWERED if serving else Probe.LEAVING
     code = error.code()
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return Probe.UNANSWERED
@@ -76,8 +76,12 @@ class PeerWatch:
         """The registered servers (id -> host:port of their client port); this server's own entry is ignored."""
         if self.view is None:
             return
-        self._addresses = {sid: a for sid, a in addresses.items() if sid != self.view.me}
+        previous = self._addresses
         self.view.watch(addresses, self._clock())
+        self._addresses = {sid: a for sid, a in addresses.items() if sid != self.view.me}
+        for sid in self.view.watched() - set(self._addresses):  # departed within the grace: still probed
+            if sid in previous:
+                self._addresses[sid] = previous[sid]
         for sid in list(self._channels):
             address, channel = self._channels[sid]
             if self._addresses.get(sid) != address:
@@ -124,6 +128,8 @@ class PeerWatch:
                     self._probe(sid, address)
             before = view.dead()
             if view.tick(self._clock()):
+                watched = view.watched()
+                self._addresses = {sid: a for sid, a in self._addresses.items() if sid in watched}
                 after = view.dead()
                 if after - before:
                     self.deaths += len(after - before)
@@ -142,9 +148,13 @@ class PeerWatch:
 
     async def _check(self, sid: int, address: str) -> None:
         error: grpc.aio.AioRpcError | None = None
+        serving = True
         try:
             stub = health_pb2_grpc.HealthStub(self._channel(sid, address))
-            await stub.Check(health_pb2.HealthCheckRequest(service=identity_name(sid)), timeout=self.settings.timeout_s)
+            answer = await stub.Check(
+                health_pb2.HealthCheckRequest(service=identity_name(sid)), timeout=self.settings.timeout_s
+            )
+            serving = answer.status == health_pb2.HealthCheckResponse.SERVING
         except grpc.aio.AioRpcError as exc:
             error = exc
         except Exception as exc:  # the channel was closed under the probe (the peer's address changed): no news
@@ -153,4 +163,4 @@ class PeerWatch:
         finally:
             self._in_flight[sid] -= 1
         if self.view is not None and self._channels.get(sid, (None,))[0] == address:
-            self.view.observe(sid, outcome(error), self._clock())
+            self.view.observe(sid, outcome(error, serving), self._clock())

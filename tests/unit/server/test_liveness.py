@@ -227,3 +227,53 @@ def test_the_stale_registrations_are_the_other_ids_on_this_servers_address() -> 
     assert stale_registrations(3, "h1", 4000, registered) == [1]  # server 1 was the process before this one
     assert stale_registrations(2, "h2", 4000, registered) == []
     assert stale_registrations(5, "h1", 4000, registered) == [1, 3]
+
+
+# A registration that vanished with an expired session, while its server still serves as itself.
+
+
+def test_a_peer_whose_registration_vanished_while_it_serves_stays_live_for_the_grace() -> None:
+    """ZooKeeper, woken from a freeze, expired server 2's session but not ours: server 2 serves on and registers
+    again within a second; meanwhile the coordinator must not move its partitions (issue 32)."""
+    view = fresh()
+    run(view, 2, Probe.ANSWERED, 0.25, 1.0)
+    view.watch((1,), 1.0)
+    assert view.alive([1]) == [1, 2]
+    assert run(view, 2, Probe.ANSWERED, 1.25, 2.0) == []
+    view.watch((1, 2), 2.0)  # registered again
+    assert run(view, 2, Probe.ANSWERED, 2.25, 10.0) == []
+    assert view.alive([1, 2]) == [1, 2]
+
+
+def test_a_departed_peer_that_does_not_register_again_is_dropped_after_the_grace() -> None:
+    view = fresh()
+    run(view, 2, Probe.ANSWERED, 0.25, 1.0)
+    view.watch((1,), 1.0)
+    assert run(view, 2, Probe.ANSWERED, 1.25, 5.0) == [4.0]  # timeout_s (3 s) after its registration went
+    assert view.alive([1]) == [1] and 2 not in view.watched()
+
+
+def test_a_peer_stopping_gracefully_is_dropped_as_soon_as_it_answers_not_serving() -> None:
+    view = fresh()
+    run(view, 2, Probe.ANSWERED, 0.25, 1.0)
+    view.watch((1,), 1.0)  # deregistered: the last answer heard was still SERVING
+    assert run(view, 2, Probe.LEAVING, 1.25, 2.0) == [1.25]
+    assert view.alive([1]) == [1]
+
+
+def test_a_peer_that_deregistered_while_not_serving_or_refusing_is_forgotten_at_once() -> None:
+    view = fresh()
+    view.observe(2, Probe.LEAVING, 0.25)
+    view.watch((1,), 0.3)
+    assert view.alive([1]) == [1] and 2 not in view.watched()
+    other = fresh()
+    run(other, 2, Probe.ANSWERED, 0.25, 1.0)
+    other.watch((1,), 1.0)
+    assert run(other, 2, Probe.REFUSED, 1.25, 2.0) == [1.25]  # killed meanwhile
+    assert other.alive([1]) == [1]
+
+
+def test_probe_outcome_of_a_not_serving_answer_is_leaving() -> None:
+    from waltz_server.peers import outcome
+
+    assert outcome(None, serving=False) is Probe.LEAVING
