@@ -268,3 +268,35 @@ def test_a_server_restarted_at_once_on_a_dead_coordinators_address_does_not_keep
             await first.stop()
 
     run(scenario, timeout=120)
+
+
+def test_a_server_whose_session_alone_expired_keeps_its_partitions_while_it_registers_again(
+    zookeeper, zk, cluster_root
+):
+    """A frozen ZooKeeper, woken, expires the sessions whose clients have not reconnected yet: here only the
+    second server's. It still answers its peers as itself, SERVING, so the coordinator does not move its
+    partitions while it registers again (before: moved to the coordinator and back, two new generations)."""
+    paths = ZkPaths(cluster_root)
+    cluster_admin.create_cluster(zk, paths, "test", NUM_PARTITIONS)
+
+    async def scenario():
+        first = Probed(zookeeper.connect_string, paths)
+        second = Probed(zookeeper.connect_string, paths)
+        try:
+            await first.start()
+            b = await second.start()
+            await until(lambda: len(first.owned()) == 2 and len(second.owned()) == 2)
+            await asyncio.sleep(0.3)  # both have answered a probe as themselves
+            before = assignment(zk, paths)
+            kept = second.manager.all()
+            await asyncio.to_thread(expire_session, zookeeper.connect_string, second.zk)
+            await until(lambda: False in second.connected)
+            await until(lambda: second.connected[-1] is True and zk.exists(paths.server(b)) is not None)
+            await asyncio.sleep(2 * FAST.timeout_s)  # past the grace: anything still to move has moved
+            assert assignment(zk, paths) == before
+            assert second.manager.all() == kept and not any(p.closed for p in kept)
+        finally:
+            await second.stop()
+            await first.stop()
+
+    run(scenario, timeout=120)
