@@ -1,6 +1,6 @@
 """Failover: kill -9 or a 10 s SIGSTOP of the server owning the partition under load, to the first commit after it.
 
-    .venv/bin/python -m bench.curves.failover [--quick]
+    .venv/bin/python -m bench.curves.failover [--quick] [--faults kill,restart,stop]
 
 A LocalCluster (3 storage replicas, 2 servers, 1 partition) and, in this process, an AsyncWaltzClient with 10
 closed-loop writers (512 B), finding owners through ZooKeeper (and, in a third part, from the servers' addresses
@@ -12,6 +12,11 @@ within about a second, a frozen one after server.peerTimeout) and without it, th
 ZooKeeper's session expiry (zookeeper.sessionTimeout, 30 s by default; 6 s with --quick) moves the
 partition, and a frozen owner keeps it until it wakes. The baseline, in the same run, is the commit latency
 before the first fault (p50, p99).
+
+The "restart" fault is what a container runtime does (issue 32): the killed owner is started again at once on
+its old address (under a new id), and the next round kills the new owner while the first one's ZooKeeper
+session has not expired yet: its registration is a ghost whose address answers, which must not delay the
+failover (docs/failover.md, "A peer is an incarnation").
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import signal
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +54,7 @@ class Round:
     seconds: float  # signal to the first commit of an append submitted after it
     moved: bool  # that commit was on another server than the one faulted
     expiry: float | None = None  # signal to the faulted server's registration going (None: it stayed)
+    ghost: bool = False  # restart: the killed server's registration was still in ZooKeeper after the round
 
 
 @dataclass
@@ -118,6 +125,21 @@ async def _kill(cluster: LocalCluster, load: Load) -> Round:
     return Round("kill -9", seconds, new_owner != owner_id, expired)
 
 
+async def _kill_restart(cluster: LocalCluster, load: Load) -> Round:
+    """kill -9 the owner and start it again at once on its address; the commit does not wait for the start."""
+    owner_id, owner = await asyncio.to_thread(_owner, cluster)
+    killed_at = time.perf_counter()
+    await asyncio.to_thread(owner.kill)
+    restarted = asyncio.create_task(asyncio.to_thread(owner.start))
+    try:
+        seconds = await load.first_commit_after(killed_at)
+    finally:
+        await restarted
+    new_owner = (await asyncio.to_thread(owners, cluster))[0]
+    ghost = await asyncio.to_thread(_registered, cluster, owner_id)
+    return Round("kill -9, restart at once", seconds, new_owner != owner_id, ghost=ghost)
+
+
 async def _freeze(cluster: LocalCluster, load: Load) -> Round:
     owner_id, owner = await asyncio.to_thread(_owner, cluster)
     assert owner.process is not None
@@ -135,7 +157,12 @@ async def _freeze(cluster: LocalCluster, load: Load) -> Round:
     return Round(f"SIGSTOP {STOP_S:g} s", seconds, new_owner != owner_id, None)
 
 
-async def _rounds(cluster: LocalCluster, repeats: int, by_servers: bool) -> tuple[list[Round], list[float], int]:
+Fault = Callable[[LocalCluster, Load], Awaitable[Round]]
+FAULTS: dict[str, Fault] = {"kill": _kill, "restart": _kill_restart, "stop": _freeze}
+
+
+async def _rounds(cluster: LocalCluster, repeats: int, by_servers: bool,
+                  faults: list[str]) -> tuple[list[Round], list[float], int]:
     config = {**cluster.client_config(**WRITER_CLIENT), "client.autoMount": False,
               "client.maxConcurrentTransactions": WRITERS}
     if by_servers:  # discovery from server addresses alone (GetClusterInfo), no ZooKeeper in the client
@@ -151,7 +178,8 @@ async def _rounds(cluster: LocalCluster, repeats: int, by_servers: bool) -> tupl
         writers = [asyncio.create_task(load.writer()) for _ in range(WRITERS)]
         await asyncio.sleep(WARMUP_S)
         before = [done - submitted for submitted, done in load.commits]
-        for fault in (_kill, _freeze):
+        for name in faults:
+            fault = FAULTS[name]
             for _ in range(repeats):
                 rounds.append(await fault(cluster, load))
                 await asyncio.to_thread(wait_owned, cluster, 1)
@@ -162,15 +190,15 @@ async def _rounds(cluster: LocalCluster, repeats: int, by_servers: bool) -> tupl
 
 
 def failover(workdir: Path, zookeeper: str, name: str, overrides: dict[str, Any], repeats: int,
-             by_servers: bool = False) -> tuple[
+             by_servers: bool = False, faults: tuple[str, ...] = tuple(FAULTS)) -> tuple[
         list[Round], list[float], int]:
     with LocalCluster(workdir / name, servers=2, zookeeper=zookeeper, cluster_root=f"/bench/fo-{name}",
                       server_overrides=overrides) as cluster:
         wait_owned(cluster, 1)
-        return asyncio.run(_rounds(cluster, repeats, by_servers))
+        return asyncio.run(_rounds(cluster, repeats, by_servers, list(faults)))
 
 
-def run(workdir: Path, quick: bool) -> str:
+def run(workdir: Path, quick: bool, faults: tuple[str, ...] = tuple(FAULTS)) -> str:
     repeats = 2 if quick else 5
     session_ms = 6000 if quick else 30000
     modes = {
@@ -188,11 +216,11 @@ def run(workdir: Path, quick: bool) -> str:
         load.mark("start")
         for mode, overrides in modes.items():
             rounds, before, errors = failover(workdir, zookeeper.connect_string, mode, overrides, repeats,
-                                              by_servers=mode == "servers")
+                                              by_servers=mode == "servers", faults=faults)
             for fault in dict.fromkeys(r.fault for r in rounds):
                 these = [r for r in rounds if r.fault == fault]
                 seconds = [r.seconds for r in these]
-                target = KILL_TARGET_S if fault == "kill -9" else STOP_TARGET_S
+                target = STOP_TARGET_S if fault.startswith("SIGSTOP") else KILL_TARGET_S
                 verdict = "met" if max(seconds) <= target else "MISSED"
                 rows.append([f"{labels[mode]}: {fault}", len(these), min(seconds), statistics.median(seconds),
                              max(seconds), sum(r.moved for r in these), f"<= {target:g}",
@@ -202,7 +230,10 @@ def run(workdir: Path, quick: bool) -> str:
                                + ", ".join(f"{s:.2f}" for s in seconds)
                                + ("; signal to session expiry s " + ", ".join(
                                    f"{r.expiry:.1f}" if r.expiry is not None else "-" for r in these)
-                                  if fault == "kill -9" else ""))
+                                  if fault == "kill -9" else "")
+                               + ("; the killed server's registration still there after the round: "
+                                  + ", ".join("yes" if r.ghost else "no" for r in these)
+                                  if fault.startswith("kill -9, restart") else ""))
             load.mark(mode)
     head = ["", "rounds", "min s", "median s", "worst s", "moved", "target", "worst vs target", "p50 ms before",
             "p99 ms before", "errors"]
@@ -218,7 +249,19 @@ def run(workdir: Path, quick: bool) -> str:
     ])
 
 
-main = main_for(__doc__.split("\n\n")[0], run)
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--faults", default=",".join(FAULTS),
+                        help=f"which faults, comma-separated, of {', '.join(FAULTS)} (default: all)")
+    known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    faults = tuple(f for f in known.faults.split(",") if f)
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown or not faults:
+        parser.error(f"--faults: choose among {', '.join(FAULTS)}")
+    return main_for(__doc__.split("\n\n")[0], lambda workdir, quick: run(workdir, quick, faults))(rest)
 
 if __name__ == "__main__":
     raise SystemExit(main(None))

@@ -48,6 +48,12 @@ def take_client_id(zk: KazooClient, paths: zkmeta.ZkPaths) -> int:
 class ZkTopologyWatcher:
     """Watches <root>/partitions and <root>/servers/*; reports partition -> Ownership on change.
 
+    A server keeps the endpoint it registered under for as long as the assignment names it, even while its
+    registration is missing (its ZooKeeper session expired and it has not registered again yet, or a
+    descriptor could not be read): its partitions go on serving meanwhile (docs/failover.md, "ZooKeeper
+    outages"), and server ids are never reused, so the last known endpoint is still that server's. Only a
+    new assignment moves a partition.
+
     Runs on kazoo's thread; `report` must be thread-safe (the driver hops onto the event loop).
     """
 
@@ -57,7 +63,7 @@ class ZkTopologyWatcher:
         self._report = report
         self._lock = threading.Lock()
         self._assignment: dict[int, tuple[int, int]] = {}  # partition -> (server id, generation)
-        self._servers: dict[int, str] = {}  # server id -> host:port
+        self._servers: dict[int, str] = {}  # server id -> host:port of every server ever seen registered
         self._last: dict[int, Ownership] | None = None
         self._stopped = False
 
@@ -89,7 +95,10 @@ class ZkTopologyWatcher:
             descriptor.ParseFromString(data)
             servers[descriptor.server_id] = f"{descriptor.host}:{descriptor.port}"
         with self._lock:
-            self._servers = servers
+            self._servers.update(servers)
+            named = {server_id for server_id, _ in self._assignment.values()}
+            for gone in [sid for sid in self._servers if sid not in servers and sid not in named]:
+                del self._servers[gone]  # neither registered nor assigned anything: forget it
         return self._publish()
 
     def _publish(self) -> bool:

@@ -23,7 +23,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.cluster import PARTITIONS, assignment, healthy_owners, servers_by_id, sessions, until, writing
+from tests.chaos.cluster import (
+    PARTITIONS,
+    assignment,
+    healthy_owners,
+    server_partitions,
+    servers_by_id,
+    sessions,
+    until,
+    writing,
+)
 from tests.chaos.test_faults import STEP, check_run, on_cluster, report
 from tests.chaos.test_zookeeper_faults import writing_from
 from tests.chaos.timed import timed_fault
@@ -155,7 +164,9 @@ def test_a_server_cut_off_from_zookeeper_past_its_session_timeout(
 ) -> None:
     """The ZooKeeper link of the server owning partition 0 blackholed for twice the session timeout while two
     clients keep writing: ZooKeeper expires its session, its partitions move to the other server at higher
-    generations; healed, it finds its session gone, registers again and takes partitions back."""
+    generations; healed, it finds its session gone, registers again and takes partitions back. Cut off, it goes
+    on serving its partitions (issue 32) until fenced: once the new owner's store sessions are open (its recovery
+    fenced the old ones at a majority), the cut-off server commits nothing more on them."""
 
     async def scenario(cluster: LocalCluster) -> None:
         await healthy_owners(cluster)
@@ -165,6 +176,17 @@ def test_a_server_cut_off_from_zookeeper_past_its_session_timeout(
         link = victim.zookeeper_proxy
         assert link is not None
         moved = sorted(pid for pid, o in before.items() if o.server_id == victim_id)
+        heir = next(s for sid, s in (await servers_by_id(cluster)).items() if sid != victim_id)
+        victim_marks: list[dict[int, int]] = []  # the victim's high-water marks of the moved partitions
+
+        async def victims_high_water_marks() -> dict[int, int]:
+            answer = await server_partitions(cluster, victim.address)
+            return {p.partition_id: p.high_water_mark for p in answer.partitions if p.partition_id in moved}
+
+        async def taken_over() -> bool:
+            answer = await server_partitions(cluster, heir.address)
+            return all(any(p.partition_id == pid and p.healthy for p in answer.partitions) for pid in moved)
+
         async with writing_from(cluster, clients=2, submitters=2, limit=10**9) as load:  # bounded by the steps
             await load.acknowledged_at_least(STEP, "before the partition")
 
@@ -175,6 +197,13 @@ def test_a_server_cut_off_from_zookeeper_past_its_session_timeout(
                     f"partitions {moved} moved off server {victim_id}",
                     30,
                 )
+                deadline = time.monotonic() + 30
+                while not await taken_over():  # the new owner's sessions are open: the victim's are fenced
+                    assert time.monotonic() < deadline, f"server {heir.address} did not open {moved}"
+                    await asyncio.sleep(0.1)
+                victim_marks.append(await victims_high_water_marks())
+                await asyncio.sleep(2.0)  # still cut off from ZooKeeper
+                victim_marks.append(await victims_high_water_marks())
 
             name = "zookeeper link blackhole"
             found, during = await timed_fault(
@@ -196,6 +225,10 @@ def test_a_server_cut_off_from_zookeeper_past_its_session_timeout(
             )
             for pid in moved:
                 assert after[pid].generation > before[pid].generation, (pid, before, after)
+            fenced, later = victim_marks
+            report(name, f"server {victim_id}'s high-water marks of {moved} once fenced {fenced}, 2 s later {later} "
+                         "(a partition missing: closed, fenced)")
+            assert all(later.get(pid, mark) == mark for pid, mark in fenced.items()), victim_marks
         await check_run(cluster, load.writers, name)
 
     on_cluster(zookeeper, cluster_root, tmp_path, scenario, proxied=True)

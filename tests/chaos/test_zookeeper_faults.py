@@ -136,9 +136,9 @@ async def through_a_zookeeper_outage(
 
 @pytest.mark.slow
 def test_kill_9_of_zookeeper_and_a_restart_on_the_same_data_within_the_session_timeout(tmp_path: Path) -> None:
-    """ZooKeeper down for 10 s under load with the servers' sessions at 30 s: they survive. The servers
-    hold new appends while their connection is suspended (ownership is uncertain) and go on once it is back,
-    with no partition moved. (The default suite runs the same fault under three client processes' load in
+    """ZooKeeper down for 10 s under load with the servers' sessions at 30 s: they survive. The servers go
+    on committing while their connection is suspended (issue 32: the store sessions fence an old owner), with
+    no partition moved. (The default suite runs the same fault under three client processes' load in
     test_exactly_once.py; WALTZ_SLOW=1 runs this one too.)"""
     if not SLOW:
         pytest.skip("test_exactly_once.py covers it in the default suite")
@@ -152,9 +152,10 @@ def test_kill_9_of_zookeeper_and_a_restart_on_the_same_data_within_the_session_t
 
 @pytest.mark.slow
 def test_zookeeper_down_for_longer_than_the_session_timeout(tmp_path: Path) -> None:
-    """ZooKeeper down for 10 s with the servers' sessions at 4 s: they expire. Each server gives up its
-    partitions, registers again, and the partitions are assigned anew at higher generations, while clients
-    that have not seen the new generations yet still flush under their old mounts (the double commit of
+    """ZooKeeper down for 10 s with the servers' sessions at 4 s: they may expire. Each server keeps serving
+    its partitions, registers again, and keeps those still assigned to it (issue 32); any partition assigned anew
+    gets a higher generation, while clients that have not seen the new generations yet still flush under their
+    old mounts (the double commit of
     issue 15 came from answering those flushes). Nothing lost, nothing committed twice. (The default suite
     runs the same fault under three client processes' load in test_exactly_once.py.)"""
     if not SLOW:
@@ -171,16 +172,17 @@ def test_zookeeper_down_for_longer_than_the_session_timeout(tmp_path: Path) -> N
 def test_a_server_whose_session_expired_reopens_its_partitions_without_a_client_inferring_a_false_failure(
     tmp_path: Path,
 ) -> None:
-    """The ground of the double commit of issue 15, made to happen: one server; the writer's client cannot
-    reach ZooKeeper (it keeps its mounts and learns nothing there); two of the three storage nodes stop
-    answering the server (blackholed), so its last batches sit at the third; its own ZooKeeper link is
-    blackholed for twice its session timeout. Back, it finds its session expired, closes its partitions with
-    those batches in doubt and opens them again (alone: under the same generations, so ZooKeeper shows the
-    client no change); they recover once the storage nodes answer again. The client, still mounted, flushes
-    and asks for its stalled feed. Before, the recovering partition answered the flush with its high-water
-    mark (the client took its pending appends for failed: the double commit when recovery kept them, see
-    tests/component/server/test_partition_lifecycle.py), and ignored the feed requests: in this run the
-    client then waited for ever. Now both get a NOT_READY, and the client mounts again."""
+    """The ground of the double commit of issue 15, made to happen: one server; the writer's client cannot reach
+    ZooKeeper (it keeps its mounts and learns nothing there); two of the three storage nodes stop answering the
+    server (blackholed), so its last batches sit at the third; its own ZooKeeper link is blackholed for twice its
+    session timeout. Back, it finds its session expired and registers again; alone, it keeps its partitions under
+    the same generations, so ZooKeeper shows the client no change (before issue 32 it closed them with those batches
+    in doubt and opened them again, to recover once the storage nodes answered again; a reopened partition's answers
+    stay covered by test_partition_lifecycle.py). The client, still mounted, flushes and asks for its stalled feed.
+    Before, the recovering partition answered the flush with its high-water mark (the client took its pending
+    appends for failed: the double commit when recovery kept them, see
+    tests/component/server/test_partition_lifecycle.py), and ignored the feed requests: in this run the client then
+    waited for ever. Now both get a NOT_READY, and the client mounts again."""
 
     async def scenario(zookeeper: ZooKeeperProcess, cluster: LocalCluster) -> None:
         await healthy_owners(cluster)

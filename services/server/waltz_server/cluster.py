@@ -31,10 +31,26 @@ log = logging.getLogger(__name__)
 
 UNOWNED = -1
 
+REJOIN_GRACE_S = 3.0
+"""After its own session expired, a server waits this long before it assigns partitions as coordinator: when
+ZooKeeper expired every session at once (it was frozen), the others are registering again meanwhile, and an
+assignment over the servers registered so far would move their partitions for nothing."""
+
 
 def live_server_ids(children: Iterable[str]) -> list[int]:
     """Server ids from the children of <root>/servers (anything else there is ignored)."""
     return sorted(int(c) for c in children if c.isdigit())
+
+
+def stale_registrations(
+    server_id: int, host: str, port: int, descriptors: Mapping[int, metadata_pb2.ServerDescriptor]
+) -> list[int]:
+    """The other registrations that name this server's own address: their processes are gone (this one could
+    bind the port, and a server's port is never shared), their sessions not expired yet. A peer is an
+    incarnation, not an address: they must not stay registered, nor look alive through this process."""
+    return sorted(
+        sid for sid, d in descriptors.items() if sid != server_id and d.host == host and d.port == port
+    )
 
 
 def is_coordinator(server_id: int, live: Iterable[int]) -> bool:
@@ -90,12 +106,14 @@ class ClusterMembership:
         num_partitions: int,
         manager: PartitionManager,
         on_connected: Callable[[bool], Awaitable[None]] | None = None,
+        on_identity: Callable[[int], Awaitable[None]] | None = None,
         preferred_partitions: Iterable[int] = (),
         retry_seconds: float = 1.0,
         peers: PeerWatch | None = None,
     ) -> None:
         """peers: the failure detector whose dead servers the coordinator leaves out (None: only ZooKeeper's
-        registrations count)."""
+        registrations count). on_identity: called with the server id once taken, before it is registered (the
+        health name peers probe must answer before they see the registration)."""
         self.zk = zk
         self.paths = paths
         self.host = host
@@ -104,6 +122,7 @@ class ClusterMembership:
         self.manager = manager
         self.server_id = -1
         self._on_connected = on_connected
+        self._on_identity = on_identity
         self._preferred = list(preferred_partitions)
         self._retry_s = retry_seconds
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -116,6 +135,8 @@ class ClusterMembership:
         self._descriptors_seen: dict[int, metadata_pb2.ServerDescriptor] = {}
         self._assignment: bytes | None = None
         self._lost = False
+        self._assign_after = 0.0  # loop time before which this server does not assign (REJOIN_GRACE_S)
+        self._grace: asyncio.TimerHandle | None = None
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
@@ -123,7 +144,10 @@ class ClusterMembership:
         """Take a server id, register, watch membership and assignment; returns the server id."""
         self._loop = asyncio.get_running_loop()
         self.server_id = await asyncio.to_thread(self._take_id)
+        if self._on_identity is not None:
+            await self._on_identity(self.server_id)
         await asyncio.to_thread(self._register)
+        await asyncio.to_thread(self._remove_stale)
         self.zk.add_listener(self._on_state)
         if self._peers is not None:
             self._peers.start(self.server_id, lambda: self._post(lambda: setattr(self, "_recheck", True)))
@@ -162,6 +186,17 @@ class ClusterMembership:
             zkmeta.create(self.zk, self.paths.server(self.server_id), descriptor, ephemeral=True)
         except NodeExistsError:
             pass  # registered by this session already
+
+    def _remove_stale(self) -> None:
+        """Delete the registrations of earlier processes on this server's address (see stale_registrations)."""
+        registered = live_server_ids(self.zk.get_children(self.paths.servers))
+        for sid in stale_registrations(self.server_id, self.host, self.port, self._descriptors(registered)):
+            try:
+                self.zk.delete(self.paths.server(sid))
+            except NoNodeError:
+                continue  # its session expired meanwhile
+            log.warning("server %d: removed server %d's registration: it names this server's address %s:%d, "
+                        "so its process is gone", self.server_id, sid, self.host, self.port)
 
     def _watch(self) -> None:
         self.zk.ChildrenWatch(self.paths.servers, self._on_children, allow_session_lost=True)
@@ -246,6 +281,10 @@ class ClusterMembership:
                 await asyncio.sleep(self._retry_s)
                 self._wake.set()
 
+    def _grace_over(self) -> None:
+        self._grace = None
+        self._wake.set()
+
     async def _step(self) -> None:
         while self._states:
             await self._on_connection(self._states.pop(0))
@@ -260,7 +299,11 @@ class ClusterMembership:
             self._recheck = True
             if self._children is children:
                 self._children = None
-        if self._recheck and self._registered is not None:
+        wait = self._assign_after - asyncio.get_running_loop().time()
+        if self._recheck and self._registered is not None and wait > 0:
+            if self._grace is None:  # assign once the grace is over (_recheck stays set)
+                self._grace = asyncio.get_running_loop().call_later(wait, self._grace_over)
+        elif self._recheck and self._registered is not None:
             self._recheck = False
             live = self._peers.alive(self._registered) if self._peers is not None else self._registered
             await asyncio.to_thread(self._reassign, live, self._descriptors_seen)
@@ -273,15 +316,19 @@ class ClusterMembership:
                 self._assignment = None
 
     async def _on_connection(self, state: str) -> None:
+        # Owned partitions go on serving whatever the ZooKeeper connection: their store sessions are what keeps
+        # an old owner from committing (docs/failover.md), not this server's view of ZooKeeper. Only what needs
+        # ZooKeeper waits for it: assignments, new store sessions (and so recovery), client ids.
         if state == KazooState.SUSPENDED:
-            log.warning("server %d: ZooKeeper connection suspended: holding appends", self.server_id)
-            self.manager.pause()
+            log.warning("server %d: ZooKeeper connection suspended: owned partitions go on serving; ownership "
+                        "changes, new store sessions and client ids wait for it", self.server_id)
             await self._notify(False)
         elif state == KazooState.LOST:
-            log.warning("server %d: ZooKeeper session lost: giving up every partition", self.server_id)
+            log.warning("server %d: ZooKeeper session lost: owned partitions go on serving until a newer owner "
+                        "fences them or the assignment names another server; registering again once ZooKeeper "
+                        "answers", self.server_id)
             self._lost = True
             await self._notify(False)
-            await self.manager.close_all()
         elif state == KazooState.CONNECTED:
             if self._lost:
                 await asyncio.to_thread(self._register)
@@ -289,8 +336,9 @@ class ClusterMembership:
                 data, _ = await asyncio.to_thread(self.zk.get, self.paths.server_assignment)
                 self._children, self._assignment = children, data
                 self._lost = False
-                log.info("server %d: ZooKeeper session re-established: registered again", self.server_id)
-            self.manager.resume()
+                self._assign_after = asyncio.get_running_loop().time() + REJOIN_GRACE_S
+                log.info("server %d: ZooKeeper session re-established: registered again; partitions still "
+                         "assigned here at the same generation stay open", self.server_id)
             await self._notify(True)
 
     async def _notify(self, connected: bool) -> None:

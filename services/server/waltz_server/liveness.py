@@ -5,12 +5,17 @@ the outcomes to a PeerLiveness, the pure decision here. A peer is dead when
 
 - its connections are refused or reset: every probe failed that way for `refused_confirm_s` (and at
   least twice) since it last answered: a killed process, whose kernel resets its connections at once;
-- it answered nothing for `timeout_s`: a frozen process (SIGSTOP, a hung machine, a cut network).
+- it answered nothing for `timeout_s`: a frozen process (SIGSTOP, a hung machine, a cut network);
+- another process answers at its address (Probe.OTHER) after the peer itself had answered: a peer is an
+  incarnation, not an address. A probe asks for the registration's own server id (ids are never reused: a
+  restarted process takes a new one), so a new process on a dead server's address makes that registration dead
+  at once, and can never make it look alive.
 
-Anything a peer answers, even an error, shows its process runs. A peer never heard from since it was
-first seen is not judged (a firewall or a TLS mistake must not make every server look dead; ZooKeeper's
-session expiry still covers it). A dead peer is alive again once it answered for `rejoin_s` without a
-failure in between.
+Anything else a peer answers, even an error, shows its process runs. A peer never heard from as itself is not
+judged (a firewall or a TLS mistake must not make every server look dead, nor a peer of an older release, which
+does not answer for its id; ZooKeeper's session expiry still covers it, and a server that starts on a dead
+registration's address deletes that registration: cluster.stale_registrations). A dead peer is alive again
+once it answered for `rejoin_s` without a failure in between.
 
 This server's own pauses must not make its peers look dead: a tick that comes more than half the timeout
 after the one before means this process was stopped or starved meanwhile, so every peer's clocks start
@@ -20,6 +25,11 @@ view is reported changed once, so that a coordinator that was paused looks at th
 
 The coordinator is the smallest server id among the registered servers this server does not hold dead,
 itself included: when the coordinator is the dead one, the next one takes its place at once.
+
+A registration that vanishes while its server answers as itself, SERVING, is a session that expired (a
+frozen ZooKeeper expires sessions as it wakes), not a departure: for `timeout_s` that server still counts
+as live (its partitions stay where they are) while it registers again. A server that stops gracefully
+answers NOT_SERVING (Probe.LEAVING) first, so its partitions move as soon as a probe hears it.
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ class Probe(enum.Enum):
     ANSWERED = "answered"  # any answer (an error status too): the process runs
     REFUSED = "refused"  # connection refused or reset (gRPC UNAVAILABLE)
     UNANSWERED = "unanswered"  # the probe's deadline passed
+    OTHER = "other"  # a process answered at the address, but not as this server id: the registration's is gone
+    LEAVING = "leaving"  # answered as itself, NOT_SERVING: the process is shutting down
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +78,10 @@ class _Peer:
     refused_since: float | None = None  # first refusal since the last answer
     refusals: int = 0
     dead: bool = False
+    replaced: bool = False  # another process answered at its address: dead for good (ids are never reused)
     answering_since: float | None = None  # while dead: the first answer of the current run of answers
+    serving: bool = False  # its last answer was as itself and SERVING
+    departed_at: float | None = None  # when its registration vanished while it was serving
 
 
 @dataclass(slots=True)
@@ -81,20 +96,36 @@ class PeerLiveness:
     stalls: int = 0
 
     def watch(self, registered: Iterable[int], now: float) -> None:
-        """The servers registered in ZooKeeper now: new ones are watched from now, gone ones forgotten."""
+        """The servers registered in ZooKeeper now: new ones are watched from now, gone ones forgotten (those
+        still serving as themselves after `timeout_s` only: their sessions expired, they register again)."""
         ids = {sid for sid in registered if sid != self.me}
-        for sid in list(self._peers):
-            if sid not in ids:
+        for sid, state in list(self._peers.items()):
+            if sid in ids:
+                state.departed_at = None
+            elif state.departed_at is None and state.serving and not state.dead:
+                state.departed_at = now
+            elif state.departed_at is None:
                 del self._peers[sid]
         for sid in ids:
             self._peers.setdefault(sid, _Peer(since=now))
+
+    def watched(self) -> frozenset[int]:
+        """The peers watched now: the registered ones and those departed within the grace."""
+        return frozenset(self._peers)
 
     def observe(self, peer: int, probe: Probe, now: float) -> None:
         """A probe of peer ended (now: when its outcome arrived)."""
         state = self._peers.get(peer)
         if state is None:
             return
-        if probe is Probe.ANSWERED:
+        state.serving = probe is Probe.ANSWERED and not state.replaced
+        if probe is Probe.OTHER:
+            state.replaced = state.answered_once  # never heard from as itself: not judged (an older release)
+            state.answering_since = None
+            return
+        if probe in (Probe.ANSWERED, Probe.LEAVING):
+            if state.replaced:
+                return  # an answer as this id after another process answered: impossible, and never a rejoin
             state.since = max(state.since, now)
             state.answered_once = True
             state.refused_since, state.refusals = None, 0
@@ -116,7 +147,13 @@ class PeerLiveness:
         if self._resync_at is not None and now >= self._resync_at:
             self._resync_at = None
             changed = True
-        for state in self._peers.values():
+        for sid, state in list(self._peers.items()):
+            if state.departed_at is not None and (
+                state.dead or not state.serving or now - state.departed_at >= self.settings.timeout_s
+            ):
+                del self._peers[sid]  # left for good (or never came back): the coordinator assigns without it
+                changed = True
+                continue
             if state.dead:
                 if state.answering_since is not None and now - state.answering_since >= self.settings.rejoin_s:
                     state.dead, state.answering_since = False, None
@@ -128,6 +165,8 @@ class PeerLiveness:
         return changed
 
     def _is_dead(self, state: _Peer, now: float) -> bool:
+        if state.replaced:
+            return True
         if not state.answered_once:
             return False
         s = self.settings
@@ -148,9 +187,11 @@ class PeerLiveness:
         return frozenset(sid for sid, state in self._peers.items() if state.dead)
 
     def alive(self, registered: Iterable[int]) -> list[int]:
-        """The registered servers this server does not hold dead (itself always counts), sorted."""
+        """The registered servers this server does not hold dead (itself always counts), and those whose
+        registration vanished within `timeout_s` while they still serve as themselves, sorted."""
         dead = self.dead()
-        return sorted(sid for sid in set(registered) if sid == self.me or sid not in dead)
+        departed = {sid for sid, state in self._peers.items() if state.departed_at is not None}
+        return sorted(sid for sid in set(registered) | departed if sid == self.me or sid not in dead)
 
     def coordinator(self, registered: Iterable[int]) -> int | None:
         """The server that assigns partitions in this view: the smallest live id."""

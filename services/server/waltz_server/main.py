@@ -16,7 +16,7 @@ from waltz_common import event_loop, listen, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import EXIT_CONFIG, Config, ConfigError, describe, load, zookeeper_session_timeout_s
 from waltz_common.gctune import tune_for_service
-from waltz_common.health import Verdict, keep_health, start_health_port
+from waltz_common.health import SERVING, Verdict, keep_health, start_health_port
 from waltz_common.port_guard import CallLimits, LimitSettings
 from waltz_common.zk import MetadataError, ZkPaths
 from waltz_common.zk_security import ZkSecurity
@@ -24,7 +24,7 @@ from waltz_server.cache_budget import CacheBudget
 from waltz_server.cluster import ClusterMembership
 from waltz_server.config import PartitionSettings, advertised, all_keys, check, liveness_settings
 from waltz_server.discovery import ClusterInfo, ClusterView
-from waltz_server.health import PartitionHealth, server_verdicts
+from waltz_server.health import PartitionHealth, identity_name, server_verdicts
 from waltz_server.identity import ClientIdentities, ZkBindingStore
 from waltz_server.metrics import ServerMetrics
 from waltz_server.ownership import PartitionManager
@@ -105,18 +105,21 @@ async def _serve(
         service, host, config["server.port"], max_message, tls.process_files(), calls
     )
 
-    zookeeper = {"connected": False}  # set by membership; read by the health verdicts
+    joined = {"cluster": False}  # registered in ZooKeeper once; read by the health verdicts
     nudge = asyncio.Event()
 
     async def on_connected(connected: bool) -> None:
-        zookeeper["connected"] = connected
-        nudge.set()
+        nudge.set()  # the partitions' health may change as ZooKeeper comes and goes
 
     def verdicts() -> dict[str, Verdict]:
         owned = [partition_status(p) for p in manager.all()]
         return server_verdicts(
-            zookeeper["connected"], [PartitionHealth(p.partition_id, p.healthy, p.detail) for p in owned]
+            joined["cluster"], [PartitionHealth(p.partition_id, p.healthy, p.detail) for p in owned],
+            membership.server_id if membership is not None else -1,
         )
+
+    async def on_identity(server_id: int) -> None:
+        await health.set(identity_name(server_id), SERVING)  # before peers can probe it (keep_health keeps it)
 
     health_task = asyncio.create_task(keep_health(health, verdicts, nudge))
     health_server = None
@@ -131,9 +134,11 @@ async def _serve(
         detector = liveness_settings(config)
         peers = PeerWatch(detector, tls.process_files()) if detector.enabled else None
         membership = ClusterMembership(
-            zk, paths, advertised_host, advertised_port, params.num_partitions, manager, on_connected, peers=peers
+            zk, paths, advertised_host, advertised_port, params.num_partitions, manager, on_connected,
+            on_identity, peers=peers
         )
         server_id = await membership.start()
+        joined["cluster"] = True
         await on_connected(True)
         print(f"waltz-server ready {host}:{port} id={server_id}", file=sys.stderr, flush=True)
         await _until_signalled()

@@ -138,8 +138,9 @@ class ServerMetrics:
         gauge = Gauge(
             "waltz_server_zookeeper_session",
             "The ZooKeeper session's state, 1 for the current one: connected; suspended (the connection is lost, "
-            "the session may still resume: appends are held); lost (the session expired: the server gave up its "
-            "partitions and registers anew once connected)",
+            "the session may still resume; owned partitions go on serving, ownership changes wait); lost (the "
+            "session expired: owned partitions go on serving until fenced or reassigned; the server registers "
+            "anew once connected)",
             ["state"],
             registry=self.registry,
         )

@@ -70,7 +70,6 @@ class PartitionManager:
         self._metrics = metrics
         self._partitions: dict[int, Partition] = {}
         self._lock = asyncio.Lock()
-        self._paused = False
         self._restart_delay_s = restart_delay_s
         self._restarts: dict[int, tuple[float, Backoff]] = {}  # partition -> (its last failure, its delays)
         self._restart_tasks: set[asyncio.Task[None]] = set()
@@ -122,8 +121,6 @@ class PartitionManager:
         partition = Partition(pid, generation, store, self._settings, metrics, budget=self.budget)
         partition.on_failure = self._failed
         store.on_fenced = lambda reason: self._fenced(partition, reason)
-        if self._paused:
-            partition.pause()
         self._partitions[pid] = partition
         await partition.open()
 
@@ -179,14 +176,3 @@ class PartitionManager:
         self._stopping.set()
         await asyncio.gather(*self._restart_tasks)
         await self.apply({})
-
-    def pause(self) -> None:
-        """Hold appends on every partition (ZooKeeper connection suspended)."""
-        self._paused = True
-        for partition in self._partitions.values():
-            partition.pause()
-
-    def resume(self) -> None:
-        self._paused = False
-        for partition in self._partitions.values():
-            partition.resume()

@@ -1,5 +1,9 @@
 """The failure detector's shell: probes every peer server's client port with grpc.health.v1 Check.
 
+A probe asks for the peer's identity name (health.identity_name: its server id), so the answer says whether
+the process answering at the address is that registration's: NOT_FOUND means another process (a restarted
+server under a new id, or anything else) holds the address now.
+
 The addresses are the ones in the peers' ZooKeeper descriptors (what clients are told). A probe goes out to
 each peer every server.peerProbeInterval, each with server.peerTimeout as its deadline, so a slow answer
 still counts; outcomes go to a PeerLiveness (liveness.py), which decides. The channel to a peer reconnects
@@ -18,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from waltz_common import tls
+from waltz_server.health import identity_name
 from waltz_server.liveness import LivenessSettings, PeerLiveness, Probe
 
 log = logging.getLogger(__name__)
@@ -30,15 +35,17 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def outcome(error: grpc.aio.AioRpcError | None) -> Probe:
-    """A probe's outcome from its error (None: answered)."""
+def outcome(error: grpc.aio.AioRpcError | None, serving: bool = True) -> Probe:
+    """A probe's outcome from its error (None: answered, SERVING or not)."""
     if error is None:
-        return Probe.ANSWERED
+        return Probe.ANSWERED if serving else Probe.LEAVING
     code = error.code()
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return Probe.UNANSWERED
     if code == grpc.StatusCode.UNAVAILABLE:
         return Probe.REFUSED
+    if code == grpc.StatusCode.NOT_FOUND:
+        return Probe.OTHER  # a health service without this server id's name: another process holds the address
     return Probe.ANSWERED  # the peer's gRPC server said something: its process runs
 
 
@@ -69,8 +76,12 @@ class PeerWatch:
         """The registered servers (id -> host:port of their client port); this server's own entry is ignored."""
         if self.view is None:
             return
-        self._addresses = {sid: a for sid, a in addresses.items() if sid != self.view.me}
+        previous = self._addresses
         self.view.watch(addresses, self._clock())
+        self._addresses = {sid: a for sid, a in addresses.items() if sid != self.view.me}
+        for sid in self.view.watched() - set(self._addresses):  # departed within the grace: still probed
+            if sid in previous:
+                self._addresses[sid] = previous[sid]
         for sid in list(self._channels):
             address, channel = self._channels[sid]
             if self._addresses.get(sid) != address:
@@ -117,6 +128,8 @@ class PeerWatch:
                     self._probe(sid, address)
             before = view.dead()
             if view.tick(self._clock()):
+                watched = view.watched()
+                self._addresses = {sid: a for sid, a in self._addresses.items() if sid in watched}
                 after = view.dead()
                 if after - before:
                     self.deaths += len(after - before)
@@ -135,9 +148,13 @@ class PeerWatch:
 
     async def _check(self, sid: int, address: str) -> None:
         error: grpc.aio.AioRpcError | None = None
+        serving = True
         try:
             stub = health_pb2_grpc.HealthStub(self._channel(sid, address))
-            await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.settings.timeout_s)
+            answer = await stub.Check(
+                health_pb2.HealthCheckRequest(service=identity_name(sid)), timeout=self.settings.timeout_s
+            )
+            serving = answer.status == health_pb2.HealthCheckResponse.SERVING
         except grpc.aio.AioRpcError as exc:
             error = exc
         except Exception as exc:  # the channel was closed under the probe (the peer's address changed): no news
@@ -146,4 +163,4 @@ class PeerWatch:
         finally:
             self._in_flight[sid] -= 1
         if self.view is not None and self._channels.get(sid, (None,))[0] == address:
-            self.view.observe(sid, outcome(error), self._clock())
+            self.view.observe(sid, outcome(error, serving), self._clock())

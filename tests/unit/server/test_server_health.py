@@ -29,13 +29,30 @@ def test_an_unhealthy_partition_without_detail_still_gets_a_reason():
     assert not verdicts[partition_name(2)].serving and verdicts[partition_name(2)].reason
 
 
-def test_without_zookeeper_nothing_is_ready_but_the_process_is_live():
-    verdicts = server_verdicts(False, [PartitionHealth(0, True, "")])
-    for name in ("", SERVICE, PARTITIONS, partition_name(0)):
+def test_before_joining_the_cluster_nothing_is_ready_but_the_process_is_live():
+    verdicts = server_verdicts(False, [])
+    for name in ("", SERVICE):
         assert not verdicts[name].serving and "ZooKeeper" in verdicts[name].reason, name
     assert verdicts[LIVE] == Verdict(True)
+
+
+def test_the_partitions_health_does_not_depend_on_zookeeper():
+    """Owned partitions commit through a ZooKeeper outage (their store sessions fence them, not ZooKeeper):
+    their names say whether they can commit, whatever the connection (issue 32)."""
+    verdicts = server_verdicts(True, [PartitionHealth(0, True, ""), PartitionHealth(1, False, "fenced")])
+    assert verdicts[partition_name(0)] == Verdict(True)
+    assert verdicts[partition_name(1)] == Verdict(False, "fenced")
 
 
 def test_owning_nothing_is_all_partitions_healthy():
     verdicts = server_verdicts(True, [])
     assert verdicts[PARTITIONS] == Verdict(True)
+
+
+def test_the_identity_name_serves_once_the_server_id_is_taken():
+    from waltz_server.health import identity_name
+
+    assert identity_name(7) not in server_verdicts(True, [])
+    verdicts = server_verdicts(True, [], server_id=7)
+    assert verdicts[identity_name(7)] == Verdict(True)
+    assert identity_name(7) == "waltz.v1.WaltzServer/server/7"
