@@ -28,7 +28,7 @@ PARTITIONS = 4
 # A killed server's ephemeral znode goes when its ZooKeeper session expires: 4 s is the least
 # ZooKeeper grants with its 2 s tick. Reconnects to a restarted storage node retry at most 1 s apart.
 SERVER_OVERRIDES = {
-    "zookeeper.sessionTimeout": 4000,
+    "zookeeper.sessionTimeoutSeconds": 4.0,
     "storage.maxRetryInterval": 1000,
     "storage.maxBatchesInFlight": 3,  # faults land with several batches at the replicas
 }

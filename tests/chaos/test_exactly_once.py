@@ -104,7 +104,7 @@ def test_zookeeper_kill_and_restart_within_the_session_timeout_commits_nothing_t
             )
             assert not any(moved.values()), f"generations moved: {moved}"
 
-        on_own_zookeeper(workdir, scenario, deadline=600, **{"zookeeper.sessionTimeout": 30000})
+        on_own_zookeeper(workdir, scenario, deadline=600, **{"zookeeper.sessionTimeoutSeconds": 30.0})
 
 
 @pytest.mark.slow
@@ -123,7 +123,7 @@ def test_zookeeper_down_past_the_session_timeout_commits_nothing_twice(tmp_path:
                 zookeeper, cluster, workdir / "load", discovery, 15.0, f"zookeeper outage, {discovery}"
             )
 
-        on_own_zookeeper(workdir, scenario, deadline=600, **{"zookeeper.sessionTimeout": 6000})
+        on_own_zookeeper(workdir, scenario, deadline=600, **{"zookeeper.sessionTimeoutSeconds": 6.0})
 
 
 @pytest.mark.slow
@@ -146,4 +146,4 @@ def test_long_zookeeper_outages_stop_no_writer(tmp_path: Path, discovery: str, f
                 f"zookeeper {fault}, {discovery}", freeze=freeze,
             )
 
-        on_own_zookeeper(workdir, scenario, deadline=800, **{"zookeeper.sessionTimeout": 30000})
+        on_own_zookeeper(workdir, scenario, deadline=800, **{"zookeeper.sessionTimeoutSeconds": 30.0})

@@ -21,7 +21,7 @@ from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 
-SESSION_MS = 30000
+SESSION_S = 30.0
 MOVED_WITHIN_S = 15.0  # well inside the 30 s session (the detector's own bound is about 3 s; the host is shared)
 
 
@@ -65,7 +65,7 @@ def test_kill_9_of_the_owner_moves_its_partitions_while_it_is_still_registered(
             assert after[pid].generation > before[pid].generation
         await check_run(cluster, writer, "owner kill -9")
 
-    on_cluster(zookeeper, cluster_root, tmp_path, scenario, **{"zookeeper.sessionTimeout": SESSION_MS})
+    on_cluster(zookeeper, cluster_root, tmp_path, scenario, **{"zookeeper.sessionTimeoutSeconds": SESSION_S})
 
 
 def test_a_frozen_owner_loses_its_partitions_in_seconds_and_woken_does_not_take_them_back(
@@ -121,4 +121,4 @@ def test_a_frozen_owner_loses_its_partitions_in_seconds_and_woken_does_not_take_
             assert after[pid].generation > before[pid].generation
         await check_run(cluster, writer, "owner SIGSTOP")
 
-    on_cluster(zookeeper, cluster_root, tmp_path, scenario, **{"zookeeper.sessionTimeout": SESSION_MS})
+    on_cluster(zookeeper, cluster_root, tmp_path, scenario, **{"zookeeper.sessionTimeoutSeconds": SESSION_S})

@@ -44,7 +44,7 @@ from waltz_common.testing.zookeeper import ZooKeeperProcess
 
 HOLD_S = 6.0  # how long a fault that stops appends is held
 KEEPALIVE = {"storage.keepaliveTime": 1000}
-SESSION_TIMEOUT_S = 4.0  # tests/chaos/cluster.SERVER_OVERRIDES["zookeeper.sessionTimeout"]
+SESSION_TIMEOUT_S = 4.0  # tests/chaos/cluster.SERVER_OVERRIDES["zookeeper.sessionTimeoutSeconds"]
 
 
 def proxies(cluster: LocalCluster, count: int) -> list[FaultProxy]:

@@ -147,7 +147,7 @@ def test_kill_9_of_zookeeper_and_a_restart_on_the_same_data_within_the_session_t
         moved = await through_a_zookeeper_outage(zookeeper, cluster, "zookeeper kill", down_s=10)
         assert not any(moved.values()), f"generations moved: {moved}"
 
-    on_own_zookeeper(tmp_path, scenario, **{"zookeeper.sessionTimeout": 30000})
+    on_own_zookeeper(tmp_path, scenario, **{"zookeeper.sessionTimeoutSeconds": 30.0})
 
 
 @pytest.mark.slow

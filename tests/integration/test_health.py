@@ -100,7 +100,7 @@ def test_readiness_and_partition_health_hold_through_a_zookeeper_outage(tmp_path
     owner, not ZooKeeper), so neither readiness nor the partitions' health turns NOT_SERVING for it (before, both
     did, and the server held every append)."""
     with LocalCluster(
-        tmp_path, storage_nodes=1, servers=1, partitions=1, server_overrides={"zookeeper.sessionTimeout": 30000}
+        tmp_path, storage_nodes=1, servers=1, partitions=1, server_overrides={"zookeeper.sessionTimeoutSeconds": 30.0}
     ) as cluster:
         server = cluster.servers[0]
         zookeeper = cluster.zookeeper_process

@@ -49,7 +49,7 @@ def test_server_process_serves_and_stops_cleanly(zookeeper, zk, cluster_root, tm
     port = free_port()
     config = {
         "zookeeper.connectString": zookeeper.connect_string,
-        "zookeeper.sessionTimeout": 10000,
+        "zookeeper.sessionTimeoutSeconds": 10.0,
         "cluster.root": cluster_root,
         "server.port": port,
         "server.shutdownGraceSeconds": 1,
