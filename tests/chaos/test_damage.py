@@ -24,8 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos.cluster import server_partitions
 from tests.component.client.helpers import Ctx, MemoryCallbacks
 from tests.integration.cli.test_cli_cluster import until
+from tests.integration.storage.test_storage_process import SyncSession
 from tests.unit.cli.helpers import Run, waltz
 from waltz_client import AsyncWaltzClient
 from waltz_common.testing.local_cluster import LocalCluster, StorageNode
@@ -276,3 +278,43 @@ def damaged_ids(cluster: LocalCluster, index: int) -> list[int]:
     with StorageAdminClient("127.0.0.1", cluster.storage[index].admin_port, cluster.cluster_key, 1) as admin:
         (state,) = admin.list_partitions()
     return list(state.damaged_transaction_ids)
+
+
+def test_a_low_water_mark_above_the_max_is_refused_and_a_poisoned_fence_leaves_only_that_replica_out(
+    cluster, capsys
+):
+    """The issue's storage invariants on a running cluster: SetLowWaterMark(10^6) on a replica holding 49 is
+    refused (before, it was accepted and the partition never recovered again); a replica whose fence is raised above the
+    partition's session (a read with session 10^12 and the cluster key) is left out of the store session and
+    flagged, while the two healthy replicas go on committing; reset-fence lets it back in."""
+    run = uuid.uuid4().hex[:6]
+    append(cluster, run, 0, 50)
+    expected = [payload(run, i) for i in range(50)]
+    node = cluster.storage[2]
+    with StorageAdminClient("127.0.0.1", node.admin_port, cluster.cluster_key, 1) as admin:
+        (state,) = admin.list_partitions()
+    session = SyncSession(node.connect_string, cluster.cluster_key, 1, session_id=state.fence_session_id)
+    try:
+        answer = session.ask("set_low_water_mark", low_water_mark=10**6)
+    finally:
+        session.close()
+    assert "holds transactions only up to 49" in answer.exception.message, answer
+    append(cluster, run, 50, 10)
+    expected += [payload(run, i) for i in range(50, 60)]
+
+    poison = SyncSession(node.connect_string, cluster.cluster_key, 1, session_id=10**12)
+    try:
+        assert poison.ask("max_transaction_id").transaction_id >= 0
+    finally:
+        poison.close()
+    append(cluster, run, 60, 40)  # the session fails on the poisoned member; the next one leaves it out
+    expected += [payload(run, i) for i in range(60, 100)]
+    check_log(cluster, expected, run)
+    found = cli(cluster, capsys)("cluster", "verify")
+    assert found.code == 1 and "fences sessions below 1000000000000" in found.out, found.out
+    (owned,) = asyncio.run(server_partitions(cluster, cluster.servers[0].address)).partitions
+    assert owned.healthy, owned
+    assert f"replica {node.connect_string} left out: its fence is above" in cluster.servers[0].new_log()
+    assert cli(cluster, capsys)("storage", "reset-fence", "-s", node.connect_string, "-p", "0").code == 0
+    replicas_identical(cluster, expected)
+    verify_passes(cluster, capsys)

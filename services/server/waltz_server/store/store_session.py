@@ -19,6 +19,7 @@ from waltz_server.recovery import (
     Repair,
     ReplicaFacts,
     ReplicaState,
+    SessionFencedError,
     SetLowWaterMark,
     Truncate,
     Wait,
@@ -37,6 +38,7 @@ from waltz_server.store.replica_session import ReplicaSession
 from waltz_server.store.session_end import (
     SessionEnded,
     SessionFailed,
+    SessionFenced,
     SessionRestart,
     classify,
     end_reason,
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 SOURCE_RETRY_S = 0.05
 
 WriteStates = Callable[[Mapping[str, ReplicaState]], Awaitable[None]]
+StillCurrent = Callable[[], Awaitable[bool]]
+"""Whether ZooKeeper still holds this store session as the partition's newest (no other owner took over)."""
 T = TypeVar("T")
 Fetch = Callable[[ReplicaSession, int, int], Awaitable[list[T]]]
 
@@ -70,6 +74,7 @@ class StoreSession:
         settings: StoreSettings,
         write_states: WriteStates,
         on_change: Callable[[], None] = lambda: None,
+        still_current: StillCurrent | None = None,
     ) -> None:
         self.start = start
         self.session_id = start.session_id
@@ -80,6 +85,8 @@ class StoreSession:
         self._settings = settings
         self._write_states = write_states
         self._on_change = on_change  # told when the session opens for appends and when it ends
+        self._still_current = still_current
+        self.poisoned: set[str] = set()  # replicas left out: their fence is above this session, which is the newest
         self._manager = RecoveryManager(self.session_id, start.previous, self.replicas)
         self._changed = Signal()  # recovery facts or membership changed
         self._progress = Signal()  # a batch was acknowledged, or the session ended
@@ -240,6 +247,13 @@ class StoreSession:
                 error = e
             self._online.pop(replica, None)
             reason = classify(error)
+            if isinstance(reason, SessionFenced) and await self._poisoned(replica, error):
+                if replica in self._writes.members:
+                    raise SessionFailed(f"replica {replica}: {error}; the next session leaves it out") from None
+                self._manager.replica_offline(replica)
+                self._changed.notify()
+                await asyncio.sleep(self._settings.max_retry_interval_s)  # until an operator resets its fence
+                continue
             if not isinstance(reason, SessionFailed) or not isinstance(error, StorageError):
                 raise reason from None
             if replica in self._writes.members:
@@ -257,7 +271,36 @@ class StoreSession:
                 self._changed.notify()
             await asyncio.sleep(backoff.next_delay())
 
+    async def _poisoned(self, replica: str, error: BaseException) -> bool:
+        """Whether replica refused this session for a fence that no session of the partition set: ZooKeeper still
+        holds this session as the newest (every session id is taken there by compare-and-set before any request
+        carries it), so the replica's fence was raised by something else (a forged or mistaken request). Such a
+        replica is left out and flagged; the session goes on with the others if they are a majority. When
+        ZooKeeper cannot say, the refusal stands: the session is fenced."""
+        if self._still_current is None:
+            return False
+        if not (isinstance(error, StorageRpcError) and error.code == Code.STALE_SESSION) and not isinstance(
+            error, SessionFencedError
+        ):
+            return False
+        try:
+            current = await self._still_current()
+        except Exception as e:  # ZooKeeper unreachable: cannot tell a poisoned fence from a newer owner
+            log.warning("partition %d: cannot check the session in ZooKeeper: %s", self.partition_id, e)
+            return False
+        if current:
+            detail = (
+                f"left out: its fence is above session {self.session_id}, the partition's newest "
+                f"({error}); clear it with `waltz storage reset-fence`"
+            )
+            if replica not in self.poisoned:
+                log.error("partition %d session %d: replica %s %s", self.partition_id, self.session_id, replica, detail)
+            self.poisoned.add(replica)
+            self.replica_detail[replica] = detail
+        return current
+
     async def _serve_replica(self, replica: str, session: ReplicaSession) -> None:
+
         info = await session.last_session_info()
         max_id, damaged = await session.max_transaction_id_and_damage()
         self._online[replica] = session
@@ -544,9 +587,11 @@ class StoreSession:
         if self.ended is not None:
             return f"store session {self.session_id} ended: {self.ended}"
         if self.ready.is_set():
+            left_out = "".join(f"; {r} {self.replica_detail[r]}" for r in sorted(self.poisoned))
             return (
                 f"store session {self.session_id} open: write set {', '.join(self.members)} "
                 f"({len(self._writes.members)}/{len(self.replicas)}), high-water mark {self.high_water_mark}"
+                f"{left_out}"
             )
         replicas = "; ".join(f"{r}: {d}" for r, d in sorted(self.replica_detail.items()))
         return f"store session {self.session_id} recovering ({self._manager.decide().resolution.value}): {replicas}"
