@@ -43,7 +43,7 @@ STORAGE_KEYS: tuple[Key, ...] = (
     Key(
         "storage.scrub.bytesPerSecond",
         Integer(0),
-        4 * MIB,
+        2 * MIB,
         "background scrubbing: how many bytes of records per second the node re-reads and checks, so damage "
         "is found and repaired before a restart needs the data; 0 turns scrubbing off",
     ),
