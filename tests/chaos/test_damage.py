@@ -7,8 +7,12 @@ back with its own bytes by a fresh consumer (0 lost, 0 damaged bytes served), th
 the healthy replicas (the replicas end identical), and `waltz cluster verify` fails while damage is there
 and passes once it is repaired.
 
-The default run does the issue's scenario (two replicas damaged at different records, whole-cluster restart)
-and the online one once each (about a minute and a half); WALTZ_SLOW=1 does every scenario 10 times.
+The storage invariants too: a low-water mark above a replica's max is refused, and a replica whose fence is
+above the partition's newest session is left out while the other two serve on.
+
+The default run does the issue's scenario (two replicas damaged at different records, whole-cluster restart),
+the online one and the invariants once each (about three minutes on a busy 2-core machine); WALTZ_SLOW=1 does
+every damage scenario 10 times.
 """
 
 from __future__ import annotations
