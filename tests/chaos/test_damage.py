@@ -11,7 +11,7 @@ The storage invariants too: a low-water mark above a replica's max is refused, a
 above the partition's newest session is left out while the other two serve on.
 
 The default run does the issue's scenario (two replicas damaged at different records, whole-cluster restart),
-the online one and the invariants once each (about three minutes on a busy 2-core machine); WALTZ_SLOW=1 does
+the online one and the invariants once each (62 s on the 2-core machine); WALTZ_SLOW=1 does
 every damage scenario 10 times.
 """
 
