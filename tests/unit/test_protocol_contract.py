@@ -240,7 +240,8 @@ def test_every_storage_request_and_response_rides_the_stream():
     response_types = {f.message_type.name for f in storage_pb2.StorageResponse.DESCRIPTOR.fields}
     assert request_types == {"OpenRequest", "LastSessionInfoRequest", "MaxTransactionIdRequest", "TruncateRequest",
                              "SetLowWaterMarkRequest", "StorageAppendRequest", "RecordHeaderRequest",
-                             "RecordRequest", "RecordHeaderListRequest", "RecordListRequest"}
+                             "RecordRequest", "RecordHeaderListRequest", "RecordListRequest",
+                             "RepairRequest"}  # issue 33: damaged records rewritten from an intact replica
     assert {"SuccessResponse", "FailureResponse", "LastSessionInfoResponse", "MaxTransactionIdResponse",
             "RecordHeaderResponse", "RecordResponse", "RecordHeaderListResponse",
             "RecordListResponse"} == response_types

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from waltz_cli import guards, recover, rpc
@@ -141,9 +142,16 @@ def _node_partitions(ctx: Context, node: str) -> list[dict[str, Any]]:
             "write_failure": p.write_failure,
             "fence": p.fence_session_id,
             "committed": p.committed_high_water_mark,
+            "damaged": _ids(p.damaged_transaction_ids),
         }
         for p in sorted(listed, key=lambda p: p.partition_id)
     ]
+
+
+def _ids(ids: Sequence[int], shown: int = 10) -> str:
+    """Damaged transaction ids as a short text: the first few, then how many more."""
+    text = ",".join(map(str, ids[:shown]))
+    return text + (f" (+{len(ids) - shown} more)" if len(ids) > shown else "")
 
 
 def list_cmd(ctx: Context, args: argparse.Namespace) -> Result:
@@ -151,7 +159,7 @@ def list_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     if args.storage:
         rows = _node_partitions(ctx, args.storage)
         headers = ["partition", "readable", "writable", "session", "lwm", "local lwm", "max txn", "error"]
-        headers += ["write failure", "fence", "committed"]
+        headers += ["write failure", "fence", "committed", "damaged"]
         text = table(headers, [[r[k] for k in list(rows[0])] for r in rows] if rows else [])
         return Result({"node": args.storage, "partitions": rows}, text)
     nodes = cluster_admin.storage_nodes(ctx.zk, ctx.paths)

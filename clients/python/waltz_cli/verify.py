@@ -36,6 +36,8 @@ class ReplicaView:
     write_failure: str = ""  # its writes fail on the node's disk: the last error
     low_water_mark: int = -1
     fence_session_id: int = -1
+    damaged: tuple[int, ...] = ()  # records held that fail their checksums, not repaired yet
+
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ def _ask_node(ctx: Context, node: str) -> dict[int, ReplicaView] | str:
             p.write_failure,
             p.low_water_mark,
             p.fence_session_id,
+            p.damaged_transaction_ids,
         )
         for p in listed
     }
@@ -298,6 +301,12 @@ def check_storage(facts: Facts, wanted: list[int]) -> Check:
                 check.reasons.append(f"storage node {node}: partition {pid} is {state}")
             elif v.write_failure:
                 check.reasons.append(f"storage node {node}: partition {pid}: writes fail: {v.write_failure}")
+            if v.damaged:
+                shown = ", ".join(map(str, v.damaged[:5])) + (", ..." if len(v.damaged) > 5 else "")
+                check.reasons.append(
+                    f"storage node {node}: partition {pid} holds {len(v.damaged)} damaged records ({shown}), not "
+                    "repaired yet (a store session's recovery repairs them from an intact replica)"
+                )
     for pid in wanted:
         replicas = _replicas(facts, pid)
         usable = [n for n in replicas if _usable(_replica_view(facts, n, pid))]

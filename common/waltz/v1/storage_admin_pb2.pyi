@@ -303,6 +303,7 @@ class PartitionStatus(_message.Message):
     WRITE_FAILURE_FIELD_NUMBER: _builtins.int
     FENCE_SESSION_ID_FIELD_NUMBER: _builtins.int
     COMMITTED_HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
+    DAMAGED_TRANSACTION_IDS_FIELD_NUMBER: _builtins.int
     partition_id: _builtins.int
     assigned: _builtins.bool
     readable: _builtins.bool
@@ -329,6 +330,10 @@ class PartitionStatus(_message.Message):
     """ADDITION: the highest transaction id a session told this node is committed, or its low-water mark if
     higher (no Truncate goes below it); -1 when none.
     """
+    @_builtins.property
+    def damaged_transaction_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """ADDITION: records held that fail their checksums, not yet repaired (ascending, at most 10,000)."""
+
     def __init__(
         self,
         *,
@@ -344,10 +349,11 @@ class PartitionStatus(_message.Message):
         write_failure: _builtins.str = ...,
         fence_session_id: _builtins.int = ...,
         committed_high_water_mark: _builtins.int = ...,
+        damaged_transaction_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned", b"assigned", "committed_high_water_mark", b"committed_high_water_mark", "error", b"error", "fence_session_id", b"fence_session_id", "local_low_water_mark", b"local_low_water_mark", "low_water_mark", b"low_water_mark", "max_transaction_id", b"max_transaction_id", "partition_id", b"partition_id", "readable", b"readable", "session_id", b"session_id", "writable", b"writable", "write_failure", b"write_failure"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned", b"assigned", "committed_high_water_mark", b"committed_high_water_mark", "damaged_transaction_ids", b"damaged_transaction_ids", "error", b"error", "fence_session_id", b"fence_session_id", "local_low_water_mark", b"local_low_water_mark", "low_water_mark", b"low_water_mark", "max_transaction_id", b"max_transaction_id", "partition_id", b"partition_id", "readable", b"readable", "session_id", b"session_id", "writable", b"writable", "write_failure", b"write_failure"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

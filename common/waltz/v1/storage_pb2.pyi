@@ -49,6 +49,7 @@ class StorageRequest(_message.Message):
     RECORD_FIELD_NUMBER: _builtins.int
     RECORD_HEADER_LIST_FIELD_NUMBER: _builtins.int
     RECORD_LIST_FIELD_NUMBER: _builtins.int
+    REPAIR_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def open(self) -> Global___OpenRequest: ...
     @_builtins.property
@@ -69,6 +70,8 @@ class StorageRequest(_message.Message):
     def record_header_list(self) -> Global___RecordHeaderListRequest: ...
     @_builtins.property
     def record_list(self) -> Global___RecordListRequest: ...
+    @_builtins.property
+    def repair(self) -> Global___RepairRequest: ...
     def __init__(
         self,
         *,
@@ -82,12 +85,13 @@ class StorageRequest(_message.Message):
         record: Global___RecordRequest | None = ...,
         record_header_list: Global___RecordHeaderListRequest | None = ...,
         record_list: Global___RecordListRequest | None = ...,
+        repair: Global___RepairRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "open", b"open", "record", b"record", "record_header", b"record_header", "record_header_list", b"record_header_list", "record_list", b"record_list", "request", b"request", "set_low_water_mark", b"set_low_water_mark", "truncate", b"truncate"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "open", b"open", "record", b"record", "record_header", b"record_header", "record_header_list", b"record_header_list", "record_list", b"record_list", "repair", b"repair", "request", b"request", "set_low_water_mark", b"set_low_water_mark", "truncate", b"truncate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "open", b"open", "record", b"record", "record_header", b"record_header", "record_header_list", b"record_header_list", "record_list", b"record_list", "request", b"request", "set_low_water_mark", b"set_low_water_mark", "truncate", b"truncate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "last_session_info", b"last_session_info", "max_transaction_id", b"max_transaction_id", "open", b"open", "record", b"record", "record_header", b"record_header", "record_header_list", b"record_header_list", "record_list", b"record_list", "repair", b"repair", "request", b"request", "set_low_water_mark", b"set_low_water_mark", "truncate", b"truncate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["open", "last_session_info", "max_transaction_id", "truncate", "set_low_water_mark", "append", "record_header", "record", "record_header_list", "record_list"]  # noqa: Y015
+    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["open", "last_session_info", "max_transaction_id", "truncate", "set_low_water_mark", "append", "record_header", "record", "record_header_list", "record_list", "repair"]  # noqa: Y015
     _WhichOneofArgType_request: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_request) -> _WhichOneofReturnType_request | None: ...
 
@@ -324,6 +328,7 @@ class MaxTransactionIdResponse(_message.Message):
     SEQ_NUM_FIELD_NUMBER: _builtins.int
     PARTITION_ID_FIELD_NUMBER: _builtins.int
     TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    DAMAGED_TRANSACTION_IDS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
     """Session ID: the store session ID."""
     seq_num: _builtins.int
@@ -332,6 +337,13 @@ class MaxTransactionIdResponse(_message.Message):
     """Partition ID: the partition ID."""
     transaction_id: _builtins.int
     """Transaction ID: the max transaction ID of the partition on the storage server (-1: empty)."""
+    @_builtins.property
+    def damaged_transaction_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """ADDITION: the ids (ascending, at most 10,000) of records the node holds but that fail their checksums:
+        damage found at start, by a read or by scrubbing, not yet repaired. They count as held (the max
+        transaction id is not lowered for them) but are never served; recovery repairs them (RepairRequest).
+        """
+
     def __init__(
         self,
         *,
@@ -339,10 +351,11 @@ class MaxTransactionIdResponse(_message.Message):
         seq_num: _builtins.int = ...,
         partition_id: _builtins.int = ...,
         transaction_id: _builtins.int = ...,
+        damaged_transaction_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition_id", b"partition_id", "seq_num", b"seq_num", "session_id", b"session_id", "transaction_id", b"transaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["damaged_transaction_ids", b"damaged_transaction_ids", "partition_id", b"partition_id", "seq_num", b"seq_num", "session_id", b"session_id", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -808,6 +821,49 @@ class RecordListResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RecordListResponse: _TypeAlias = RecordListResponse  # noqa: Y015
+
+@_typing.final
+class RepairRequest(_message.Message):
+    """ADDITION: Repair Request -> { Max Transaction Id Response | Failure Response }.
+    Rewrites damaged records in place with intact copies read from another replica. Each record must be
+    one the node lists as damaged, fill the damaged record's bytes exactly and match its own record
+    checksum (or, should the stored checksum be the damaged bytes, its stored id, ReqId, header, length
+    and data checksum): INVALID_REQUEST otherwise, with the records before it repaired and nothing of it
+    written. The answer lists the damage left. A write like Append: the server role, a writable
+    partition, the current session.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SEQ_NUM_FIELD_NUMBER: _builtins.int
+    PARTITION_ID_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.int
+    """Session ID: the store session ID."""
+    seq_num: _builtins.int
+    """Sequence number: the message sequence number."""
+    partition_id: _builtins.int
+    """Partition ID: the partition ID."""
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Record]:
+        """The intact copies, as read from another replica."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.int = ...,
+        seq_num: _builtins.int = ...,
+        partition_id: _builtins.int = ...,
+        records: _abc.Iterable[_common_pb2.Record] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition_id", b"partition_id", "records", b"records", "seq_num", b"seq_num", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RepairRequest: _TypeAlias = RepairRequest  # noqa: Y015
 
 @_typing.final
 class SuccessResponse(_message.Message):

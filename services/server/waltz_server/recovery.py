@@ -30,6 +30,8 @@ class ReplicaFacts:
     low_water_mark: int
     local_low_water_mark: int
     max_transaction_id: int
+    damaged: frozenset[int] = frozenset()
+    """Ids up to max_transaction_id that the replica holds but cannot serve (they fail their checksums)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +57,20 @@ class CatchUp:
     last: int
 
 
+@dataclass(frozen=True, slots=True)
+class Repair:
+    """Rewrite the damaged transactions (ascending) with intact copies read from replica source (storage Repair),
+    then report replica_repaired."""
+
+    source: str
+    transaction_ids: tuple[int, ...]
+
+
 class WaitReason(Enum):
     OFFLINE = "offline"
     UNRESOLVED = "waiting for the closing high-water mark to be resolved"
     NO_SOURCE = "no reachable replica holds the transactions it lacks"
+    NO_INTACT_COPY = "it holds damaged transactions that no reachable replica holds intact"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +85,10 @@ class Recovered:
     """The replica is clean, holds exactly the resolved high-water mark and has this session's low-water mark."""
 
 
-ReplicaAction = Truncate | SetLowWaterMark | CatchUp | Wait | Recovered
+ReplicaAction = Truncate | Repair | SetLowWaterMark | CatchUp | Wait | Recovered
+
+MAX_REPAIR_IDS = 100
+"""Damaged transactions one Repair action rewrites at most."""
 
 
 class Resolution(Enum):
@@ -127,6 +142,7 @@ class _Replica:
     proposal: int | None  # the max transaction id it proposed, if it may propose a closing high-water mark
     truncate_to: int | None  # pending truncation decided by classification
     low_water_mark_set: bool
+    damaged: set[int]  # held but failing their checksums: never a source of these, repaired before recovered
 
     @property
     def high_water_mark(self) -> int:
@@ -160,6 +176,13 @@ class RecoveryManager:
     and more as it follows the most advanced replica. Without that, five replicas with one or two proposers
     could never reach a quorum of three. Replicas of the previous set that are unreachable or no longer
     assigned count as absent.
+
+    Damage (issue 33, docs/failover.md "Damaged records"): a replica reports the ids it holds whose records fail
+    their checksums. It votes with its max transaction id all the same, because a damaged record was written
+    and acknowledged there: counting it as never written would let a vote truncate a transaction that a
+    majority acknowledged (the issue's lost 400). It is never a source of a damaged id, and it is not recovered
+    until each damaged id up to the resolved high-water mark is rewritten from a replica holding it intact
+    (Repair); with no such replica reachable it waits (NO_INTACT_COPY) rather than guess.
     """
 
     def __init__(self, session_id: int, previous: Mapping[str, ReplicaState], assigned: Iterable[str]) -> None:
@@ -204,9 +227,19 @@ class RecoveryManager:
         if state is None or not state.online:
             return
         state.max_transaction_id = max_transaction_id
+        state.damaged = {t for t in state.damaged if t <= max_transaction_id}
         if state.truncate_to is not None and max_transaction_id <= state.truncate_to:
             state.truncate_to = None
         self._evaluate()
+
+    def replica_damage(self, replica: str, damaged: Iterable[int]) -> None:
+        """Replica reported the damaged transactions it holds now (after a Repair, or when a read from it failed
+        its checksums). Damage never changes the vote: see the class docstring."""
+        self._check_assigned(replica)
+        state = self._replicas.get(replica)
+        if state is None or not state.online:
+            return
+        state.damaged = {t for t in damaged if t <= state.max_transaction_id}
 
     def low_water_mark_set(self, replica: str) -> None:
         """Replica's storage accepted SetLowWaterMark(high_water_mark) for this session."""
@@ -246,7 +279,7 @@ class RecoveryManager:
             # Only this recovery sets this session's low-water mark, after resolving and truncating.
             if self._high_water_mark is None:
                 raise ValueError(f"{replica} is already in session {self.session_id} before resolution")
-            return _Replica(True, max_id, is_new, None, None, True)
+            return _Replica(True, max_id, is_new, None, None, True, set(facts.damaged))
         if previous is None:
             if is_new:
                 truncate_to = facts.low_water_mark
@@ -261,7 +294,7 @@ class RecoveryManager:
             proposal = max_id  # may hold uncommitted transactions: it votes
         if truncate_to is not None and max_id <= truncate_to:
             truncate_to = None
-        return _Replica(True, max_id, is_new, proposal, truncate_to, False)
+        return _Replica(True, max_id, is_new, proposal, truncate_to, False, set(facts.damaged))
 
     def _evaluate(self) -> None:
         if self._high_water_mark is not None:
@@ -283,8 +316,10 @@ class RecoveryManager:
             floor=min(proposals),
         )
 
-    def _source(self, at_least: int, exclude: str) -> str | None:
-        """The most advanced reachable replica whose transactions up to at_least are valid, ties by name."""
+    def _source(self, at_least: int, exclude: str, first: int | None = None) -> str | None:
+        """The most advanced reachable replica whose transactions up to at_least are valid, ties by name; one that
+        holds first (default at_least) intact."""
+        wanted = at_least if first is None else first
         candidates = [
             (-s.max_transaction_id, r)
             for r, s in self._replicas.items()
@@ -292,9 +327,24 @@ class RecoveryManager:
             and s.online
             and s.truncate_to is None
             and s.max_transaction_id >= at_least
+            and wanted not in s.damaged
             and (not s.is_new or s.low_water_mark_set)
         ]
         return min(candidates)[1] if candidates else None
+
+    def _catch_up(self, source: str, first: int, last: int) -> CatchUp:
+        """Copy first..last from source, stopping before the first transaction the source holds damaged."""
+        damaged = [t for t in self._replicas[source].damaged if first <= t <= last]
+        return CatchUp(source, first, min(damaged, default=last + 1) - 1)
+
+    def _repair(self, replica: str, damaged: list[int]) -> ReplicaAction:
+        """Repair the damaged transactions (ascending) from the source that holds the first of them intact."""
+        source = self._source(damaged[0], replica)
+        if source is None:
+            return Wait(WaitReason.NO_INTACT_COPY)
+        held = self._replicas[source]
+        fixable = (t for t in damaged if t <= held.max_transaction_id and t not in held.damaged)
+        return Repair(source, tuple(fixable)[:MAX_REPAIR_IDS])
 
     def _action(self, replica: str) -> ReplicaAction:
         state = self._replicas.get(replica)
@@ -311,16 +361,20 @@ class RecoveryManager:
             usher = None if state.is_new else self._source(mark + 1, replica)
             if usher is None:
                 return Wait(WaitReason.UNRESOLVED)
-            return CatchUp(usher, mark + 1, self._replicas[usher].max_transaction_id)
+            return self._catch_up(usher, mark + 1, self._replicas[usher].max_transaction_id)
         if mark > resolved:
             return Truncate(resolved)
-        if not state.low_water_mark_set:
-            return SetLowWaterMark(resolved)
+        if state.damaged:
+            return self._repair(replica, sorted(state.damaged))
         if mark < resolved:
-            source = self._source(resolved, replica)
+            # Caught up before its low-water mark is set: a storage node refuses a low-water mark above what
+            # it holds (the mark says everything up to it is held here).
+            source = self._source(resolved, replica, mark + 1)
             if source is None:
                 return Wait(WaitReason.NO_SOURCE)
-            return CatchUp(source, mark + 1, resolved)
+            return self._catch_up(source, mark + 1, resolved)
+        if not state.low_water_mark_set:
+            return SetLowWaterMark(resolved)
         return Recovered()
 
     def _is_clean(self, replica: str) -> bool:
@@ -329,6 +383,7 @@ class RecoveryManager:
             state is not None
             and state.low_water_mark_set
             and state.truncate_to is None
+            and not state.damaged
             and self._high_water_mark is not None
             and state.max_transaction_id <= self._high_water_mark
         )

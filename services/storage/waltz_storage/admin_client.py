@@ -46,6 +46,8 @@ class PartitionState:
     write_failure: str = ""
     fence_session_id: int = -1
     committed_high_water_mark: int = -1
+    damaged_transaction_ids: tuple[int, ...] = ()
+    """Records held that fail their checksums, not yet repaired."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +176,7 @@ class StorageAdminClient:
                 p.write_failure,
                 p.fence_session_id,
                 p.committed_high_water_mark,
+                tuple(p.damaged_transaction_ids),
             )
             for p in response.partition_list.partitions
         ]

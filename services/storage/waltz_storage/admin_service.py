@@ -104,6 +104,7 @@ class AdminConnection:
             status.write_failure = self.node.executor.write_failures.get(pid)
             status.fence_session_id = partition.fence.highest_session_id
             status.committed_high_water_mark = partition.committed_high_water_mark
+            status.damaged_transaction_ids.extend(partition.damaged_transaction_ids[:10_000])
         except StorageError as e:
             status.error = str(e) or type(e).__name__
             status.max_transaction_id = -1

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from waltz_common.config import COUNT, PORT_OR_ZERO, SECONDS, ZOOKEEPER_KEYS, Config, ConfigError, Key, text
+from waltz_common.config import (
+    COUNT,
+    PORT_OR_ZERO,
+    SECONDS,
+    ZOOKEEPER_KEYS,
+    Config,
+    ConfigError,
+    Integer,
+    Key,
+    text,
+)
 from waltz_common.port_guard import limit_keys
 from waltz_common.tls import TLS_KEYS
 
@@ -30,6 +40,20 @@ STORAGE_KEYS: tuple[Key, ...] = (
     Key("storage.segment.size.threshold", COUNT, 1_000_000_000, "bytes after which a partition rolls to a new segment"),
     Key("storage.maxRecordBytes", COUNT, 16 * MIB, "largest transaction data accepted in one record, bytes"),
     Key("storage.maxBatchBytes", COUNT, 64 * MIB, "largest append batch (records as encoded on disk), bytes"),
+    Key(
+        "storage.scrub.bytesPerSecond",
+        Integer(0),
+        2 * MIB,
+        "background scrubbing: how many bytes of records per second the node re-reads and checks, so damage "
+        "is found and repaired before a restart needs the data; 0 turns scrubbing off",
+    ),
+    Key(
+        "storage.scrub.intervalSeconds",
+        SECONDS,
+        3600.0,
+        "a scrubbing pass over every partition starts at most this often (a pass takes as long as the "
+        "partitions' bytes at storage.scrub.bytesPerSecond, if longer)",
+    ),
     Key("storage.shutdownGraceSeconds", SECONDS, 10.0, "on SIGTERM, how long in-flight requests may take to finish"),
     *limit_keys("storage", "each of storage.port and storage.admin.port"),
     *TLS_KEYS,

@@ -22,6 +22,7 @@ READS = frozenset({"record_header", "record", "record_header_list", "record_list
 WRITES = rules.WRITES
 MAX_LIST_LENGTH = 10_000  # records or headers in one list response, whatever was asked
 MAX_GROUP_REQUESTS = 1000  # appends merged into one write and fdatasync
+MAX_DAMAGED_LISTED = 10_000  # damaged ids in one answer
 
 log = logging.getLogger(__name__)
 
@@ -221,20 +222,29 @@ class RequestExecutor:
             )
         )
 
-    def _max_txn(self, m: Any, transaction_id: int) -> storage_pb2.StorageResponse:
+    def _max_txn(self, m: Any, transaction_id: int, damaged: list[int] | None = None) -> storage_pb2.StorageResponse:
         return storage_pb2.StorageResponse(
             max_transaction_id=storage_pb2.MaxTransactionIdResponse(
-                session_id=m.session_id, seq_num=m.seq_num, partition_id=m.partition_id, transaction_id=transaction_id
+                session_id=m.session_id,
+                seq_num=m.seq_num,
+                partition_id=m.partition_id,
+                transaction_id=transaction_id,
+                damaged_transaction_ids=(damaged or [])[:MAX_DAMAGED_LISTED],
             )
         )
 
     def _max_transaction_id(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
-        return self._max_txn(m, p.max_transaction_id)
+        return self._max_txn(m, p.max_transaction_id, p.damaged_transaction_ids)
+
+    def _repair(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
+        repaired = p.repair([protocol.record_from_proto(r) for r in m.records])
+        self.metrics.records_repaired.inc(repaired)
+        return self._max_txn(m, p.max_transaction_id, p.damaged_transaction_ids)
 
     def _truncate(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
         if m.transaction_id < -1:
             raise InvalidRequest(f"cannot truncate to transaction {m.transaction_id} (-1 empties the partition)")
-        return self._max_txn(m, p.truncate_checked(m.transaction_id, m.offline))
+        return self._max_txn(m, p.truncate_checked(m.transaction_id, m.offline), p.damaged_transaction_ids)
 
     def _set_low_water_mark(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
         if m.low_water_mark < -1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -20,6 +21,7 @@ from waltz_storage.config import STORAGE_KEYS, check
 from waltz_storage.dispatch import Limits
 from waltz_storage.errors import StorageError
 from waltz_storage.node import StorageNode
+from waltz_storage.scrubber import Scrubber
 
 log = logging.getLogger("waltz_storage")
 
@@ -99,7 +101,17 @@ async def serve(config: Config, node: StorageNode, files: tls.TlsFiles | None = 
             file=sys.stderr,
             flush=True,
         )
-        await stop.wait()
+        scrubbing = None
+        if config["storage.scrub.bytesPerSecond"]:
+            scrubber = Scrubber(node, config["storage.scrub.bytesPerSecond"], config["storage.scrub.intervalSeconds"])
+            scrubbing = loop.create_task(scrubber.run(), name="scrubbing")
+        try:
+            await stop.wait()
+        finally:
+            if scrubbing is not None:
+                scrubbing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await scrubbing
         log.info("shutting down: finishing in-flight requests (grace %gs)", config["storage.shutdownGraceSeconds"])
     finally:
         await servers.stop(config["storage.shutdownGraceSeconds"])

@@ -85,6 +85,24 @@ class _PartitionGauges(Collector):
         yield from families
 
 
+class _DamageTotals(Collector):
+    """Damage found and not yet repaired, read from the partitions when scraped."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], tuple[int, int]] = lambda: (0, 0)
+
+    def collect(self) -> Iterator[Metric]:
+        found, now = self.source()
+        yield CounterMetricFamily(
+            "waltz_storage_damaged_records_found",
+            "Records found failing their checksums inside written data (at start, by a read or by scrubbing)",
+            found,
+        )
+        yield GaugeMetricFamily(
+            "waltz_storage_damaged_records", "Records held that fail their checksums and are not repaired yet", now
+        )
+
+
 class StorageMetrics:
     """Counters, the fsync histogram and per-partition gauges of one storage node."""
 
@@ -102,6 +120,16 @@ class StorageMetrics:
             ["code"],
             registry=r,
         )
+        self.records_repaired = Counter(
+            "waltz_storage_repaired_records_total",
+            "Damaged records rewritten with an intact copy from another replica",
+            registry=r,
+        )
+        self.scrubbed_bytes = Counter(
+            "waltz_storage_scrubbed_bytes_total", "Bytes of records re-read and checked by scrubbing", registry=r
+        )
+        self._damage = _DamageTotals()
+        r.register(self._damage)
 
     def appended(self, requests: int, records: int, size: int, fsync_seconds: float | None) -> None:
         """Requests acknowledged with their records and bytes, and the write + fdatasync time (None: none)."""
@@ -110,3 +138,7 @@ class StorageMetrics:
     def watch_partitions(self, source: Callable[[], Iterable[PartitionState]]) -> None:
         """Where the per-partition gauges come from: source() lists the partitions' states when scraped."""
         self._partitions.source = source
+
+    def watch_damage(self, source: Callable[[], tuple[int, int]]) -> None:
+        """Where the damage figures come from: source() gives (records found damaged, damaged now) when scraped."""
+        self._damage.source = source

@@ -186,6 +186,7 @@ class StorageNode:
         self._placement = AppendPlacement()
         self._streams: set[Stoppable] = set()
         self.metrics.watch_partitions(self._partition_states)
+        self.metrics.watch_damage(self._damage)
 
     @classmethod
     def open(
@@ -225,6 +226,11 @@ class StorageNode:
                 (partition_id, partition.max_transaction_id, low_water_mark, partition.fence.highest_session_id)
             )
         return states
+
+    def _damage(self) -> tuple[int, int]:
+        """(records found damaged since start, damaged now) over the open partitions; plain reads only."""
+        partitions = [p for _, p in self.manager.open_partitions()]
+        return sum(p.damage_found for p in partitions), sum(p.damaged_count for p in partitions)
 
     def health(self) -> dict[str, Verdict]:
         """The verdicts of the node's health names, now (from the loop)."""

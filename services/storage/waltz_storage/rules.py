@@ -48,9 +48,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from waltz_storage.errors import CommittedDataError, PermissionDenied
+from waltz_storage.errors import CommittedDataError, InvalidRequest, PermissionDenied
 
-WRITES = frozenset({"truncate", "set_low_water_mark", "append"})
+WRITES = frozenset({"truncate", "set_low_water_mark", "append", "repair"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,4 +108,15 @@ def check_low_water_mark(partition_id: int, new: int, recorded: int) -> None:
         raise CommittedDataError(
             f"partition {partition_id}: refusing low-water mark {new}: the partition's low-water mark is already "
             f"{recorded}, and a later session's never goes lower"
+        )
+
+
+def check_low_water_mark_held(partition_id: int, new: int, max_transaction_id: int) -> None:
+    """Raise InvalidRequest if a SetLowWaterMark names transactions this replica does not hold: the low-water mark
+    says every transaction up to it is held here and committed, and it never goes down, so one set above the
+    max transaction id (a mistaken or forged request) would stop every later session's recovery on it."""
+    if new > max_transaction_id:
+        raise InvalidRequest(
+            f"partition {partition_id}: refusing low-water mark {new}: this replica holds transactions only up to "
+            f"{max_transaction_id}; a session sets it after the replica caught up to it"
         )

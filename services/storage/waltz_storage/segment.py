@@ -26,10 +26,12 @@ from waltz_storage.codec import (
     decode_record_prefix,
     decode_records,
     encode_index_entries,
+    encode_record,
     index_entry_offset,
 )
 from waltz_storage.errors import (
     CorruptionError,
+    InvalidRequest,
     NonConsecutiveTransactionId,
     StorageError,
     TornRecordError,
@@ -43,6 +45,9 @@ _SCAN_CHUNK = 1 << 20
 _HEADER_SPAN_PER_RECORD = 4096
 """Header reads take the whole range in one read while records average at most this many bytes, else one
 read per record's prefix."""
+RESYNC_LOOKAHEAD = 64
+"""How many index entries past a record that fails its checks the start-up scan tries, looking for an intact
+successor (which proves the bad record lies inside written data: damage, not a torn tail)."""
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +77,14 @@ class _ChunkReader:
         return self._buf[rel : rel + size]
 
 
+def _intact_at(reader: _ChunkReader, offset: int, txn: int) -> bool:
+    try:
+        _check_record_at(reader, offset, txn)
+    except CorruptionError:
+        return False
+    return True
+
+
 def _check_record_at(reader: _ChunkReader, offset: int, txn: int) -> int:
     """Validate the record that should hold txn at offset; return the offset just past it."""
     if offset < FILE_HEADER_SIZE:
@@ -97,6 +110,9 @@ class Segment:
         self._data_size = data_size
         self._data_fd: int | None = None
         self._index_fd: int | None = None
+        self.damaged: set[int] = set()
+        """Ids of records here that fail their checks but lie inside written data (found at start, by a read
+        or by scrubbing): kept in place, reported, answered CORRUPTED, until repair() rewrites them."""
 
     @classmethod
     def create(cls, directory: Path, cluster_key: uuid.UUID, partition_id: int, first_transaction_id: int) -> Segment:
@@ -171,7 +187,7 @@ class Segment:
         entries = (os.fstat(index_fd).st_size - FILE_HEADER_SIZE) // INDEX_ENTRY_SIZE
         reader = _ChunkReader(data_fd, data_size)
         start_txn, start_offset = self._scan_start(reader, entries)
-        offsets, end = self._scan(reader, start_txn, start_offset)
+        offsets, end = self._scan(reader, start_txn, start_offset, entries)
         last = start_txn + len(offsets) - 1
         position = index_entry_offset(first, start_txn)
         encoded = encode_index_entries(offsets)
@@ -204,19 +220,68 @@ class Segment:
             checkpoint -= CHECKPOINT_INTERVAL
         return first, FILE_HEADER_SIZE
 
-    def _scan(self, reader: _ChunkReader, txn: int, offset: int) -> tuple[list[int], int]:
-        """Offsets of the intact consecutive records from (txn, offset), and the offset after them."""
+    def _scan(self, reader: _ChunkReader, txn: int, offset: int, entries: int) -> tuple[list[int], int]:
+        """Offsets of the consecutive records from (txn, offset), and the offset after them.
+
+        A record that fails its checks ends the scan only when no intact record follows it (a torn tail: the
+        batch being written when the process died). When an intact successor follows, the bad records lie
+        inside written data: they are damage, kept in place and listed in self.damaged, never cut."""
         offsets: list[int] = []
         while True:
             try:
                 end = _check_record_at(reader, offset, txn)
             except CorruptionError as e:
-                if offset < reader.size:
-                    log.warning("%s: stopping at transaction %d: %s", self.data_path, txn, e)
-                return offsets, offset
+                resumed = self._resync(reader, txn, offset, entries) if offset < reader.size else None
+                if resumed is None:
+                    if offset < reader.size:
+                        log.warning("%s: torn tail at transaction %d: %s", self.data_path, txn, e)
+                    return offsets, offset
+                bad_offsets, offset = resumed
+                bad = range(txn, txn + len(bad_offsets))
+                log.error(
+                    "%s: transactions %d..%d are damaged (%s); intact records follow, so they are kept and reported "
+                    "as damaged for repair from another replica",
+                    self.data_path,
+                    bad[0],
+                    bad[-1],
+                    e,
+                )
+                self.damaged.update(bad)
+                offsets.extend(bad_offsets)
+                txn += len(bad_offsets)
+                continue
             offsets.append(offset)
             offset = end
             txn += 1
+
+    def _resync(self, reader: _ChunkReader, txn: int, offset: int, entries: int) -> tuple[list[int], int] | None:
+        """After record txn at offset failed its checks: the offsets of txn.. up to an intact later record and
+        that record's offset, or None when no intact successor is found (a torn tail)."""
+        first = self.first_transaction_id
+        try:
+            prefix = decode_record_prefix(reader.get(offset, RECORD_PREFIX_SIZE), 0, offset)
+            after = offset + prefix.record_size
+            if after < reader.size and _intact_at(reader, after, txn + 1):
+                return [offset], after
+            if after == reader.size and txn - first < entries and self._index_entries(txn, 1) == [offset]:
+                # The last record, whole by its own length and indexed: a batch's index entries are written only
+                # after its data was written whole, so it was written (and acknowledged): damage, not a torn
+                # tail. (A flip in the last record's length field looks like a torn write: that one is cut.)
+                return [offset], after
+        except CorruptionError:
+            pass
+        last_entry = min(first + entries - 1, txn + RESYNC_LOOKAHEAD)
+        if last_entry <= txn:
+            return None
+        known = self._index_entries(txn, last_entry - txn + 1)
+        if known[0] != offset:
+            return None  # the index does not describe this stretch of the file
+        for j in range(1, len(known)):
+            if not known[j - 1] < known[j] < reader.size:
+                return None
+            if _intact_at(reader, known[j], txn + j):
+                return known[:j], known[j]
+        return None
 
     # ------------------------------------------------------------------ write
 
@@ -278,6 +343,63 @@ class Segment:
         os.fsync(index_fd)
         self._max = keep
         self._data_size = new_size
+        self.damaged = {t for t in self.damaged if t <= keep}
+
+    def repair(self, record: Record) -> None:
+        """Rewrite damaged record in place (one write, one fdatasync) with an intact copy from another replica.
+
+        The copy must fit the damaged record's slot exactly and be the same record: its record checksum equals
+        the one stored, or (should the stored checksum be the damaged bytes) its prefix, with the data checksum,
+        equals the one stored. InvalidRequest with nothing written otherwise."""
+        txn = record.transaction_id
+        if txn not in self.damaged:
+            raise InvalidRequest(f"{self.data_path}: transaction {txn} is not damaged here; nothing was written")
+        raw = encode_record(record)
+        start, end = self._bounds(txn, 1)
+        data_fd, _ = self._fds()
+        stored = pread_upto(data_fd, end - start, start)
+        same = len(raw) == end - start and (
+            raw[-4:] == stored[-4:] or raw[:RECORD_PREFIX_SIZE] == stored[:RECORD_PREFIX_SIZE]
+        )
+        if not same:
+            raise InvalidRequest(
+                f"{self.data_path}: the copy of transaction {txn} ({len(raw)} bytes) does not match the damaged "
+                f"record's own checksums or size ({end - start} bytes); nothing was written"
+            )
+        try:
+            pwrite_all(data_fd, raw, start)
+            os.fdatasync(data_fd)
+        except OSError as e:
+            raise StorageError(f"{self.data_path}: repair of transaction {txn} failed: {e}") from e
+        self.damaged.discard(txn)
+
+    def find_damage(self, txn: int, max_n: int, max_bytes: int) -> tuple[int, int, list[int]]:
+        """Check up to max_n records from txn (about max_bytes of them, at least one) one by one: how many were
+        checked, the bytes read, and the ids that fail their checks (added to self.damaged)."""
+        n = self._count(txn, max_n)
+        if n == 0:
+            return 0, 0, []
+        offsets = self._bounds(txn, n)
+        fit = max(1, bisect.bisect_right(offsets, offsets[0] + max_bytes) - 1)
+        del offsets[fit + 1 :]
+        data_fd, _ = self._fds()
+        buf = pread_upto(data_fd, offsets[-1] - offsets[0], offsets[0])
+        try:
+            decode_records(buf, offsets, txn)  # the reads' one-pass check: cheap while nothing is wrong
+            return len(offsets) - 1, len(buf), []
+        except CorruptionError:
+            pass
+        found = []
+        for i in range(len(offsets) - 1):
+            start, end = offsets[i] - offsets[0], offsets[i + 1] - offsets[0]
+            try:
+                _, after = decode_record(buf[start:end], 0, txn + i, offsets[i])
+                if after != end - start:
+                    raise CorruptionError(f"record {txn + i} does not fill its slot")
+            except CorruptionError:
+                found.append(txn + i)
+        self.damaged.update(found)
+        return len(offsets) - 1, len(buf), found
 
     # ------------------------------------------------------------------ read
 

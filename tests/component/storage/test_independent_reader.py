@@ -59,10 +59,10 @@ def test_independent_reader_sees_exactly_what_was_appended(tmp_path):
         for start in range(0, 9, 2):
             partition.append(appended[start : start + 2])
         partition.truncate(6)
-        partition.set_low_water_mark(session_id=9, low_water_mark=8)
+        partition.set_low_water_mark(session_id=9, low_water_mark=6)
     control = read_control_file(tmp_path / "waltz-storage.ctl")
     assert control["version"] == 0 and control["key"] == KEY.bytes
-    assert control["partitions"] == {0: (-1, -1, -1), 1: (-1, -1, -1), 2: (9, 8, 6)}
+    assert control["partitions"] == {0: (-1, -1, -1), 1: (-1, -1, -1), 2: (9, 6, 6)}
     found = []
     segments = sorted((tmp_path / "2").glob("*.seg"))
     assert [s.name for s in segments] == ["0000000000000000000.seg", "0000000000000000004.seg"]

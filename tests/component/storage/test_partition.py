@@ -188,13 +188,20 @@ def test_set_low_water_mark_rules(tmp_path):
         partition.set_low_water_mark(3, 7)
         assert partition.last_session_info() == SessionInfo(3, 7, 7)
         partition.truncate(4)
-        partition.set_low_water_mark(5, 12)  # storage behind the cluster: local lwm < lwm
-        assert partition.last_session_info() == SessionInfo(5, 12, 4)
+        # issue 33: never above what the replica holds (a session catches it up first)
+        with pytest.raises(InvalidRequest, match="low-water mark 12: this replica holds transactions only up to 4"):
+            partition.set_low_water_mark(5, 12)
+        with pytest.raises(InvalidRequest, match="refusing low-water mark 1000000"):
+            partition.set_low_water_mark(5, 10**6, offline=True)
+        assert partition.last_session_info() == SessionInfo(3, 7, 7)
+        partition.append(make_records(5, 8))
+        partition.set_low_water_mark(5, 12)
+        assert partition.last_session_info() == SessionInfo(5, 12, 12)
         with pytest.raises(StaleSession, match="stale session 4, partition 0 is at session 5"):
             partition.set_low_water_mark(4, 20)
     with open_manager(tmp_path) as manager:
         partition = manager.partition(0)
-        assert partition.last_session_info() == SessionInfo(5, 12, 4)
+        assert partition.last_session_info() == SessionInfo(5, 12, 12)
         assert partition.fence.highest_session_id == 5
         with pytest.raises(StaleSession):
             partition.fence.check(4)

@@ -5,10 +5,13 @@ import struct
 import pytest
 
 from tests.component.storage.helpers import make_record, make_records, open_manager, restore, snapshot
+from waltz_common.types import Record, crc32
 from waltz_storage.codec import RECORD_OVERHEAD
+from waltz_storage.errors import CorruptionError, InvalidRequest
 
 N = 5
 SIZE = 24  # a small last record keeps the every-byte loop to a few dozen reopenings
+LENGTH_FIELD = range(28, 32)  # a record's data length (docs/storage-format.md)
 
 
 def build(directory, n=N, size=SIZE, batch=1):
@@ -85,18 +88,89 @@ def test_cut_index_file_at_every_byte(tmp_path):
     assert_intact(tmp_path, N - 1)
 
 
-def test_flipped_byte_recovers_to_the_record_before(tmp_path):
+def assert_damaged(directory, damaged, expected_max=N - 1, size=SIZE):
+    """Issue 33: the damaged record is kept in place and reported, never served; every record around it is kept
+    and served; the next append follows the last record."""
+    with open_manager(directory) as manager:
+        partition = manager.partition(0)
+        assert partition.max_transaction_id == expected_max
+        assert partition.damaged_transaction_ids == [damaged]
+        for txn in range(expected_max + 1):
+            if txn == damaged:
+                with pytest.raises(CorruptionError):
+                    partition.record(txn)
+            else:
+                assert partition.record(txn) == make_record(txn, size)
+        assert partition.append([make_record(expected_max + 1, size)]) == expected_max + 1
+
+
+@pytest.mark.parametrize("damaged", [0, 2, N - 1])
+def test_a_flipped_byte_anywhere_in_a_written_record_is_damage_kept_and_reported_not_a_cut(tmp_path, damaged):
+    """Every byte of a record inside the written data (the first, one in the middle, the last: its index entry is
+    written only after its data was written whole), flipped in turn: before issue 33 the node cut its log there,
+    and every intact record after it went too."""
     seg, _ = build(tmp_path)
     original = snapshot(tmp_path)
     record_size = RECORD_OVERHEAD + SIZE
-    damaged = 2
     start = 128 + damaged * record_size
     for offset in range(start, start + record_size):
+        if damaged == N - 1 and offset - start in LENGTH_FIELD:
+            continue  # the last record's length damaged: it no longer ends at the file's end, as a torn write
         restore(original)
         data = bytearray(original[seg])
         data[offset] ^= 0x10
         seg.write_bytes(bytes(data))
-        assert_intact(tmp_path, damaged - 1)
+        assert_damaged(tmp_path, damaged)
+
+
+def test_a_torn_last_record_without_its_index_entry_is_cut(tmp_path):
+    """The batch being written when the process died: its data is there (damaged) but its index entry is not."""
+    seg, idx = build(tmp_path)
+    record_size = RECORD_OVERHEAD + SIZE
+    data = bytearray(seg.read_bytes())
+    data[128 + (N - 1) * record_size + 40] ^= 0x10
+    seg.write_bytes(bytes(data))
+    idx.write_bytes(idx.read_bytes()[: 128 + 8 * (N - 1)])
+    assert_intact(tmp_path, N - 2)
+
+
+def test_a_damaged_record_is_repaired_only_with_a_copy_of_itself(tmp_path):
+    seg, _ = build(tmp_path)
+    record_size = RECORD_OVERHEAD + SIZE
+    for at in (128 + 40, 128 + 2 * record_size + record_size - 1):  # the data of record 0, the checksum of record 2
+        data = bytearray(seg.read_bytes())
+        data[at] ^= 0x10
+        seg.write_bytes(bytes(data))
+    with open_manager(tmp_path) as manager:
+        partition = manager.partition(0)
+        assert partition.damaged_transaction_ids == [0, 2]
+        own = make_record(0, SIZE)
+        other = Record(0, own.req_id, own.header, b"x" * SIZE, crc32(b"x" * SIZE))  # same size, other data
+        with pytest.raises(InvalidRequest, match="does not match"):
+            partition.repair([other])
+        with pytest.raises(InvalidRequest, match="not damaged"):
+            partition.repair([make_record(1, SIZE)])
+        assert partition.repair([make_record(0, SIZE), make_record(2, SIZE)]) == 2
+        assert partition.damaged_transaction_ids == []
+    assert_intact(tmp_path, N - 1)
+
+
+def test_scrubbing_finds_a_flip_made_under_an_open_partition(tmp_path):
+    seg, _ = build(tmp_path)
+    with open_manager(tmp_path) as manager:
+        partition = manager.partition(0)
+        assert partition.scrub(0, 1 << 20) == (0, seg.stat().st_size - 128, [])
+        data = bytearray(seg.read_bytes())
+        data[128 + 3 * (RECORD_OVERHEAD + SIZE) + 40] ^= 0x10
+        seg.write_bytes(bytes(data))
+        assert partition.damaged_transaction_ids == []
+        found, txn = [], 0
+        while True:
+            txn, _, damaged = partition.scrub(txn, RECORD_OVERHEAD + SIZE)  # one record a step
+            found += damaged
+            if txn == 0:
+                break
+        assert found == [3] and partition.damaged_transaction_ids == [3] and partition.damage_found == 1
 
 
 def test_garbage_after_the_last_record_is_cut(tmp_path):

@@ -78,16 +78,21 @@ def test_every_request_answers_with_echoed_ids(node):
             assert_failure(
                 await c.ask("set_low_water_mark", partition_id=1, low_water_mark=1), Code.INVALID_REQUEST, "truncate"
             )
-            assert (await c.ask("set_low_water_mark", partition_id=1, low_water_mark=7))[0] == "success"
+            assert_failure(
+                await c.ask("set_low_water_mark", partition_id=1, low_water_mark=7),
+                Code.INVALID_REQUEST,
+                "refusing low-water mark 7: this replica holds transactions only up to 2",
+            )
+            assert (await c.ask("set_low_water_mark", partition_id=1, low_water_mark=2))[0] == "success"
             kind, msg = await c.ask("last_session_info", partition_id=1)
-            assert (msg.last_session_id, msg.low_water_mark, msg.local_low_water_mark) == (4, 7, 2)
+            assert (msg.last_session_id, msg.low_water_mark, msg.local_low_water_mark) == (4, 2, 2)
             await c.close()
 
     node.call(scenario())
     assert node.node.metrics.registry.get_sample_value("waltz_storage_appended_records_total") == 5
     gauge = node.node.metrics.registry.get_sample_value
     assert gauge("waltz_storage_partition_max_transaction_id", {"partition": "1"}) == 2
-    assert gauge("waltz_storage_partition_low_water_mark", {"partition": "1"}) == 7
+    assert gauge("waltz_storage_partition_low_water_mark", {"partition": "1"}) == 2
     assert gauge("waltz_storage_partition_session_id", {"partition": "1"}) == 4
 
 
@@ -334,7 +339,7 @@ def test_both_control_file_structs_corrupt_fails_that_partition_only(tmp_path):
                 await c.open()
                 for pid in (0, 1):
                     await c.append(pid, records(0, 3))
-                    await c.ask("set_low_water_mark", partition_id=pid, low_water_mark=5)
+                    await c.ask("set_low_water_mark", partition_id=pid, low_water_mark=2)
 
         running.call(fill())
     ctl = directory / CONTROL_FILE_NAME
@@ -355,7 +360,7 @@ def test_both_control_file_structs_corrupt_fails_that_partition_only(tmp_path):
         running.call(check())
         with StorageAdminClient("127.0.0.1", running.servers.admin_port, str(KEY), 3) as admin:
             listed = {p.partition_id: p for p in admin.list_partitions()}
-            assert listed[0].error == "" and listed[0].max_transaction_id == 3 and listed[0].low_water_mark == 5
+            assert listed[0].error == "" and listed[0].max_transaction_id == 3 and listed[0].low_water_mark == 2
             assert "corrupted" in listed[1].error
 
 

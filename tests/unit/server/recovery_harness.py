@@ -8,6 +8,7 @@ from waltz_server.recovery import (
     CatchUp,
     RecoveryDecision,
     RecoveryManager,
+    Repair,
     ReplicaAction,
     ReplicaFacts,
     SetLowWaterMark,
@@ -24,6 +25,7 @@ class FakeStorage:
     log: list[str]
     session_id: int = -1
     low_water_mark: int = -1
+    damaged: set[int] = field(default_factory=set)  # ids whose records fail their checksums here
 
     @classmethod
     def with_records(cls, session_id: int, low_water_mark: int, max_transaction_id: int, tag: str = "t"):
@@ -34,7 +36,7 @@ class FakeStorage:
         return len(self.log) - 1
 
     def facts(self) -> ReplicaFacts:
-        return ReplicaFacts(self.session_id, self.low_water_mark, -1, self.max_transaction_id)
+        return ReplicaFacts(self.session_id, self.low_water_mark, -1, self.max_transaction_id, frozenset(self.damaged))
 
 
 @dataclass
@@ -61,7 +63,7 @@ class Driver:
         decision = self.manager.decide()
         for replica in sorted(self.online):
             action = decision.actions[replica]
-            if isinstance(action, Truncate | SetLowWaterMark | CatchUp):
+            if isinstance(action, Truncate | SetLowWaterMark | CatchUp | Repair):
                 self._perform(replica, action)
                 self.performed.append((replica, action))
                 return True
@@ -78,8 +80,19 @@ class Driver:
         match action:
             case Truncate(transaction_id):
                 del storage.log[transaction_id + 1 :]
+                storage.damaged = {t for t in storage.damaged if t <= transaction_id}
                 self.manager.replica_progress(replica, storage.max_transaction_id)
+            case Repair(source, transaction_ids):
+                assert source in self.online and source != replica
+                copy = self.storages[source]
+                for txn in transaction_ids:
+                    assert txn in storage.damaged and txn not in copy.damaged, (replica, action)
+                    assert copy.log[txn] == storage.log[txn], (replica, action)  # the node checks the checksum
+                    storage.damaged.discard(txn)
+                self.manager.replica_damage(replica, storage.damaged)
             case SetLowWaterMark(low_water_mark):
+                # storage.rules.check_low_water_mark_held: never above what the replica holds
+                assert low_water_mark <= storage.max_transaction_id, (replica, action)
                 storage.session_id = self.manager.session_id
                 storage.low_water_mark = low_water_mark
                 self.manager.low_water_mark_set(replica)
@@ -89,5 +102,6 @@ class Driver:
                 end = min(last, first + CATCH_UP_BATCH - 1)
                 records = self.storages[source].log[first : end + 1]
                 assert len(records) == end - first + 1, (replica, action)
+                assert not self.storages[source].damaged & set(range(first, end + 1)), (replica, action)  # CORRUPTED
                 storage.log.extend(records)
                 self.manager.replica_progress(replica, storage.max_transaction_id)

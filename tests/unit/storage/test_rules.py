@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from waltz_storage import rules
-from waltz_storage.errors import CommittedDataError, PermissionDenied
+from waltz_storage.errors import CommittedDataError, InvalidRequest, PermissionDenied
 
 SERVER = rules.Caller.from_roles(["server"])
 OPERATOR = rules.Caller.from_roles(["operator"])
@@ -49,3 +49,12 @@ def test_the_low_water_mark_never_goes_down():
     rules.check_low_water_mark(0, 904, 903)
     with pytest.raises(CommittedDataError, match=r"refusing low-water mark 100: .* already 903"):
         rules.check_low_water_mark(0, 100, 903)
+
+
+def test_the_low_water_mark_never_goes_above_what_the_replica_holds():
+    """Issue 33: SetLowWaterMark(10^6) on a replica holding 49 was accepted, and every later session's recovery
+    of that replica was refused ("the partition's low-water mark is already 1000000")."""
+    rules.check_low_water_mark_held(0, 49, 49)
+    rules.check_low_water_mark_held(0, -1, -1)
+    with pytest.raises(InvalidRequest, match=r"refusing low-water mark 1000000: .* only up to 49"):
+        rules.check_low_water_mark_held(0, 10**6, 49)

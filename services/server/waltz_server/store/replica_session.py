@@ -52,6 +52,10 @@ class ReplicaSession:
         return LastSessionInfo(info.last_session_id, info.low_water_mark, info.local_low_water_mark)
 
     async def max_transaction_id(self) -> int:
+        return (await self.max_transaction_id_and_damage())[0]
+
+    async def max_transaction_id_and_damage(self) -> tuple[int, list[int]]:
+        """The max transaction id and the ids of the damaged records the replica holds (not yet repaired)."""
         r = await self._call(
             storage_pb2.StorageRequest(
                 max_transaction_id=storage_pb2.MaxTransactionIdRequest(
@@ -59,7 +63,18 @@ class ReplicaSession:
                 )
             )
         )
-        return r.max_transaction_id.transaction_id
+        return r.max_transaction_id.transaction_id, list(r.max_transaction_id.damaged_transaction_ids)
+
+    async def repair(self, records: Sequence[common_pb2.Record]) -> list[int]:
+        """Rewrite damaged records with intact copies; the damaged ids left afterwards."""
+        r = await self._call(
+            storage_pb2.StorageRequest(
+                repair=storage_pb2.RepairRequest(
+                    session_id=self.session_id, partition_id=self.partition_id, records=records
+                )
+            )
+        )
+        return list(r.max_transaction_id.damaged_transaction_ids)
 
     async def truncate(self, transaction_id: int) -> int:
         """Drop everything above transaction_id; returns the max transaction id afterwards."""

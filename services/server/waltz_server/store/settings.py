@@ -21,6 +21,9 @@ STORE_KEYS: tuple[Key, ...] = (
     Key("storage.keepaliveTime", COUNT, 5000,
         "milliseconds without data on a storage connection before the server pings the node; a ping not answered "
         "within as long again ends the connection (a node gone without a reset is noticed while idle too)"),
+    Key("storage.damageCheckIntervalSeconds", POSITIVE_SECONDS, 10.0,
+        "how often an open store session asks its replicas for damaged records (found by a read or by scrubbing); "
+        "damage ends the session, and the next one's recovery repairs it from an intact replica"),
 )
 
 
@@ -35,6 +38,7 @@ class StoreSettings:
     catch_up_batch_size: int = 500
     replica_lag_timeout_s: float = 5.0
     keepalive_time_s: float = 5.0
+    damage_check_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.initial_retry_interval_s <= 0 or self.max_retry_interval_s < self.initial_retry_interval_s:
@@ -45,6 +49,7 @@ class StoreSettings:
             or self.request_timeout_s <= 0
             or self.replica_lag_timeout_s <= 0
             or self.keepalive_time_s <= 0
+            or self.damage_check_interval_s <= 0
         ):
             raise ValueError(
                 "storage.checkpointInterval, catchUpBatchSize, requestTimeoutSeconds, replicaLagTimeout and "
@@ -61,6 +66,7 @@ class StoreSettings:
             catch_up_batch_size=config["storage.catchUpBatchSize"],
             replica_lag_timeout_s=config["storage.replicaLagTimeout"] / 1000.0,
             keepalive_time_s=config["storage.keepaliveTime"] / 1000.0,
+            damage_check_interval_s=config["storage.damageCheckIntervalSeconds"],
         )
 
 

@@ -24,6 +24,7 @@ from waltz_server.store.metadata import (
     SessionStart,
     begin_session,
     groups_of,
+    read_replica_states,
     replicas_of,
     write_replica_states,
 )
@@ -227,8 +228,22 @@ class ReplicatedStorePartition:
             nonlocal version
             version = await asyncio.to_thread(write_replica_states, self._zk, self._paths, start, version, states)
 
+        async def still_current() -> bool:
+            def read() -> bool:
+                self._zk.sync(self._paths.partition_metadata(self.partition_id))
+                generation, session_id, _ = read_replica_states(self._zk, self._paths, self.partition_id)
+                return (generation, session_id) == (start.generation, start.session_id)
+
+            return await asyncio.to_thread(read)
+
         session = StoreSession(
-            start, replica_groups, self._connections, self._settings, write_states, self._session_changed
+            start,
+            replica_groups,
+            self._connections,
+            self._settings,
+            write_states,
+            self._session_changed,
+            still_current,
         )
         self._session = session
         if self._replica_groups() != replica_groups:  # changed while the session id was being taken

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -15,20 +16,29 @@ from waltz_server.recovery import (
     CatchUp,
     Recovered,
     RecoveryManager,
+    Repair,
     ReplicaFacts,
     ReplicaState,
+    SessionFencedError,
     SetLowWaterMark,
     Truncate,
     Wait,
 )
 from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
-from waltz_server.store.connection import StorageConnection, StorageConnections, StorageError
+from waltz_server.store.connection import (
+    Code,
+    StorageConnection,
+    StorageConnections,
+    StorageError,
+    StorageRpcError,
+)
 from waltz_server.store.events import Signal, first_to_end
 from waltz_server.store.metadata import SessionStart
 from waltz_server.store.replica_session import ReplicaSession
 from waltz_server.store.session_end import (
     SessionEnded,
     SessionFailed,
+    SessionFenced,
     SessionRestart,
     classify,
     end_reason,
@@ -42,6 +52,8 @@ log = logging.getLogger(__name__)
 SOURCE_RETRY_S = 0.05
 
 WriteStates = Callable[[Mapping[str, ReplicaState]], Awaitable[None]]
+StillCurrent = Callable[[], Awaitable[bool]]
+"""Whether ZooKeeper still holds this store session as the partition's newest (no other owner took over)."""
 T = TypeVar("T")
 Fetch = Callable[[ReplicaSession, int, int], Awaitable[list[T]]]
 
@@ -62,6 +74,7 @@ class StoreSession:
         settings: StoreSettings,
         write_states: WriteStates,
         on_change: Callable[[], None] = lambda: None,
+        still_current: StillCurrent | None = None,
     ) -> None:
         self.start = start
         self.session_id = start.session_id
@@ -72,6 +85,8 @@ class StoreSession:
         self._settings = settings
         self._write_states = write_states
         self._on_change = on_change  # told when the session opens for appends and when it ends
+        self._still_current = still_current
+        self.poisoned: set[str] = set()  # replicas left out: their fence is above this session, which is the newest
         self._manager = RecoveryManager(self.session_id, start.previous, self.replicas)
         self._changed = Signal()  # recovery facts or membership changed
         self._progress = Signal()  # a batch was acknowledged, or the session ended
@@ -82,6 +97,7 @@ class StoreSession:
         self._checkpointing = False  # the checkpoint interval is reached: no new appends, then restart
         self._stop: asyncio.Future[SessionEnded] = asyncio.get_running_loop().create_future()
         self._preferred_reader: str | None = None
+        self._damage_seen = asyncio.Event()  # a read was answered CORRUPTED: look for damage now
         self.ready = asyncio.Event()
         self.ended: SessionEnded | None = None
         self.low_water_mark = -1
@@ -128,6 +144,7 @@ class StoreSession:
                 tasks.create_task(self._until_stopped())
                 tasks.create_task(self._checkpoint())
                 tasks.create_task(self._watch_lag())
+                tasks.create_task(self._watch_damage())
         except BaseExceptionGroup as group:
             reason = end_reason(group)
             self._end(reason)
@@ -176,6 +193,34 @@ class StoreSession:
                 )
                 raise SessionFailed(f"replica {', '.join(late)} fell {lag:g} s behind the quorum's acknowledgements")
 
+    async def _watch_damage(self) -> None:
+        """Every storage.damageCheckIntervalSeconds (sooner after a read answered CORRUPTED), ask the members for
+        damaged records; any ends the session, so that the next one's recovery repairs them from an intact
+        replica before it takes appends (recovery.RecoveryManager, Repair)."""
+        await self.ready.wait()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._settings.damage_check_interval_s):
+                    await self._damage_seen.wait()
+            self._damage_seen.clear()
+            for replica, member in sorted(self._writes.members.items()):
+                try:
+                    _, damaged = await member.session.max_transaction_id_and_damage()
+                except StorageError:
+                    continue  # a failing member ends the session through its own task
+                if damaged:
+                    shown = ", ".join(map(str, damaged[:5])) + (", ..." if len(damaged) > 5 else "")
+                    log.error(
+                        "partition %d session %d: replica %s holds %d damaged transactions (%s); a new session "
+                        "repairs them",
+                        self.partition_id,
+                        self.session_id,
+                        replica,
+                        len(damaged),
+                        shown,
+                    )
+                    raise SessionRestart(f"replica {replica} holds damaged transactions {shown}")
+
     async def _wait_until(self, signal: Signal, predicate: Callable[[], bool]) -> None:
         while not predicate():
             await signal.wait_past(signal.version)
@@ -202,6 +247,13 @@ class StoreSession:
                 error = e
             self._online.pop(replica, None)
             reason = classify(error)
+            if isinstance(reason, SessionFenced) and await self._poisoned(replica, error):
+                if replica in self._writes.members:
+                    raise SessionFailed(f"replica {replica}: {error}; the next session leaves it out") from None
+                self._manager.replica_offline(replica)
+                self._changed.notify()
+                await asyncio.sleep(self._settings.max_retry_interval_s)  # until an operator resets its fence
+                continue
             if not isinstance(reason, SessionFailed) or not isinstance(error, StorageError):
                 raise reason from None
             if replica in self._writes.members:
@@ -219,9 +271,38 @@ class StoreSession:
                 self._changed.notify()
             await asyncio.sleep(backoff.next_delay())
 
+    async def _poisoned(self, replica: str, error: BaseException) -> bool:
+        """Whether replica refused this session for a fence that no session of the partition set: ZooKeeper still
+        holds this session as the newest (every session id is taken there by compare-and-set before any request
+        carries it), so the replica's fence was raised by something else (a forged or mistaken request). Such a
+        replica is left out and flagged; the session goes on with the others if they are a majority. When
+        ZooKeeper cannot say, the refusal stands: the session is fenced."""
+        if self._still_current is None:
+            return False
+        if not (isinstance(error, StorageRpcError) and error.code == Code.STALE_SESSION) and not isinstance(
+            error, SessionFencedError
+        ):
+            return False
+        try:
+            current = await self._still_current()
+        except Exception as e:  # ZooKeeper unreachable: cannot tell a poisoned fence from a newer owner
+            log.warning("partition %d: cannot check the session in ZooKeeper: %s", self.partition_id, e)
+            return False
+        if current:
+            detail = (
+                f"left out: its fence is above session {self.session_id}, the partition's newest "
+                f"({error}); clear it with `waltz storage reset-fence`"
+            )
+            if replica not in self.poisoned:
+                log.error("partition %d session %d: replica %s %s", self.partition_id, self.session_id, replica, detail)
+            self.poisoned.add(replica)
+            self.replica_detail[replica] = detail
+        return current
+
     async def _serve_replica(self, replica: str, session: ReplicaSession) -> None:
+
         info = await session.last_session_info()
-        max_id = await session.max_transaction_id()
+        max_id, damaged = await session.max_transaction_id_and_damage()
         self._online[replica] = session
         held = self.low_water_mark
         if replica in self._recovered:
@@ -230,7 +311,9 @@ class StoreSession:
                 raise SessionFailed(f"replica {replica} lost what this session recovered on it")
             held = max_id
         else:
-            facts = ReplicaFacts(info.session_id, info.low_water_mark, info.local_low_water_mark, max_id)
+            facts = ReplicaFacts(
+                info.session_id, info.low_water_mark, info.local_low_water_mark, max_id, frozenset(damaged)
+            )
             self._manager.replica_online(replica, facts)
             self._changed.notify()
             await self._recover_replica(replica, session)
@@ -257,6 +340,8 @@ class StoreSession:
             self.replica_detail[replica] = f"recovering: {action}"
             if isinstance(action, Truncate):
                 self._manager.replica_progress(replica, await session.truncate(action.transaction_id))
+            elif isinstance(action, Repair):
+                await self._repair(replica, session, action)
             elif isinstance(action, SetLowWaterMark):
                 await session.set_low_water_mark(action.low_water_mark)
                 self._manager.low_water_mark_set(replica)
@@ -267,6 +352,40 @@ class StoreSession:
                     continue
                 self._manager.replica_progress(replica, copied_to)
             self._changed.notify()
+
+    async def _repair(self, replica: str, target: ReplicaSession, action: Repair) -> None:
+        """Read intact copies of the damaged transactions from the source and have the target rewrite them."""
+        source = self._online.get(action.source)
+        if source is None or not source.alive:
+            await asyncio.sleep(SOURCE_RETRY_S)
+            return
+        copies = []
+        for txn in action.transaction_ids:
+            try:
+                found = await source.records(txn, 1)
+            except StorageError as e:  # the source's copy is damaged too: it says which of its records are
+                log.warning("partition %d: repair read of %d from %s: %s", self.partition_id, txn, source.replica, e)
+                _, damaged = await source.max_transaction_id_and_damage()
+                self._manager.replica_damage(action.source, damaged)
+                break
+            if found and found[0].transaction_id == txn:
+                copies.append(found[0])
+        if copies:
+            try:
+                remaining = await target.repair(copies)
+            except StorageError as e:  # e.g. the copy is not the record the target held: try again later
+                log.error("partition %d: repair of %s on %s failed: %s", self.partition_id, replica, action, e)
+                await asyncio.sleep(SOURCE_RETRY_S * 20)
+                return
+            log.warning(
+                "partition %d session %d: repaired damaged transactions %s on %s from %s",
+                self.partition_id,
+                self.session_id,
+                [c.transaction_id for c in copies],
+                replica,
+                action.source,
+            )
+            self._manager.replica_damage(replica, remaining)
 
     async def _copy_from(
         self, source: ReplicaSession | None, target: ReplicaSession, first: int, last: int
@@ -446,6 +565,8 @@ class StoreSession:
                         break
                     found.extend(part)
             except StorageError as e:
+                if isinstance(e, StorageRpcError) and e.code == Code.CORRUPTED:
+                    self._damage_seen.set()
                 errors.append(str(e))
                 continue
             if len(found) >= count:
@@ -466,9 +587,11 @@ class StoreSession:
         if self.ended is not None:
             return f"store session {self.session_id} ended: {self.ended}"
         if self.ready.is_set():
+            left_out = "".join(f"; {r} {self.replica_detail[r]}" for r in sorted(self.poisoned))
             return (
                 f"store session {self.session_id} open: write set {', '.join(self.members)} "
                 f"({len(self._writes.members)}/{len(self.replicas)}), high-water mark {self.high_water_mark}"
+                f"{left_out}"
             )
         replicas = "; ".join(f"{r}: {d}" for r, d in sorted(self.replica_detail.items()))
         return f"store session {self.session_id} recovering ({self._manager.decide().resolution.value}): {replicas}"

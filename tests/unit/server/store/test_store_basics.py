@@ -32,6 +32,7 @@ def test_store_keys_defaults_are_the_settings_defaults() -> None:
         "storage.catchUpBatchSize",
         "storage.replicaLagTimeout",
         "storage.keepaliveTime",
+        "storage.damageCheckIntervalSeconds",
     }
 
 
