@@ -1,6 +1,7 @@
-"""The shipped alert rules in a real Prometheus (Debian's binary) scraping a local cluster: nothing fires while the
-cluster is healthy; kill -9 a storage node and WaltzPartitionUnderReplicated fires for its partitions (and
-WaltzPartitionWithoutQuorum does not: two of three are left); start it again and the alert clears.
+"""The shipped alert rules in a real Prometheus (Debian's binary) scraping a local cluster: every metric the rules
+name is scraped, and nothing fires while the cluster is healthy; kill -9 a storage node and
+WaltzPartitionUnderReplicated fires for its partitions (and WaltzPartitionWithoutQuorum does not: two of three are
+left); start it again and the alert clears.
 
 Every file of helm/waltz/files/rules is loaded as shipped, except that each rule's `for:` is cut to a few seconds
 so the test takes seconds, not minutes: the expressions meet real metrics here, while the durations are checked
@@ -9,6 +10,7 @@ by the promtool unit tests (tests/unit/test_alert_rules.py)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import urllib.parse
@@ -110,6 +112,22 @@ def write_sets(prometheus: Prometheus) -> dict[str, float]:
     return {r["metric"]["partition"]: float(r["value"][1]) for r in result}
 
 
+def scraped_names(prometheus: Prometheus) -> set[str]:
+    """The metric names the targets expose, also the families without a sample yet (from their HELP/TYPE)."""
+    names = set(prometheus.api("label/__name__/values"))
+    for family in prometheus.api("metadata"):
+        names |= {family, f"{family}_total", f"{family}_bucket"}
+    return names
+
+
+def rule_metric_names() -> set[str]:
+    wanted = set()
+    for path in RULES.glob("*.yaml"):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            wanted |= {name for rule in group["rules"] for name in re.findall(r"\bwaltz_\w+", rule["expr"])}
+    return wanted
+
+
 def test_the_under_replication_alert_fires_when_a_storage_node_dies_and_clears_when_it_is_back(
         cluster: LocalCluster, prometheus: Prometheus):
     every = {str(p) for p in range(PARTITIONS)}
@@ -117,6 +135,12 @@ def test_the_under_replication_alert_fires_when_a_storage_node_dies_and_clears_w
     assert {g["file"].rsplit("/", 1)[-1] for g in loaded} == {p.name for p in RULES.glob("*.yaml")}
     prometheus.wait("every partition's three replicas in the write set",
                     lambda: write_sets(prometheus) == dict.fromkeys(every, 3.0), timeout=60)
+    # a renamed metric would leave its alert silent for ever: every waltz_ name the rules ask for is scraped
+    assert "waltz_server_partition_replicas" in rule_metric_names()
+    prometheus.wait("both kinds of target scraped", lambda: {"waltz_storage_partition_max_transaction_id",
+                                                              "waltz_server_partitions"} <= scraped_names(prometheus),
+                    timeout=60)
+    assert sorted(rule_metric_names() - scraped_names(prometheus)) == []
     time.sleep(3)  # longer than every `for:`: a healthy cluster fires nothing, pending included
     assert prometheus.alerts("firing") == [] and prometheus.alerts("pending") == []
 
