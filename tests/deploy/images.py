@@ -53,11 +53,7 @@ def prepare(workdir: Path, say: Callable[[str], None], seconds: float) -> Prepar
     started = time.monotonic()
     try:
         prepared.engine = engine.start_engine(workdir)
-    except engine.EngineUnavailable as exc:
-        prepared.unavailable = str(exc)
-        return prepared
-    say(f"building the container test's images (budget {seconds:.0f} s, {BUDGET_VARIABLE})")
-    try:
+        say(f"building the container test's images (budget {seconds:.0f} s, {BUDGET_VARIABLE})")
         base = engine.base_image(timeout=remaining(deadline))
         say(f"base image {base} ready after {time.monotonic() - started:.0f} s")
         zk_file = ROOT / "tests/deploy/zookeeper.Dockerfile"
