@@ -34,7 +34,7 @@ from waltz_common.tls import TLS_KEYS
 from waltz_server.config import advertised, all_keys
 from waltz_storage.config import STORAGE_KEYS
 
-CRD_KINDS = {"ServiceMonitor"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 
 def hadolint() -> str:
@@ -252,6 +252,22 @@ def test_metrics_off_leaves_no_metrics_port_annotation_or_dashboard():
         component = monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]
         service = find(on, "Service", "-storage-headless" if component == "storage" else "-server")
         assert monitor["spec"]["endpoints"][0]["port"] in [p["name"] for p in service["spec"]["ports"]]
+
+
+def test_prometheus_rule_carries_every_rule_file_when_enabled():
+    """Off by default like the ServiceMonitor; on, one PrometheusRule with the groups of every files/rules/*.yaml
+    (tests/unit/test_alert_rules.py tests the rules themselves)."""
+    assert not [o for o in manifests(render({})) if o["kind"] == "PrometheusRule"]
+    values = {"metrics": {"prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus"}}}}
+    rule = find(manifests(render(values)), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
+    shipped = [group for path in sorted((CHART / "files/rules").glob("*.yaml"))
+               for group in yaml.safe_load(path.read_text())["groups"]]
+    assert shipped and rule["spec"]["groups"] == shipped
+    assert "WaltzPartitionUnderReplicated" in [r.get("alert") for g in shipped for r in g["rules"]]
+    off = {"metrics": {"enabled": False, "prometheusRule": {"enabled": True}}}
+    assert not [o for o in manifests(render(off)) if o["kind"] == "PrometheusRule"]
 
 
 def test_dashboard_config_map_carries_the_grafana_dashboard():

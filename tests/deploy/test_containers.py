@@ -2,11 +2,11 @@
 nodes and a server on the host network with the configuration files, command lines and environment the chart
 renders (in-cluster names mapped to 127.0.0.1, ports to free loopback ports), the provisioning Job's command in a
 container, the bank demo, then a storage container killed and started again on its volume: the demo's data is
-intact and the replicas identical. Skips only where no container engine can be started."""
+intact and the replicas identical. Skips only where no container engine can be started. The images are built
+before the tests run, with a budget of their own (tests/deploy/images.py, WALTZ_IMAGE_BUILD_TIMEOUT)."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 import tempfile
 import time
@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from tests.chaos.cluster import node_records
-from tests.deploy import engine
-from tests.deploy.chart import NAMESPACE, ROOT, find, manifests, render
+from tests.deploy.chart import NAMESPACE, find, manifests, render
 from tests.deploy.containers import Pod, exit_code, logs, remove, wait_serving
 from tests.deploy.engine import run
 from waltz.v1 import metadata_pb2
@@ -30,41 +29,9 @@ from waltz_storage.admin_client import StorageAdminClient
 
 pytestmark = pytest.mark.slow
 
-BUILD_TIMEOUT_S = 900
 STORAGE_NODES = 3
 MAX_STORAGE_NODES = 4  # after the scale-out
 PARTITIONS = 4
-
-
-@pytest.fixture(scope="module")
-def docker(tmp_path_factory):
-    """A Docker engine (started here as root if none runs; stopped by pid at the end)."""
-    try:
-        started = engine.start_engine(tmp_path_factory.mktemp("dockerd"))
-    except engine.EngineUnavailable as exc:
-        pytest.skip(f"no container engine can be started here: {exc}")
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
-def build(dockerfile: Path, tag: str, base: str) -> None:
-    run(["docker", "build", "--network", "host", "-q", "-f", str(dockerfile), "--build-arg", f"BASE_IMAGE={base}",
-         "-t", tag, str(ROOT)], BUILD_TIMEOUT_S)
-
-
-@pytest.fixture(scope="module")
-def images(docker) -> dict[str, str]:
-    """Tags of the storage, server and (test-only) ZooKeeper images, built FROM the cached local base."""
-    base = engine.base_image()
-    zk_file = ROOT / "tests/deploy/zookeeper.Dockerfile"
-    zk_tag = f"waltz-test-zookeeper:{hashlib.sha256(zk_file.read_bytes() + base.encode()).hexdigest()[:12]}"
-    if not engine.image_exists(zk_tag):
-        build(zk_file, zk_tag, base)
-    build(ROOT / "Dockerfile.storage", "waltz-storage:test", base)
-    build(ROOT / "Dockerfile.server", "waltz-server:test", base)
-    return {"storage": "waltz-storage:test", "server": "waltz-server:test", "zookeeper": zk_tag}
 
 
 class Deployment:
