@@ -78,7 +78,9 @@ class BatchApplyCallbacks(WaltzClientCallbacks):
         return super().__new__(cls)
 
     def apply_transaction(self, transaction: Transaction) -> None:
-        self.apply_transactions([transaction])
+        # straight to the database, not through apply_transactions: a subclass may make that the client's
+        # per-transaction default (which calls this), and the two would call each other for ever
+        self.skipped += self._apply_in_one_transaction([transaction], describe_batch([transaction]))
 
     def apply_transactions(self, transactions: list[Transaction]) -> None:
         """Apply a batch in ONE database transaction with one high-water-mark update: all of it or none."""

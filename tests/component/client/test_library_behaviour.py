@@ -303,3 +303,27 @@ def test_leaving_with_an_exception_still_flushes_but_a_cancellation_does_not_wai
     with pytest.raises(ValueError):
         run(failing())
     assert payloads(released) == [b"sent"]
+
+
+def test_a_helper_whose_batches_are_the_clients_per_transaction_default_applies_without_recursing(
+        tmp_path: Path) -> None:
+    """bench.catchup's per-transaction baseline sets apply_transactions to WaltzClientCallbacks' default (which calls
+    apply_transaction for each); the shared batch-apply base's apply_transaction called apply_transactions back, and
+    the two recursed until RecursionError, retried for ever (found by test_bench_catchup after the merge)."""
+    from waltz_client import GuardedConnection, WaltzClientCallbacks
+    from waltz_client import SqliteClientCallbacks as Sqlite
+
+    class PerTransaction(Sqlite):
+        apply_transactions = WaltzClientCallbacks.apply_transactions
+
+        def create_schema(self, connection: Any) -> None:
+            connection.execute("CREATE TABLE IF NOT EXISTS rows (id INTEGER PRIMARY KEY)")
+
+        def apply(self, transaction: Transaction, connection: GuardedConnection) -> None:
+            connection.execute("INSERT INTO rows VALUES (?)", (transaction.transaction_id,))
+
+    helper = PerTransaction(tmp_path / "app.db")
+    helper.apply_transactions([Transaction(0, i, None, 0, lambda: b"") for i in range(3)])  # type: ignore[arg-type]
+    assert helper.query_all("SELECT id FROM rows") == [(0,), (1,), (2,)]
+    assert helper.get_client_high_water_mark(0) == 2
+    helper.close()
