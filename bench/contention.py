@@ -60,6 +60,16 @@ def checkout(revision: str, into: Path) -> list[str]:
     return [str(into / "clients" / "python"), str(into / "common")]
 
 
+def _wait_for_all(prefixes: list[Path], suffix: str, processes: list[subprocess.Popen[bytes]], seconds: float,
+                  failure: str) -> None:
+    """Until every instance has written PREFIX+suffix; failure if one exits first or it takes over seconds."""
+    deadline = time.monotonic() + seconds
+    while not all(p.with_suffix(suffix).exists() for p in prefixes):
+        if time.monotonic() > deadline or any(process.poll() is not None for process in processes):
+            raise RuntimeError(failure)
+        time.sleep(0.05)
+
+
 def run_instances(workdir: Path, config: dict[str, Any], pythonpath: list[str], instances: int, submitters: int,
                   items: int, seconds: float, postgres: list[str] | None = None) -> list[dict[str, Any]]:
     """Start the instances (each into its SQLite file, or into the PostgreSQL database of postgres[i]), wait until
@@ -79,18 +89,11 @@ def run_instances(workdir: Path, config: dict[str, Any], pythonpath: list[str], 
         log = prefix.with_suffix(".log").open("w")
         processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
-        deadline = time.monotonic() + 120
-        while not all(p.with_suffix(".ready").exists() for p in prefixes):
-            if time.monotonic() > deadline or any(process.poll() is not None for process in processes):
-                raise RuntimeError(f"an instance did not mount: see {workdir}/instance-*.log")
-            time.sleep(0.05)
+        _wait_for_all(prefixes, ".ready", processes, 120, f"an instance did not mount: see {workdir}/instance-*.log")
         for prefix in prefixes:
             prefix.with_suffix(".go").write_text("")
-        deadline = time.monotonic() + seconds + 180
-        while not all(p.with_suffix(".stopped").exists() for p in prefixes):
-            if time.monotonic() > deadline or any(process.poll() is not None for process in processes):
-                raise RuntimeError(f"an instance did not stop: see {workdir}/instance-*.log")
-            time.sleep(0.05)
+        _wait_for_all(prefixes, ".stopped", processes, seconds + 180,
+                      f"an instance did not stop: see {workdir}/instance-*.log")
         for prefix in prefixes:
             prefix.with_suffix(".drain").write_text("")
         for process in processes:
