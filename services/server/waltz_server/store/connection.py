@@ -225,6 +225,14 @@ class StorageConnection:
         except TimeoutError:
             sent.cancel()
             raise StorageTimeout(f"{self.connect_string}: no answer within {limit:g} s") from None
+        return self.checked(response)
+
+    @property
+    def request_timeout_s(self) -> float:
+        return self._settings.request_timeout_s
+
+    def checked(self, response: storage_pb2.StorageResponse) -> storage_pb2.StorageResponse:
+        """The response, or StorageRpcError when it is a Failure."""
         if response.HasField("failure"):
             exception = response.failure.exception
             raise StorageRpcError(exception.code, f"{self.connect_string}: {exception.message}")

@@ -103,12 +103,20 @@ class ReplicaSession:
         self, request: storage_pb2.StorageRequest, serialized: bytes
     ) -> asyncio.Future[storage_pb2.StorageResponse]:
         """Queue a prepared append shared by every replica (serialized: it with seq_num 0) without waiting;
-        acknowledged() waits for its answer. StorageConnectionLost at once when the stream is gone."""
+        check_acknowledged() reads its answer. StorageConnectionLost at once when the stream is gone."""
         return self.connection.send(request, epoch=self.epoch, serialized=serialized)
 
-    async def acknowledged(self, sent: asyncio.Future[storage_pb2.StorageResponse]) -> None:
-        """Wait until the node acknowledged an append send_append() queued; StorageError when it did not."""
-        await self.connection.answer(sent)
+    def check_acknowledged(self, answered: asyncio.Future[storage_pb2.StorageResponse]) -> None:
+        """Whether the node acknowledged an append send_append() queued, once its answer came (the future is
+        done): StorageError when it did not."""
+        if answered.cancelled():
+            raise StorageConnectionLost(f"{self.replica}: the append's answer was given up")
+        self.connection.checked(answered.result())
+
+    @property
+    def request_timeout_s(self) -> float:
+        """How long an answer may take (storage.requestTimeoutSeconds)."""
+        return self.connection.request_timeout_s
 
     async def records(self, transaction_id: int, max_records: int) -> list[common_pb2.Record]:
         r = await self._call(

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from waltz.v1 import storage_pb2
-from waltz_server.store.connection import StorageError
+from waltz_server.store.connection import StorageError, StorageTimeout
 from waltz_server.store.events import Signal
 from waltz_server.store.replica_session import ReplicaSession
 
@@ -29,27 +29,103 @@ class Batch:
     committed_at: float | None = None  # time.monotonic() when the quorum was reached
 
 
-@dataclass(eq=False)
 class Member:
-    """A replica in the write set: it holds every committed transaction and gets every new batch."""
+    """A replica in the write set: it holds every committed transaction and gets every new batch.
 
-    session: ReplicaSession
-    sent: asyncio.Queue[tuple[Batch, asyncio.Future[storage_pb2.StorageResponse]]]  # awaiting its answer
-    acked: int
-    outstanding: int = 0
-    waiting: Batch | None = None  # the oldest batch sent to it and not acknowledged (serve() waits for it)
-    failed: bool = False  # serve() ended: the session is ending, nothing more goes to this member
+    Its answers are counted as they come, in the order the batches were sent, by a callback on each answer (no
+    task wakes per batch); serve() only waits for the first answer that is not an acknowledgement, or for one that
+    does not come within storage.requestTimeoutSeconds of its turn (a timer checks, about once per timeout)."""
+
+    def __init__(self, session: ReplicaSession, acked: int, on_ack: Callable[[Batch], None]) -> None:
+        self.session = session
+        self.acked = acked
+        self.failed = False  # serve() ended: the session is ending, nothing more goes to this member
+        self.error: BaseException | None = None  # why it ends (serve() raises it)
+        self._on_ack = on_ack
+        self._loop = asyncio.get_running_loop()
+        self._sent: deque[tuple[Batch, asyncio.Future[storage_pb2.StorageResponse]]] = deque()  # unacknowledged
+        self._head_since = 0.0  # loop time since the oldest of them is the one awaited
+        self._timer: asyncio.TimerHandle | None = None
+        self._failure: asyncio.Future[None] | None = None  # serve() waits on it
+
+    @property
+    def outstanding(self) -> int:
+        """Batches sent to it and not acknowledged."""
+        return len(self._sent)
+
+    @property
+    def waiting(self) -> Batch | None:
+        """The oldest batch sent to it and not acknowledged."""
+        return self._sent[0][0] if self._sent else None
 
     def send(self, batch: Batch) -> None:
         if self.failed:
             return
         try:
             answer = self.session.send_append(batch.request, batch.serialized)
-        except StorageError as exc:  # the member's stream is gone: serve() fails it when it gets here
-            answer = asyncio.get_running_loop().create_future()
+        except StorageError as exc:  # the member's stream is gone: the answer's callback fails it
+            answer = self._loop.create_future()
             answer.set_exception(exc)
-        self.sent.put_nowait((batch, answer))
-        self.outstanding += 1
+        if not self._sent:
+            self._head_since = self._loop.time()
+        self._sent.append((batch, answer))
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._head_since + self.session.request_timeout_s, self._check_time)
+        answer.add_done_callback(self._answered)
+
+    def _answered(self, _: asyncio.Future[storage_pb2.StorageResponse]) -> None:
+        sent = self._sent
+        counted = False
+        while sent and sent[0][1].done() and self.error is None and not self.failed:
+            batch, answer = sent[0]
+            try:
+                self.session.check_acknowledged(answer)
+            except Exception as exc:  # serve() raises it, as it raised the answer it awaited
+                self._fail(exc)
+                return
+            sent.popleft()
+            self.acked = batch.last
+            counted = True
+            self._on_ack(batch)
+        if counted and sent:
+            self._head_since = self._loop.time()
+
+    def _check_time(self) -> None:
+        self._timer = None
+        if not self._sent or self.failed or self.error is not None:
+            return
+        limit = self.session.request_timeout_s
+        deadline = self._head_since + limit
+        if self._loop.time() >= deadline:
+            self._sent[0][1].cancel()  # its late answer is dropped
+            self._fail(StorageTimeout(f"{self.session.replica}: no answer within {limit:g} s"))
+            return
+        self._timer = self._loop.call_at(deadline, self._check_time)
+
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        if self._failure is not None and not self._failure.done():
+            self._failure.set_result(None)
+
+    async def serve(self) -> None:
+        """Wait until the member fails, and raise why; then nothing more is counted or sent to it."""
+        try:
+            if self.error is None:
+                self._failure = self._loop.create_future()
+                await self._failure
+            assert self.error is not None
+            raise self.error
+        finally:
+            self.failed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            for _, answer in self._sent:  # answers nobody will wait for: no "exception never retrieved"
+                if not answer.done():
+                    answer.cancel()
+                elif not answer.cancelled():
+                    answer.exception()
 
 
 class WriteSet:
@@ -73,7 +149,7 @@ class WriteSet:
         self.next_id = high_water_mark + 1
 
     def join(self, replica: str, session: ReplicaSession, acked: int) -> None:
-        self.members[replica] = Member(session, asyncio.Queue(), acked)
+        self.members[replica] = Member(session, acked, self._acknowledged)
 
     def has_room(self) -> bool:
         return all(m.outstanding < MAX_OUTSTANDING_BATCHES for m in self.members.values())
@@ -112,28 +188,15 @@ class WriteSet:
                 batch.done.set_exception(error_for(batch))
 
     async def serve(self, member: Member) -> None:
-        """Count the member's acknowledgements in order (several batches may be at the node at once).
-        Returns only by raising (the member failed)."""
-        try:
-            while True:
-                batch, answer = await member.sent.get()
-                member.waiting = batch
-                await member.session.acknowledged(answer)
-                member.waiting = None
-                member.acked = batch.last
-                member.outstanding -= 1
-                batch.votes += 1
-                if batch.votes == self.quorum:
-                    self._committed(batch)
-                self._progress.notify()
-        finally:
-            member.failed = True
-            while not member.sent.empty():  # answers nobody will wait for: no "exception never retrieved"
-                _, answer = member.sent.get_nowait()
-                if not answer.done():
-                    answer.cancel()
-                elif not answer.cancelled():
-                    answer.exception()
+        """Count the member's acknowledgements in order (several batches may be at the node at once), as its
+        answers come. Returns only by raising (the member failed)."""
+        await member.serve()
+
+    def _acknowledged(self, batch: Batch) -> None:
+        batch.votes += 1
+        if batch.votes == self.quorum:
+            self._committed(batch)
+        self._progress.notify()
 
     def _committed(self, batch: Batch) -> None:
         if self.inflight and self.inflight[0] is batch:

@@ -159,6 +159,11 @@ class FakeConnection:
         work.add_done_callback(self._pending.discard)
         return work
 
+    request_timeout_s = 20.0
+
+    def checked(self, response: storage_pb2.StorageResponse) -> storage_pb2.StorageResponse:
+        return response  # the fake replica raises its refusals (handle), it answers no Failure
+
     async def answer(
         self, sent: asyncio.Future[storage_pb2.StorageResponse], timeout: float | None = None
     ) -> storage_pb2.StorageResponse:

@@ -296,6 +296,42 @@ def test_a_member_behind_the_quorum_for_the_lag_timeout_ends_the_session_without
     run(test)
 
 
+def test_a_member_that_does_not_answer_an_append_within_the_request_timeout_ends_the_session() -> None:
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
+        async with h.running() as task:
+            await until(lambda: len(h.session.members) == 3)
+            h.pool.connections[C].request_timeout_s = 0.3
+            h.replicas[C].hold_appends = True
+            assert await h.session.append(pending(1)) == 0  # A and B are the quorum
+            started = asyncio.get_running_loop().time()
+            assert await h.session.append(pending(1, "q")) == 1  # its turn comes only after the first's
+            reason = await ended(task)
+            waited = asyncio.get_running_loop().time() - started
+            assert isinstance(reason, SessionFailed) and C in str(reason) and "no answer within 0.3 s" in str(reason)
+            assert 0.2 < waited < 5
+
+    run(test)
+
+
+def test_a_member_answering_each_append_within_the_request_timeout_stays_however_long_it_is_busy() -> None:
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
+        async with h.running() as task:
+            await until(lambda: len(h.session.members) == 3)
+            h.pool.connections[C].request_timeout_s = 0.3
+            for i in range(6):  # C always has an append unanswered, for 1 s in all, each answered within 0.2 s
+                h.replicas[C].hold_appends = True
+                assert await h.session.append(pending(1, f"t{i}")) == i
+                await asyncio.sleep(0.15)
+                h.replicas[C].release()
+                await until(lambda: h.log(C) == h.log(A))
+            await h.session.drain()
+            assert not task.done() and len(h.session.members) == 3 and h.log(C) == h.log(A)
+
+    run(test)
+
+
 def test_a_member_that_answers_within_the_lag_timeout_stays_in_the_session() -> None:
     async def test() -> None:
         lag = dataclasses.replace(FAST, replica_lag_timeout_s=0.4)
