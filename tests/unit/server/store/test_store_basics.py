@@ -157,6 +157,19 @@ def test_records_round_trip_through_the_append_request() -> None:
     assert records_from_append(body) == [Record(10, ReqId(1, 2, 3, 4), 5, b"data", crc32(b"data"))]
 
 
+REQUEST_KINDS = [field.name for field in storage_pb2.StorageRequest.DESCRIPTOR.oneofs_by_name["request"].fields]
+
+
+@pytest.mark.parametrize("seq", [1, 127, 128, 300, 2**31, 2**40, 2**63 - 1, -1])
+@pytest.mark.parametrize("kind", REQUEST_KINDS)
+def test_the_seq_num_patch_is_what_protobuf_encodes_for_every_request_kind(kind: str, seq: int) -> None:
+    request = storage_pb2.StorageRequest()
+    getattr(request, kind).SetInParent()
+    expected = storage_pb2.StorageRequest()
+    getattr(expected, kind).seq_num = seq
+    assert seq_num_patch(request, seq) == expected.SerializeToString()
+
+
 @pytest.mark.parametrize("seq", [0, 1, 300, 2**40])
 def test_one_serialized_append_gets_each_replicas_seq_num_by_a_patch(seq: int) -> None:
     pending = [NewRecord(req_id_message(ReqId(1, 2, 3, i)), i, b"d%d" % i, crc32(b"d%d" % i)) for i in range(3)]
