@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from waltz.v1 import common_pb2, server_pb2
+from waltz_common.types import crc32_unsigned
 from waltz_server.append_pipeline import AppendPipeline, ClientPending, QueuedAppend, Resolved
 from waltz_server.cache_budget import CacheBudget
 from waltz_server.caches import DataCache
@@ -249,6 +250,7 @@ class Partition(MountedRequests):
         max_locks, hwm = self.settings.max_locks_per_append, self.feeds.high_water_mark
         mounted: dict[int, bool] = {}  # client id -> this stream holds its current mount
         offer, offered, last_seq = pipeline.offer, self._pending.offered, self._sequences.last
+        crc = crc32_unsigned
         for request in requests:
             req_id = request.req_id
             client_id, seq_num = req_id.client_id, req_id.seq_num
@@ -268,7 +270,10 @@ class Partition(MountedRequests):
                 self._reject(origin, Reason.WRONG_GENERATION, self._generation_message(req_id.generation))
                 continue
             data = request.data
-            problem = data_problem(request, data, max_bytes)
+            problem = None
+            size = len(data)  # data_problem's checks, written out; it says what is wrong when one fails
+            if size > max_bytes or request.data_length != size or (request.checksum & 0xFFFFFFFF) != crc(data):
+                problem = data_problem(request, data, max_bytes)
             client_hwm = request.client_high_water_mark
             if not -1 <= client_hwm <= hwm and problem is None:
                 problem = self._client_mark_problem(client_hwm, hwm)
@@ -287,7 +292,7 @@ class Partition(MountedRequests):
             if problem is not None:
                 self._reject(origin, Reason.INVALID, f"partition {self.partition_id}: {problem}")
                 continue
-            offer(QueuedAppend(client_id, client_hwm, locks, len(data), origin, offered(client_id)))
+            offer(QueuedAppend(client_id, client_hwm, locks, size, origin, offered(client_id)))
 
     def _client_mark_problem(self, client_hwm: int, hwm: int) -> str:
         """An append's client high-water mark outside -1 .. the partition's: its lock check would be meaningless
