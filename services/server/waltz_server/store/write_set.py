@@ -96,7 +96,9 @@ class Member:
             return
         limit = self.session.request_timeout_s
         deadline = self._head_since + limit
-        if self._loop.time() >= deadline:
+        if self._sent[0][1].done():  # answered just now: its callback counts it and starts the next one's turn
+            deadline = self._loop.time() + limit
+        elif self._loop.time() >= deadline:
             self._sent[0][1].cancel()  # its late answer is dropped
             self._fail(StorageTimeout(f"{self.session.replica}: no answer within {limit:g} s"))
             return
