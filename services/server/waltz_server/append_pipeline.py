@@ -39,6 +39,8 @@ class QueuedAppend(Generic[T]):
     origin: T
     ticket: int = 0
     """Its place among its client's appends offered to the partition (ClientPending.offered)."""
+    checked: int = -1
+    """The lock table's version when its lock check last passed: until the version moves, it still passes."""
 
     @property
     def all_locks(self) -> tuple[int, ...]:
@@ -210,30 +212,30 @@ class AppendPipeline(Generic[T]):
         blocked_clients, blocked_locks = self._blocked_clients, self._blocked_locks
         building, max_count, max_bytes = self._building, self._max_count, self._max_bytes
         building_bytes = self._building_bytes
+        locks = self._locks
+        version = locks.version
         while waiting:
             item = waiting.popleft()
             locked = item.locks.any  # most appends take no locks: skip the table for them
-            if item.client_id in blocked_clients or (
-                locked and blocked_locks and not blocked_locks.isdisjoint(item.all_locks)
-            ):
-                if locked:  # a check that fails on what committed fails whatever the appends before it do
-                    conflict = self._locks.check(item.locks, item.client_high_water_mark)
-                    if conflict is not None:
-                        failures.append((item, conflict))
-                        continue
-                self._block(item)
-                kept.append(item)
-                continue
-            if locked:
-                conflict = self._locks.check(item.locks, item.client_high_water_mark)
+            # a check that fails on what committed fails whatever the appends before it do: it is answered at once,
+            # also behind a blocking append; one that passed passes until a commit moves a mark (the table's version)
+            if locked and item.checked != version:
+                conflict = locks.check(item.locks, item.client_high_water_mark)
                 if conflict is not None:
                     failures.append((item, conflict))
                     continue
+                item.checked = version
+            if item.client_id in blocked_clients or (
+                locked and blocked_locks and not blocked_locks.isdisjoint(item.all_locks)
+            ):
+                self._block(item)
+                kept.append(item)
+                continue
             if len(building) >= max_count or (building and building_bytes + item.size > max_bytes):
                 self._block(item)
                 kept.append(item)
                 continue
-            if locked and not self._locks.begin(item.locks):
+            if locked and not locks.begin(item.locks):
                 self._block(item)
                 kept.append(item)
                 continue

@@ -281,3 +281,34 @@ def test_a_stale_append_behind_an_in_flight_conflict_fails_at_once() -> None:
     assert p.waiting == 1
     p.committed(1)  # w1 committed: now fresh's check fails on it
     assert [(i.origin, t) for i, t in p.poll()] == [("fresh", 1)] and p.waiting == 0
+
+
+class _CountingLocks(LockTable):
+    checks = 0
+
+    def check(self, request: LockRequest, client_high_water_mark: int) -> int | None:
+        self.checks += 1
+        return super().check(request, client_high_water_mark)
+
+
+def test_a_waiting_append_is_lock_checked_once_per_commit_not_once_per_poll() -> None:
+    """Issue 31: every rescan (each batch taken, each batch resolved) checked every waiting append with locks again,
+    though a check's answer changes only when a commit moves a lock's mark: 50 appends waiting behind an in-flight
+    conflict, through 20 batches of unrelated appends, were checked 1,051 times; now 51, and 50 more at the commit."""
+    locks = _CountingLocks(-1, 1000)
+    p: AppendPipeline[str] = AppendPipeline(locks, 100, 10_000, max_in_flight=30)
+    p.offer(item(1, "holder", write=[7]))
+    p.poll()
+    p.take_batch()  # in flight, holding lock 7: the waiters below wait for its outcome
+    for n in range(50):
+        p.offer(item(100 + n, f"waiter{n}", write=[7]))
+    p.poll()
+    assert locks.checks == 51 and p.waiting == 50
+    for n in range(20):  # unrelated appends come and go; nothing commits on lock 7
+        p.offer(item(2, f"other{n}"))
+        p.poll()
+        assert names(p.take_batch()) == [f"other{n}"]
+        assert p.poll() == []
+    assert locks.checks == 51
+    p.committed(0)  # the holder committed as 0: the waiters (high-water mark -1) all fail, checked once more
+    assert len(p.poll()) == 50 and locks.checks == 101
