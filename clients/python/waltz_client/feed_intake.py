@@ -16,6 +16,7 @@ from waltz_client.batch_data import READ_CHUNK, BatchData
 from waltz_client.feed_steps import FeedStep
 from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
 from waltz_client.partition_env import PartitionEnv, PendingAppend
+from waltz_common.types import crc32
 
 log = logging.getLogger("waltz_client.partition")  # the partition's log, as before the split
 
@@ -98,27 +99,44 @@ class FeedIntake:
                     latency.observe(now - mine.sent_at)
             if txn_id == next_id:
                 next_id += 1
+                data = None if mine is None else mine.data
                 if mine is None:
-                    last_foreign = txn_id
-                    if source is None and len(entries) > 1:
-                        source = BatchData(fetch, self.fetch_range if self.env.fetch_range is not None else None, -1)
-                        fetch = source
-                steps.append((txn_id, mine, FedTransaction(
-                    pid, txn_id, req_id, entry.header, fetch, None if mine is None else mine.data)))
+                    if entry.has_data:
+                        data = self._inline(entry)
+                    if data is None:
+                        last_foreign = txn_id
+                        if source is None and len(entries) > 1:
+                            source = BatchData(fetch, self.fetch_range if self.env.fetch_range is not None else None,
+                                               -1)
+                            fetch = source
+                steps.append((txn_id, mine, FedTransaction(pid, txn_id, req_id, entry.header, fetch, data)))
             elif mine is not None:
                 steps.append((txn_id, mine, None))
         if source is not None:
             source.last_id = last_foreign
         return steps, superseded, gap_at, foreign, last_foreign
 
+    def _inline(self, entry: server_pb2.FeedData) -> bytes | None:
+        """An entry's inline data, if its checksum holds (else None: it is fetched, as without inline data)."""
+        data = entry.data
+        if crc32(data) == entry.checksum:
+            self.env.stats.inline_data += 1
+            return data
+        log.warning("partition %d: the inline data of transaction %d fails its checksum; fetching it",
+                    self.partition_id, entry.transaction_id)
+        return None
+
     def fetch_one(self, partition_id: int, transaction_id: int) -> bytes:
         self.reads_data = True  # on the callback thread: the application reads other clients' data
+        self.env.stats.fetched += 1
         return self.env.fetch(partition_id, transaction_id)
 
     def fetch_range(self, partition_id: int, first: int, last: int) -> dict[int, bytes]:
         self.reads_data = True
         assert self.env.fetch_range is not None
-        return self.env.fetch_range(partition_id, first, last)
+        data = self.env.fetch_range(partition_id, first, last)
+        self.env.stats.fetched += len(data)
+        return data
 
     async def read_ahead(self, steps: list[FeedStep]) -> None:
         """For an application that reads other clients' data: read the batch's on the loop, before its apply, so
@@ -127,7 +145,7 @@ class FeedIntake:
         read = self.env.read_range
         if read is None:
             return
-        wanted = [t for _, mine, t in steps if mine is None and t is not None]
+        wanted = [t for _, mine, t in steps if mine is None and isinstance(t, FedTransaction) and not t.loaded]
         if not wanted:
             return
         data: dict[int, bytes] = {}
@@ -137,6 +155,6 @@ class FeedIntake:
                 data.update(await read(self.partition_id, start, min(last, start + READ_CHUNK - 1)))
         except Exception as exc:
             log.debug("partition %d: reading transactions %d..%d ahead failed: %s", self.partition_id, first, last, exc)
+        self.env.stats.fetched += len(data)
         for transaction in wanted:
-            if isinstance(transaction, FedTransaction):
-                transaction.preload(data.get(transaction.transaction_id))
+            transaction.preload(data.get(transaction.transaction_id))

@@ -85,6 +85,7 @@ class ClientPartition:
         self.apply_failure: tuple[int, BaseException] | None = None  # the apply failing now: (transaction id, error)
         self._backlog: deque[Any] = deque()  # inbox events taken out while merging feed messages, in order
         self._intake = FeedIntake(partition_id, env, self.monitor)  # feed entries -> steps, other clients' data
+        self._inline_asked = 0  # the inline data the current feed was asked for
 
     # ---- application side -------------------------------------------------------------
 
@@ -261,7 +262,8 @@ class ClientPartition:
             return _Verdict.REMOUNT  # the partition moved while the stream was being opened
         self.conn, self._owner = conn, owner
         req_id = self.state.begin_mount()
-        conn.enqueue(mount_request(req_id, self.client_high_water_mark, conn.seq_num))
+        self._inline_asked = self._inline_wanted()
+        conn.enqueue(mount_request(req_id, self.client_high_water_mark, conn.seq_num, self._inline_asked))
         loop = asyncio.get_running_loop()
         self.catchup = CatchUp(loop.time(), self.client_high_water_mark, conn.endpoint)
         reporter = loop.create_task(self._report_catchup(self.catchup), name=f"waltz-catchup-{self.partition_id}")
@@ -411,6 +413,19 @@ class ClientPartition:
                 return _Verdict.REMOUNT
         return None
 
+    def _inline_wanted(self) -> int:
+        """The inline data to ask the feed for: client.inlineDataMaxBytes once the application read another client's
+        data (0 before: a client that never reads it is not sent it)."""
+        return self.env.config.inline_data_max_bytes if self._intake.reads_data else 0
+
+    def _ask_inline(self) -> None:
+        """The application reads other clients' data and the feed does not carry it yet: ask for it from here (a
+        Feed Request from the applied high-water mark; what the old feed still sends is known, and skipped)."""
+        wanted = self._inline_wanted()
+        if wanted and not self._inline_asked and self.conn is not None and self.state.appends_allowed:
+            self._inline_asked = wanted
+            self.conn.enqueue(feed_request(self.state.next_req_id(), self.client_high_water_mark, wanted))
+
     def _heard_high_water_mark(self, high_water_mark: int) -> None:
         if high_water_mark > self.server_high_water_mark:
             self.server_high_water_mark = high_water_mark
@@ -425,7 +440,8 @@ class ClientPartition:
         elif self.conn is not None:
             log.warning("partition %d: the feed stalled at %d (server at %d); requesting it again",
                         self.partition_id, hwm, server_high_water_mark)
-            self.conn.enqueue(feed_request(self.state.next_req_id(), hwm))
+            self._inline_asked = self._inline_wanted()
+            self.conn.enqueue(feed_request(self.state.next_req_id(), hwm, self._inline_asked))
             self._stalled_at = None
 
     async def _on_mount(self, response: server_pb2.MountResponse) -> _Verdict | None:
@@ -479,6 +495,7 @@ class ClientPartition:
                       "partition's entries)", pid, foreign)
         if self._intake.reads_data and last_foreign >= 0:
             await self._intake.read_ahead(steps)
+            self._ask_inline()
         await self._apply_steps(steps)
         await self._fire(superseded)
         if gap_at is not None and self.state.accept_feed(gap_at, self.client_high_water_mark) is FeedDecision.GAP:

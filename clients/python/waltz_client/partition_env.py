@@ -66,6 +66,8 @@ class Stats:
     errors: int = 0
     applied: int = 0
     apply_batches: int = 0  # apply_transactions calls (callbacks that override it)
+    inline_data: int = 0  # other clients' transactions applied with the data the feed carried (no fetch)
+    fetched: int = 0  # other clients' transactions whose data was fetched from the server
 
 
 @dataclass
