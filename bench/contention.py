@@ -10,7 +10,8 @@ reservation reading an item's count from the database in execute() and write-loc
 The instances start together and run --seconds; the table gives, per row:
   - commits per instance and each instance's smallest share of the commits in any 10 s window (fair: 1/instances);
   - lock failures, and their answer latency p50/p99 (end of the execute() that built the append to the
-    on_lock_failure hook: what the application waits for);
+    on_lock_failure hook: what the application waits for), and when the LockFailure arrived on the client's loop
+    (the rest is the wait for the callback thread);
   - the re-execution delay after the conflicting transaction was applied (p50/p99);
   - the applied lag (the server's high-water mark minus what an instance's database holds: p50, max);
   - the callback thread's CPU seconds per instance; total reservations/s; stale reads (must be 0) and whether
@@ -127,7 +128,8 @@ def summarize(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
     min_share = min(per_window[index][w] / max(1, sum(row[w] for row in per_window))
                     for index in range(len(per_window)) for w in range(windows))
     results = [r for run in runs for r in run]
-    latencies = [latency for r in results for _, latency in r["lock_failures"]]
+    latencies = [failure[1] for r in results for failure in r["lock_failures"]]
+    arrivals = [failure[2] for r in results for failure in r["lock_failures"]]
     delays = [d for r in results for d in r["reexecutions"] if d >= 0]
     lags = [lag for r in results for _, lag in r["lags"]]
     commits = [sum(len(run[index]["commits"]) for run in runs) for index in range(len(runs[0]))]
@@ -135,6 +137,7 @@ def summarize(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
         "commits": commits, "per_window": per_window, "min_share": min_share,
         "lock_failures": len(latencies),
         "answer_p50": percentile(latencies, 0.5), "answer_p99": percentile(latencies, 0.99),
+        "arrival_p50": percentile(arrivals, 0.5), "arrival_p99": percentile(arrivals, 0.99),
         "reexec_p50": percentile(delays, 0.5), "reexec_p99": percentile(delays, 0.99),
         "lag_p50": percentile([float(x) for x in lags], 0.5), "lag_max": max(lags, default=0),
         "callback_cpu": [round(sum(run[index]["callback_cpu_s"] for run in runs), 1) for index in range(len(runs[0]))],
@@ -159,14 +162,15 @@ def _ms(seconds: float) -> str:
 
 def report(rows: list[tuple[str, dict[str, Any]]], seconds: float) -> str:
     header = ["client", "commits per instance", "min 10 s share", "lock failures", "answer p50/p99 ms",
-              "re-exec p50/p99 ms", "lag p50/max", "callback CPU s", "reservations/s", "x baseline", "stale",
-              "errors", "identical"]
+              "arrives p50/p99 ms", "re-exec p50/p99 ms", "lag p50/max", "callback CPU s", "reservations/s",
+              "x baseline", "stale", "errors", "identical"]
     base = rows[0][1]["rate"] if rows else 0.0
     lines = []
     for name, s in rows:
         lines.append([
             name, "/".join(str(c) for c in s["commits"]), f"{s['min_share']:.0%}", s["lock_failures"],
-            f"{_ms(s['answer_p50'])}/{_ms(s['answer_p99'])}", f"{_ms(s['reexec_p50'])}/{_ms(s['reexec_p99'])}",
+            f"{_ms(s['answer_p50'])}/{_ms(s['answer_p99'])}", f"{_ms(s['arrival_p50'])}/{_ms(s['arrival_p99'])}",
+            f"{_ms(s['reexec_p50'])}/{_ms(s['reexec_p99'])}",
             f"{s['lag_p50']:.0f}/{s['lag_max']}", "/".join(str(c) for c in s["callback_cpu"]), f"{s['rate']:,.0f}",
             f"{s['rate'] / base:.2f}" if base else "", s["stale"], s["errors"], "yes" if s["identical"] else "NO",
         ])
