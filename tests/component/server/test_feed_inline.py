@@ -96,3 +96,16 @@ def test_a_feed_a_little_behind_gets_the_data_of_the_recent_batches_and_one_furt
         await group.__aexit__(None, None, None)
 
     run(scenario)
+
+
+def test_a_batch_published_without_its_appends_sends_no_inline_data_and_loses_nothing():
+    async def scenario():
+        asker = FakeStream()
+        feeds, group = await started(0, (asker, 4096))
+        feeds.publish(0, prepared_feed(0, requests()))  # no requests given: nothing inline for this batch
+        await settle()
+        assert [t for t, _ in asker.fed()] == [0, 1, 2] and data_of(asker) == [None] * 3
+        feeds.close()
+        await group.__aexit__(None, None, None)
+
+    run(scenario)
