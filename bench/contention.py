@@ -16,8 +16,9 @@ The instances start together and run --seconds; the table gives, per row:
   - the applied lag (the server's high-water mark minus what an instance's database holds: p50, max);
   - the callback thread's CPU seconds per instance; total reservations/s; stale reads (must be 0) and whether
     every database ended identical.
-Rows: the client of revision --baseline (default: the code before issue 31), in the same run against the same
-cluster (its waltz_client and waltz_common on PYTHONPATH), and this checkout's, taking turns for --rounds rounds
+Rows: revision --baseline (default: the code before issue 31) in the same run, its client and its server (its
+waltz_client, waltz_server and waltz_common on PYTHONPATH; a cluster of its own, storage nodes from this checkout),
+and this checkout's, taking turns for --rounds rounds
 (the figures of a row pool its runs; the 10 s windows are those of every run). Targets (issue 31): every
 instance >= 20% of the commits in every 10 s window, lock-failure answers p99 <= 50 ms, applied lag < 50, total
 reservations/s at least the baseline's. The machine is shared: the load average is printed with the table.
@@ -34,7 +35,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -53,12 +54,31 @@ CLIENT = {"client.mountTimeout": 120.0, "client.requestTimeout": 60.0, "client.m
 
 
 def checkout(revision: str, into: Path) -> list[str]:
-    """The client packages of a git revision, extracted into a directory: the PYTHONPATH entries to run it."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "clients/python", "common"],
-                             check=True, capture_output=True).stdout
+    """The client and server packages of a git revision, extracted into a directory: the PYTHONPATH entries to run
+    them."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "clients/python", "common",
+                              "services/server"], check=True, capture_output=True).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
-    return [str(into / "clients" / "python"), str(into / "common")]
+    return [str(into / "clients" / "python"), str(into / "services" / "server"), str(into / "common")]
+
+
+@contextlib.contextmanager
+def cluster_of(workdir: Path, pythonpath: list[str]) -> Iterator[LocalCluster]:
+    """A LocalCluster whose processes run with pythonpath first (a baseline's server); this checkout's without."""
+    saved = os.environ.get("PYTHONPATH")
+    if pythonpath:
+        os.environ["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    try:
+        cluster = LocalCluster(workdir, cluster_root="/bench/contention").__enter__()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+    with contextlib.ExitStack() as stack:
+        stack.push(cluster.__exit__)
+        yield cluster
 
 
 def _wait_for_all(prefixes: list[Path], suffix: str, processes: list[subprocess.Popen[bytes]], seconds: float,
@@ -195,17 +215,17 @@ def run(workdir: Path, args: argparse.Namespace) -> str:
                     admin.execute(f"CREATE DATABASE {row}_{i}")
             return [postgres.dsn(f"{row}_{i}") for i in range(args.instances)]
 
-        cluster = stack.enter_context(LocalCluster(workdir / "cluster", cluster_root="/bench/contention"))
-        config = cluster.client_config(**CLIENT)
         variants: list[tuple[str, str, list[str]]] = [("this checkout", "this", [])]
         if args.baseline:
             variants.insert(0, (f"baseline {args.baseline[:10]}", "baseline", checkout(args.baseline,
                                                                                        workdir / "baseline")))
+        configs = {label: stack.enter_context(cluster_of(workdir / f"cluster-{label}", path)).client_config(**CLIENT)
+                   for _, label, path in variants}
         runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name, _, _ in variants}
         for round_ in range(args.rounds):  # the rows take turns: a machine whose load drifts favours neither
             for name, label, path in variants:
-                runs[name].append(run_instances(workdir / f"{label}-run{round_}", config, path, args.instances,
-                                                args.submitters, args.items, args.seconds,
+                runs[name].append(run_instances(workdir / f"{label}-run{round_}", configs[label], path,
+                                                args.instances, args.submitters, args.items, args.seconds,
                                                 databases(f"{label}{round_}")))
         rows = [(name, summarize(runs[name])) for name, _, _ in variants]
     return ("PostgreSQL (AsyncPostgresClientCallbacks)" if args.postgres else "SQLite (SqliteClientCallbacks)") + \
