@@ -27,6 +27,7 @@ from waltz_client.errors import (
 from waltz_client.feed_intake import RECHECK, FeedIntake, merge_feeds
 from waltz_client.feed_steps import FeedStep, FeedSteps
 from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
+from waltz_client.own_locks import OwnLocks
 from waltz_client.partition_env import PartitionEnv, PendingAppend
 from waltz_client.partition_env import Stats as Stats  # where it was before partition_env.py
 from waltz_client.partition_state import ClientPartitionState, FeedDecision, MountResult, MountState
@@ -68,6 +69,7 @@ class ClientPartition:
         self.env = env
         self.state = ClientPartitionState(env.client_id, partition_id)
         self.monitor: TransactionMonitor[PendingAppend] = TransactionMonitor(env.config.max_concurrent_transactions)
+        self.own_locks: OwnLocks[PendingAppend] = OwnLocks()  # appends parked behind this client's own (submission)
         self.inbox: asyncio.Queue[Any] = asyncio.Queue(INBOX_SIZE)
         self.error: BaseException | None = None
         self.conn: ServerConnection | None = None
@@ -222,6 +224,8 @@ class ClientPartition:
         if self.error is None:
             self.error = error
         self._resolve(self.monitor.clear())
+        for parked in self.own_locks.release_all():  # they execute again and meet the error
+            parked.resume()
         self._notify()
 
     # ---- server side --------------------------------------------------------------------

@@ -49,6 +49,10 @@ class PendingAppend:
     def settle(self, outcome: Outcome) -> None:
         raise NotImplementedError
 
+    def resume(self) -> None:
+        """Parked behind another append (OwnLocks), now resolved: execute again."""
+        raise NotImplementedError
+
     def commit(self, transaction_id: int) -> None:
         """settle() with a COMMITTED outcome: the common path, which needs no Outcome. Must not raise."""
         self.settle(Outcome(OutcomeKind.COMMITTED, transaction_id))
