@@ -10,13 +10,15 @@ reservation reading an item's count from the database in execute() and write-loc
 The instances start together and run --seconds; the table gives, per row:
   - commits per instance and each instance's smallest share of the commits in any 10 s window (fair: 1/instances);
   - lock failures, and their answer latency p50/p99 (end of the execute() that built the append to the
-    on_lock_failure hook: what the application waits for);
+    on_lock_failure hook: what the application waits for), and when the LockFailure arrived on the client's loop
+    (the rest is the wait for the callback thread);
   - the re-execution delay after the conflicting transaction was applied (p50/p99);
   - the applied lag (the server's high-water mark minus what an instance's database holds: p50, max);
   - the callback thread's CPU seconds per instance; total reservations/s; stale reads (must be 0) and whether
     every database ended identical.
-Rows: the client of revision --baseline (default: the code before issue 31), in the same run against the same
-cluster (its waltz_client and waltz_common on PYTHONPATH), and this checkout's, taking turns for --rounds rounds
+Rows: revision --baseline (default: the code before issue 31) in the same run, its client and its server (its
+waltz_client, waltz_server and waltz_common on PYTHONPATH; a cluster of its own, storage nodes from this checkout),
+and this checkout's, taking turns for --rounds rounds
 (the figures of a row pool its runs; the 10 s windows are those of every run). Targets (issue 31): every
 instance >= 20% of the commits in every 10 s window, lock-failure answers p99 <= 50 ms, applied lag < 50, total
 reservations/s at least the baseline's. The machine is shared: the load average is printed with the table.
@@ -33,7 +35,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -52,12 +54,31 @@ CLIENT = {"client.mountTimeout": 120.0, "client.requestTimeout": 60.0, "client.m
 
 
 def checkout(revision: str, into: Path) -> list[str]:
-    """The client packages of a git revision, extracted into a directory: the PYTHONPATH entries to run it."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "clients/python", "common"],
-                             check=True, capture_output=True).stdout
+    """The client and server packages of a git revision, extracted into a directory: the PYTHONPATH entries to run
+    them."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "clients/python", "common",
+                              "services/server"], check=True, capture_output=True).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
-    return [str(into / "clients" / "python"), str(into / "common")]
+    return [str(into / "clients" / "python"), str(into / "services" / "server"), str(into / "common")]
+
+
+@contextlib.contextmanager
+def cluster_of(workdir: Path, pythonpath: list[str]) -> Iterator[LocalCluster]:
+    """A LocalCluster whose processes run with pythonpath first (a baseline's server); this checkout's without."""
+    saved = os.environ.get("PYTHONPATH")
+    if pythonpath:
+        os.environ["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    try:
+        cluster = LocalCluster(workdir, cluster_root="/bench/contention").__enter__()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+    with contextlib.ExitStack() as stack:
+        stack.push(cluster.__exit__)
+        yield cluster
 
 
 def _wait_for_all(prefixes: list[Path], suffix: str, processes: list[subprocess.Popen[bytes]], seconds: float,
@@ -127,7 +148,8 @@ def summarize(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
     min_share = min(per_window[index][w] / max(1, sum(row[w] for row in per_window))
                     for index in range(len(per_window)) for w in range(windows))
     results = [r for run in runs for r in run]
-    latencies = [latency for r in results for _, latency in r["lock_failures"]]
+    latencies = [failure[1] for r in results for failure in r["lock_failures"]]
+    arrivals = [failure[2] for r in results for failure in r["lock_failures"]]
     delays = [d for r in results for d in r["reexecutions"] if d >= 0]
     lags = [lag for r in results for _, lag in r["lags"]]
     commits = [sum(len(run[index]["commits"]) for run in runs) for index in range(len(runs[0]))]
@@ -135,6 +157,7 @@ def summarize(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
         "commits": commits, "per_window": per_window, "min_share": min_share,
         "lock_failures": len(latencies),
         "answer_p50": percentile(latencies, 0.5), "answer_p99": percentile(latencies, 0.99),
+        "arrival_p50": percentile(arrivals, 0.5), "arrival_p99": percentile(arrivals, 0.99),
         "reexec_p50": percentile(delays, 0.5), "reexec_p99": percentile(delays, 0.99),
         "lag_p50": percentile([float(x) for x in lags], 0.5), "lag_max": max(lags, default=0),
         "callback_cpu": [round(sum(run[index]["callback_cpu_s"] for run in runs), 1) for index in range(len(runs[0]))],
@@ -159,14 +182,15 @@ def _ms(seconds: float) -> str:
 
 def report(rows: list[tuple[str, dict[str, Any]]], seconds: float) -> str:
     header = ["client", "commits per instance", "min 10 s share", "lock failures", "answer p50/p99 ms",
-              "re-exec p50/p99 ms", "lag p50/max", "callback CPU s", "reservations/s", "x baseline", "stale",
-              "errors", "identical"]
+              "arrives p50/p99 ms", "re-exec p50/p99 ms", "lag p50/max", "callback CPU s", "reservations/s",
+              "x baseline", "stale", "errors", "identical"]
     base = rows[0][1]["rate"] if rows else 0.0
     lines = []
     for name, s in rows:
         lines.append([
             name, "/".join(str(c) for c in s["commits"]), f"{s['min_share']:.0%}", s["lock_failures"],
-            f"{_ms(s['answer_p50'])}/{_ms(s['answer_p99'])}", f"{_ms(s['reexec_p50'])}/{_ms(s['reexec_p99'])}",
+            f"{_ms(s['answer_p50'])}/{_ms(s['answer_p99'])}", f"{_ms(s['arrival_p50'])}/{_ms(s['arrival_p99'])}",
+            f"{_ms(s['reexec_p50'])}/{_ms(s['reexec_p99'])}",
             f"{s['lag_p50']:.0f}/{s['lag_max']}", "/".join(str(c) for c in s["callback_cpu"]), f"{s['rate']:,.0f}",
             f"{s['rate'] / base:.2f}" if base else "", s["stale"], s["errors"], "yes" if s["identical"] else "NO",
         ])
@@ -191,17 +215,17 @@ def run(workdir: Path, args: argparse.Namespace) -> str:
                     admin.execute(f"CREATE DATABASE {row}_{i}")
             return [postgres.dsn(f"{row}_{i}") for i in range(args.instances)]
 
-        cluster = stack.enter_context(LocalCluster(workdir / "cluster", cluster_root="/bench/contention"))
-        config = cluster.client_config(**CLIENT)
         variants: list[tuple[str, str, list[str]]] = [("this checkout", "this", [])]
         if args.baseline:
             variants.insert(0, (f"baseline {args.baseline[:10]}", "baseline", checkout(args.baseline,
                                                                                        workdir / "baseline")))
+        configs = {label: stack.enter_context(cluster_of(workdir / f"cluster-{label}", path)).client_config(**CLIENT)
+                   for _, label, path in variants}
         runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name, _, _ in variants}
         for round_ in range(args.rounds):  # the rows take turns: a machine whose load drifts favours neither
             for name, label, path in variants:
-                runs[name].append(run_instances(workdir / f"{label}-run{round_}", config, path, args.instances,
-                                                args.submitters, args.items, args.seconds,
+                runs[name].append(run_instances(workdir / f"{label}-run{round_}", configs[label], path,
+                                                args.instances, args.submitters, args.items, args.seconds,
                                                 databases(f"{label}{round_}")))
         rows = [(name, summarize(runs[name])) for name, _, _ in variants]
     return ("PostgreSQL (AsyncPostgresClientCallbacks)" if args.postgres else "SQLite (SqliteClientCallbacks)") + \

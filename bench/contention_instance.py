@@ -12,8 +12,9 @@ stale read is an oversell: counted in `stale`, never expected).
 
 It measures, from the application's side only, so that it runs the same against any revision of the client:
 when each reservation committed; each lock failure's answer latency (from the end of the execute() that built the
-append to the on_lock_failure hook); each re-execution's delay after the transaction that failed it was applied
-(the conflicting id is taken from TransactionMonitor.on_lock_failure, wrapped: the one client-internal it reads);
+append to the on_lock_failure hook, and to the LockFailure's arrival on the client's loop); each re-execution's
+delay after the transaction that failed it was applied (the conflicting id, and the arrival, are taken from
+TransactionMonitor.on_lock_failure, wrapped: the one client-internal it reads);
 the applied lag (the server's high-water mark minus what the database holds, every 0.25 s); and the callback
 thread's CPU time. It writes PREFIX.ready once mounted, starts when PREFIX.go exists, runs --seconds, drains,
 writes PREFIX.stopped and waits for PREFIX.drain (every instance has stopped), then
@@ -153,6 +154,7 @@ class Reservation(TransactionContext):
         self.item = item
         self.sent_at = 0.0  # when the last execute() returned (its append is sent right after)
         self.conflict: int | None = None  # set by the wrapped TransactionMonitor.on_lock_failure
+        self.arrived = 0.0  # when the LockFailure reached the client's loop (the wrapped on_lock_failure)
 
     def partition_id(self, num_partitions: int) -> int:
         return 0
@@ -173,7 +175,7 @@ class Reservation(TransactionContext):
 
     def on_lock_failure(self) -> None:
         now = time.monotonic()
-        self.run.lock_failures.append((now, now - self.sent_at))
+        self.run.lock_failures.append((now, now - self.sent_at, self.arrived - self.sent_at))
 
 
 class Run:
@@ -181,7 +183,7 @@ class Run:
         self.name = name
         self.db = db
         self.commits: list[float] = []
-        self.lock_failures: list[tuple[float, float]] = []  # (when, latency)
+        self.lock_failures: list[tuple[float, float, float]] = []  # (when, latency, its LockFailure's arrival)
         self.reexecutions: list[float] = []  # delays after the conflicting transaction was applied
         self.lags: list[tuple[float, int]] = []
         self.execute_s = 0.0
@@ -198,6 +200,7 @@ def _wrap_monitor() -> None:
             context = getattr(token, "context", None)
             if isinstance(context, Reservation):
                 context.conflict = transaction_id
+                context.arrived = time.monotonic()
         return outcomes
 
     monitor_module.TransactionMonitor.on_lock_failure = on_lock_failure  # type: ignore[method-assign]

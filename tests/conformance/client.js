@@ -134,7 +134,7 @@ function partitionState(pid) {
   return {
     pid, generation: 0, stream: null, seq: 0, hwm: -1, mount: null, answers: new Map(), mounted: false,
     lost: null, fed: [], mine: new Map(), sent: new Map(), lockFailures: new Map(), rejected: new Map(),
-    flushes: [], problems: [],
+    flushes: [], problems: [], inline: 0,
   };
 }
 
@@ -155,6 +155,12 @@ function receive(stream, message) {
       if (id !== p.hwm + 1) { p.problems.push(`gap: got ${id} after ${p.hwm}`); continue; }
       p.hwm = id;
       p.fed.push(id);
+      if (t.has_data) { // inline data (MountRequest.inline_data_max_bytes): checked as fetched data is
+        p.inline += 1;
+        if (crc32(t.data) !== t.checksum) p.problems.push(`inline data of ${id} does not match its checksum`);
+        const sent = t.req_id.client_id === clientId && p.sent.get(t.req_id.seq_num);
+        if (sent && !Buffer.from(t.data).equals(Buffer.from(sent.data))) p.problems.push(`inline data of ${id} differs`);
+      }
       if (t.req_id.client_id === clientId) {
         if (p.mine.has(t.req_id.seq_num)) p.problems.push(`seq ${t.req_id.seq_num} committed twice`);
         p.mine.set(t.req_id.seq_num, id);
@@ -190,7 +196,10 @@ async function mount(p, address, generation) {
     p.lost = null;
     p.mount = reqId(p);
     const sent = p.mount;
-    p.stream.send({mount: {req_id: sent, client_high_water_mark: p.hwm, seq_num: p.stream.number}});
+    // the first partition asks for inline data (docs/protocol.md, section 6), the other does not
+    const inline = p.pid === PARTITIONS[0] ? 4096 : 0;
+    p.stream.send({mount: {req_id: sent, client_high_water_mark: p.hwm, seq_num: p.stream.number,
+      inline_data_max_bytes: inline}});
     const answer = await waitFor(() => p.answers.get(sent.seq_num) || (p.stream.ended && {state: 'ENDED'}),
       `the mount of partition ${p.pid}`);
     if (answer.state === 'READY') return;
@@ -355,6 +364,7 @@ async function main() {
   emit({
     phase: 'steady', client_id: clientId, limits, appended: PER_PARTITION * parts.size, locks, dense, fetched,
     flushed, lock_hashes: vectors, lock_key_ids: keyVectors(), edges: edge,
+    inline: Object.fromEntries([...parts.values()].map((p) => [p.pid, p.inline])),
   });
 
   // a partition moves: heard on the stream, found again, remounted there

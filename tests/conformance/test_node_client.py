@@ -88,6 +88,7 @@ def test_the_node_client_conforms(cluster: LocalCluster) -> None:
     client_id = steady["client_id"]
 
     assert steady["appended"] == 1000 and steady["fetched"] >= 10
+    assert steady["inline"]["0"] >= 400 and steady["inline"]["1"] == 0  # asked for on partition 0 only (issue 31)
     for pid in ("0", "1"):
         assert steady["locks"][pid]["conflict"] >= steady["locks"][pid]["held"]  # the stale lock failed
         assert steady["flushed"][pid] >= steady["dense"][pid] - 1

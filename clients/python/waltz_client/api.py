@@ -213,6 +213,11 @@ class FedTransaction(Transaction):
     def _load(self) -> bytes:
         return self._source(self.partition_id, self.transaction_id)
 
+    @property
+    def loaded(self) -> bool:
+        """Whether its data is at hand (its own append's, inline in the feed, or read ahead)."""
+        return self._data is not None
+
     def preload(self, data: bytes | None) -> None:
         """Its data, read ahead of the apply (None: data() fetches it)."""
         if data is not None and self._data is None:

@@ -53,6 +53,11 @@ CLIENT_KEYS = (
         "appends in flight per partition (sent, not yet committed); submit waits for a free one. More pipelines "
         "more (throughput) but builds each transaction on staler state (lock failures under contention); 20 was "
         "measured the best of 1-50 (bench/inflight.py, docs/client-guide.md); the original's default was 5"),
+    Key("client.inlineDataMaxBytes", Integer(0), 4096,
+        "largest transaction data of other clients the client asks the feed to carry inline (MountRequest."
+        "inline_data_max_bytes), bytes, once the application read such data in apply (Transaction.data()): it is "
+        "then applied without a fetch (a round trip to the server); capped by the server's "
+        "server.feedInlineDataMaxBytes; 0: never ask (fetch every other client's data)"),
     Key("client.longWaitThresholdSeconds", POSITIVE_SECONDS, 5.0,
         "seconds an append may stay pending before the client sends a flush to detect its loss"),
     Key("client.mountTimeout", POSITIVE_SECONDS, 10.0,
@@ -170,6 +175,7 @@ class ClientConfig:
     servers: tuple[str, ...] = ()
     discovery_interval_s: float = 2.0
     close_timeout_s: float = 10.0
+    inline_data_max_bytes: int = 4096
 
     @staticmethod
     def of(config: Config | Mapping[str, Any] | str | Path | None, zookeeper_required: bool = True,
@@ -225,5 +231,6 @@ class ClientConfig:
             servers=config["client.servers"],
             discovery_interval_s=seconds["client.discoveryIntervalSeconds"],
             close_timeout_s=config["client.closeTimeout"],
+            inline_data_max_bytes=config["client.inlineDataMaxBytes"],
         )
 

@@ -12,8 +12,7 @@ from enum import Enum
 from typing import Any
 
 from waltz.v1 import server_pb2
-from waltz_client.api import FedTransaction, TransactionBuilder, applies_batches
-from waltz_client.batch_data import READ_CHUNK, BatchData
+from waltz_client.api import TransactionBuilder, applies_batches
 from waltz_client.catchup import CatchUp, mount_wait_reason
 from waltz_client.connection import ServerConnection
 from waltz_client.driver import Ownership
@@ -25,8 +24,10 @@ from waltz_client.errors import (
     TransactionRejectedError,
     WaltzTimeoutError,
 )
+from waltz_client.feed_intake import RECHECK, FeedIntake, merge_feeds
 from waltz_client.feed_steps import FeedStep, FeedSteps
 from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
+from waltz_client.own_locks import OwnLocks
 from waltz_client.partition_env import PartitionEnv, PendingAppend
 from waltz_client.partition_env import Stats as Stats  # where it was before partition_env.py
 from waltz_client.partition_state import ClientPartitionState, FeedDecision, MountResult, MountState
@@ -38,7 +39,6 @@ log = logging.getLogger(__name__)
 NOT_READY_RETRY_S = 0.5  # original: sleep 500 ms after NOT_READY, then find the owner again
 APPLY_RETRY_MAX_S = 5.0
 INBOX_SIZE = 256
-MAX_MERGED_FEED = 10_000  # feed entries applied in one callback-thread call when the partition is behind
 HIGH_WATER_MARK_ASK_S = 2.0  # while the inbox is backed up, the server's high-water mark is asked this often (lag)
 _monotonic = time.monotonic  # what asyncio's loop.time() returns, without the two lookups
 
@@ -61,9 +61,6 @@ class _Verdict(Enum):
     NOT_READY = "not_ready"
 
 
-_RECHECK = object()  # inbox event: the topology changed
-
-
 class ClientPartition:
     """Runs one partition: owns its ClientPartitionState and TransactionMonitor (the decisions)."""
 
@@ -72,6 +69,7 @@ class ClientPartition:
         self.env = env
         self.state = ClientPartitionState(env.client_id, partition_id)
         self.monitor: TransactionMonitor[PendingAppend] = TransactionMonitor(env.config.max_concurrent_transactions)
+        self.own_locks: OwnLocks[PendingAppend] = OwnLocks()  # appends parked behind this client's own (submission)
         self.inbox: asyncio.Queue[Any] = asyncio.Queue(INBOX_SIZE)
         self.error: BaseException | None = None
         self.conn: ServerConnection | None = None
@@ -88,7 +86,8 @@ class ClientPartition:
         self._problem: str | None = None  # what ended the last mount attempt (for the mount timeout's message)
         self.apply_failure: tuple[int, BaseException] | None = None  # the apply failing now: (transaction id, error)
         self._backlog: deque[Any] = deque()  # inbox events taken out while merging feed messages, in order
-        self._reads_data = False  # the application read another client's data: later batches' is read ahead
+        self._intake = FeedIntake(partition_id, env, self.monitor)  # feed entries -> steps, other clients' data
+        self._inline_asked = 0  # the inline data the current feed was asked for
 
     # ---- application side -------------------------------------------------------------
 
@@ -225,6 +224,8 @@ class ClientPartition:
         if self.error is None:
             self.error = error
         self._resolve(self.monitor.clear())
+        for parked in self.own_locks.release_all():  # they execute again and meet the error
+            parked.resume()
         self._notify()
 
     # ---- server side --------------------------------------------------------------------
@@ -265,7 +266,8 @@ class ClientPartition:
             return _Verdict.REMOUNT  # the partition moved while the stream was being opened
         self.conn, self._owner = conn, owner
         req_id = self.state.begin_mount()
-        conn.enqueue(mount_request(req_id, self.client_high_water_mark, conn.seq_num))
+        self._inline_asked = self._inline_wanted()
+        conn.enqueue(mount_request(req_id, self.client_high_water_mark, conn.seq_num, self._inline_asked))
         loop = asyncio.get_running_loop()
         self.catchup = CatchUp(loop.time(), self.client_high_water_mark, conn.endpoint)
         reporter = loop.create_task(self._report_catchup(self.catchup), name=f"waltz-catchup-{self.partition_id}")
@@ -379,7 +381,7 @@ class ClientPartition:
             await self.env.topology_changed().wait()
 
     async def _handle(self, event: Any) -> _Verdict | None:
-        if event is _RECHECK:
+        if event is RECHECK:
             return None  # the caller compares the ownership after every event
         conn, message = event
         if conn is not self.conn:
@@ -391,7 +393,8 @@ class ClientPartition:
             return _Verdict.REMOUNT  # reconnect procedure step 1: appends are blocked from here
         kind = message.WhichOneof("message")
         if kind == "feed":
-            return await self._on_feed(self._merge_feeds(conn, message.feed.transactions))
+            entries = merge_feeds(self.inbox, self._backlog, self._batched, conn, message.feed.transactions)
+            return await self._on_feed(entries)
         if kind == "mount":
             return await self._on_mount(message.mount)
         elif kind == "flush":
@@ -414,30 +417,18 @@ class ClientPartition:
                 return _Verdict.REMOUNT
         return None
 
-    def _merge_feeds(self, conn: ServerConnection | None,
-                     entries: Sequence[server_pb2.FeedData]) -> Sequence[server_pb2.FeedData]:
-        """The entries of this feed message and of those right behind it in the inbox (up to MAX_MERGED_FEED): a
-        partition that fell behind applies its backlog in one callback-thread call (and one data read), not one
-        message at a time, so that it catches up faster than the log grows. Other events keep their order. Only for
-        callbacks that apply batches (apply_transactions): one by one, a merge would only hold back the high-water
-        mark until its last transaction."""
-        inbox = self.inbox
-        if inbox.empty() or not self._batched:
-            return entries
-        merged: list[server_pb2.FeedData] | None = None
-        while len(entries) + (len(merged) if merged is not None else 0) < MAX_MERGED_FEED:
-            try:
-                event = inbox.get_nowait()
-            except asyncio.QueueEmpty:
-                break
-            message = event[1] if event is not _RECHECK and event[0] is conn else None
-            if message is None or message.WhichOneof("message") != "feed":
-                self._backlog.append(event)
-                break
-            if merged is None:
-                merged = list(entries)
-            merged.extend(message.feed.transactions)
-        return entries if merged is None else merged
+    def _inline_wanted(self) -> int:
+        """The inline data to ask the feed for: client.inlineDataMaxBytes once the application read another client's
+        data (0 before: a client that never reads it is not sent it)."""
+        return self.env.config.inline_data_max_bytes if self._intake.reads_data else 0
+
+    def _ask_inline(self) -> None:
+        """The application reads other clients' data and the feed does not carry it yet: ask for it from here (a
+        Feed Request from the applied high-water mark; what the old feed still sends is known, and skipped)."""
+        wanted = self._inline_wanted()
+        if wanted and not self._inline_asked and self.conn is not None and self.state.appends_allowed:
+            self._inline_asked = wanted
+            self.conn.enqueue(feed_request(self.state.next_req_id(), self.client_high_water_mark, wanted))
 
     def _heard_high_water_mark(self, high_water_mark: int) -> None:
         if high_water_mark > self.server_high_water_mark:
@@ -453,7 +444,8 @@ class ClientPartition:
         elif self.conn is not None:
             log.warning("partition %d: the feed stalled at %d (server at %d); requesting it again",
                         self.partition_id, hwm, server_high_water_mark)
-            self.conn.enqueue(feed_request(self.state.next_req_id(), hwm))
+            self._inline_asked = self._inline_wanted()
+            self.conn.enqueue(feed_request(self.state.next_req_id(), hwm, self._inline_asked))
             self._stalled_at = None
 
     async def _on_mount(self, response: server_pb2.MountResponse) -> _Verdict | None:
@@ -498,57 +490,16 @@ class ClientPartition:
 
     async def _on_feed(self, entries: Sequence[server_pb2.FeedData]) -> _Verdict | None:
         """Apply a feed batch in order: the decisions here, the application's side in one callback-thread call."""
-        steps: list[FeedStep] = []
-        superseded: list[tuple[PendingAppend, Outcome]] = []
-        next_id = self.client_high_water_mark + 1  # the transaction to apply next
-        gap_at: int | None = None
-        foreign = 0
-        pid, client_id, fetch = self.partition_id, self.env.client_id, self._fetch_one
-        source: BatchData | None = None  # made at the batch's first transaction without data at hand
-        last_foreign = -1  # the batch's last such transaction: the source reads up to it
-        commit_oldest, on_feed = self.monitor.commit_oldest, self.monitor.on_feed
-        latency = self.env.latency
-        now = _monotonic() if latency is not None else 0.0
         if entries and entries[-1].transaction_id > self.server_high_water_mark:
             self.server_high_water_mark = entries[-1].transaction_id
-        for entry in entries:
-            req_id = entry.req_id  # the protobuf ReqId: none made for the lookup, nor for the Transaction
-            if req_id.partition_id != pid:
-                foreign += 1  # a server that breaks the one-partition-per-batch contract
-                continue
-            txn_id = entry.transaction_id
-            if txn_id > next_id:
-                gap_at = txn_id
-                break
-            mine = None
-            if req_id.client_id == client_id:  # only this client's own appends (of this partition) are in the monitor
-                mine = commit_oldest(req_id.seq_num, req_id.generation)
-                if mine is None:
-                    for token, outcome in on_feed(req_id, txn_id):
-                        if outcome.kind is OutcomeKind.COMMITTED:
-                            mine = token
-                        else:  # older appends this commit proves lost: resolved after the apply, so retries see it
-                            superseded.append((token, outcome))
-                if mine is not None and latency is not None:
-                    latency.observe(now - mine.sent_at)
-            if txn_id == next_id:
-                next_id += 1
-                if mine is None:
-                    last_foreign = txn_id
-                    if source is None and len(entries) > 1:
-                        source = BatchData(fetch, self._fetch_range if self.env.fetch_range is not None else None, -1)
-                        fetch = source
-                steps.append((txn_id, mine, FedTransaction(
-                    pid, txn_id, req_id, entry.header, fetch, None if mine is None else mine.data)))
-            elif mine is not None:
-                steps.append((txn_id, mine, None))
-        if source is not None:
-            source.last_id = last_foreign
+        steps, superseded, gap_at, foreign, last_foreign = self._intake.steps(entries, self.client_high_water_mark + 1)
+        pid = self.partition_id
         if foreign:
             log.error("partition %d: ignored %d feed entries of other partitions (a feed batch must carry one "
                       "partition's entries)", pid, foreign)
-        if self._reads_data and last_foreign >= 0:
-            await self._read_ahead(steps)
+        if self._intake.reads_data and last_foreign >= 0:
+            await self._intake.read_ahead(steps)
+            self._ask_inline()
         await self._apply_steps(steps)
         await self._fire(superseded)
         if gap_at is not None and self.state.accept_feed(gap_at, self.client_high_water_mark) is FeedDecision.GAP:
@@ -556,36 +507,6 @@ class ClientPartition:
                         self.partition_id, gap_at, self.client_high_water_mark)
             return _Verdict.REMOUNT
         return None
-
-    def _fetch_one(self, partition_id: int, transaction_id: int) -> bytes:
-        self._reads_data = True  # on the callback thread: the application reads other clients' data
-        return self.env.fetch(partition_id, transaction_id)
-
-    def _fetch_range(self, partition_id: int, first: int, last: int) -> dict[int, bytes]:
-        self._reads_data = True
-        assert self.env.fetch_range is not None
-        return self.env.fetch_range(partition_id, first, last)
-
-    async def _read_ahead(self, steps: list[FeedStep]) -> None:
-        """For an application that reads other clients' data: read the batch's on the loop, before its apply, so
-        that the callback thread never waits for the network (an execute() can run meanwhile). A read that fails
-        leaves the rest to the apply's own fetches, which retry."""
-        read = self.env.read_range
-        if read is None:
-            return
-        wanted = [t for _, mine, t in steps if mine is None and t is not None]
-        if not wanted:
-            return
-        data: dict[int, bytes] = {}
-        first, last = wanted[0].transaction_id, wanted[-1].transaction_id
-        try:
-            for start in range(first, last + 1, READ_CHUNK):
-                data.update(await read(self.partition_id, start, min(last, start + READ_CHUNK - 1)))
-        except Exception as exc:
-            log.debug("partition %d: reading transactions %d..%d ahead failed: %s", self.partition_id, first, last, exc)
-        for transaction in wanted:
-            if isinstance(transaction, FedTransaction):
-                transaction.preload(data.get(transaction.transaction_id))
 
     async def _apply_steps(self, steps: list[FeedStep]) -> None:
         """Run the steps on the callback thread; an apply that raises is retried with backoff (skipping
@@ -706,6 +627,6 @@ class ClientPartition:
         """The topology changed: wake the partition so it compares its ownership."""
         if self._owner is not None and self.env.ownership(self.partition_id) != self._owner:
             try:
-                self.inbox.put_nowait(_RECHECK)
+                self.inbox.put_nowait(RECHECK)
             except asyncio.QueueFull:
                 pass  # busy: it compares the ownership after the event it is handling

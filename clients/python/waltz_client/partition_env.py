@@ -49,6 +49,10 @@ class PendingAppend:
     def settle(self, outcome: Outcome) -> None:
         raise NotImplementedError
 
+    def resume(self) -> None:
+        """Parked behind another append (OwnLocks), now resolved: execute again."""
+        raise NotImplementedError
+
     def commit(self, transaction_id: int) -> None:
         """settle() with a COMMITTED outcome: the common path, which needs no Outcome. Must not raise."""
         self.settle(Outcome(OutcomeKind.COMMITTED, transaction_id))
@@ -66,6 +70,8 @@ class Stats:
     errors: int = 0
     applied: int = 0
     apply_batches: int = 0  # apply_transactions calls (callbacks that override it)
+    inline_data: int = 0  # other clients' transactions applied with the data the feed carried (no fetch)
+    fetched: int = 0  # other clients' transactions whose data was fetched from the server
 
 
 @dataclass

@@ -78,7 +78,7 @@ class _Submission(PendingAppend, Job):
 
     Made with a slot held, ready to execute: schedule it on the callback thread (run, then done)."""
 
-    __slots__ = ("attempts", "builder", "future", "partition", "submitter")
+    __slots__ = ("attempts", "builder", "future", "held", "partition", "submitter")
 
     def __init__(self, submitter: Submitter, context: TransactionContext, partition: ClientPartition,
                  future: asyncio.Future[bool]) -> None:
@@ -90,6 +90,7 @@ class _Submission(PendingAppend, Job):
         self.partition = partition
         self.future = future
         self.attempts = 0  # failed attempts so far
+        self.held: list[int] | None = None  # the write locks it holds in partition.own_locks (sent, not resolved)
         self.builder: TransactionBuilder | None = TransactionBuilder(
             partition.partition_id, partition.monitor.client_high_water_mark)
 
@@ -109,8 +110,33 @@ class _Submission(PendingAppend, Job):
     def done(self, ok: bool, value: Any) -> None:
         builder, self.builder = self.builder, None
         assert builder is not None
+        if ok and value is True and self._parks(builder):
+            return
         if not (ok and value and self.partition.try_append(builder, self)):
             self._spawn(self._after_execute(builder, ok, value))
+
+    def _parks(self, builder: TransactionBuilder) -> bool:
+        """Whether the append just built waits (parked, its slot held) for one of this client's own pending appends
+        that holds one of its locks (OwnLocks); if not, it holds its write locks from now on."""
+        write, read = builder._write_locks, builder._read_locks
+        if not (write or read) or self.held is not None:  # (admitted already: sent once it is mounted)
+            return False
+        if not self.partition.own_locks.admit(self, write or (), read or ()):
+            return True
+        if write:
+            self.held = write
+        return False
+
+    def resume(self) -> None:
+        """Parked (OwnLocks): the append it waited for was resolved; execute again."""
+        self.execute()
+
+    def _release_locks(self) -> None:
+        """Resolved: its write locks are free; what was parked behind them executes again."""
+        held, self.held = self.held, None
+        if held:
+            for parked in self.partition.own_locks.release(self, held):
+                parked.resume()
 
     @classmethod
     def done_all(cls, jobs: list[Job], values: list[Any]) -> None:
@@ -121,6 +147,9 @@ class _Submission(PendingAppend, Job):
         others = []
         for job, value in zip(cast(list[_Submission], jobs), values, strict=True):
             if value is True and (job.partition is partition or partition is None):
+                if job._parks(job.builder):  # type: ignore[arg-type]  # set until done
+                    job.builder = None
+                    continue
                 partition = job.partition
                 appends.append((job.builder, job))  # type: ignore[arg-type]  # set until done
                 job.builder = None
@@ -156,6 +185,8 @@ class _Submission(PendingAppend, Job):
 
     def commit(self, transaction_id: int) -> None:
         """The common path ends here (_set(True), inline)."""
+        if self.held:
+            self._release_locks()
         submitter = self.submitter
         submitter.pending -= 1
         if not submitter.pending:
@@ -167,6 +198,8 @@ class _Submission(PendingAppend, Job):
 
     def settle(self, outcome: Outcome) -> None:
         """The append's final outcome (from the partition)."""
+        if self.held:
+            self._release_locks()
         if outcome.kind is OutcomeKind.COMMITTED:
             self._set(True)  # the common path ends here
         else:
@@ -202,6 +235,8 @@ class _Submission(PendingAppend, Job):
         self.execute()
 
     async def _fail(self, exc: Exception) -> None:
+        if self.held:  # admitted, then never sent
+            self._release_locks()
         self.submitter.stats.errors += 1
         await self.submitter.hook(self.context.on_exception, exc)
         self.submitter.ended()

@@ -12,14 +12,18 @@ from waltz_common.wire import req_id_from_proto as req_id_from_proto
 from waltz_common.wire import req_id_to_proto as req_id_to_proto
 
 
-def mount_request(req_id: ReqId, client_high_water_mark: int, seq_num: int) -> server_pb2.ClientMessage:
+def mount_request(req_id: ReqId, client_high_water_mark: int, seq_num: int,
+                  inline_data_max_bytes: int = 0) -> server_pb2.ClientMessage:
     return server_pb2.ClientMessage(mount=server_pb2.MountRequest(
-        req_id=req_id_to_proto(req_id), client_high_water_mark=client_high_water_mark, seq_num=seq_num))
+        req_id=req_id_to_proto(req_id), client_high_water_mark=client_high_water_mark, seq_num=seq_num,
+        inline_data_max_bytes=inline_data_max_bytes))
 
 
-def feed_request(req_id: ReqId, client_high_water_mark: int) -> server_pb2.ClientMessage:
+def feed_request(req_id: ReqId, client_high_water_mark: int,
+                 inline_data_max_bytes: int = 0) -> server_pb2.ClientMessage:
     return server_pb2.ClientMessage(feed=server_pb2.FeedRequest(
-        req_id=req_id_to_proto(req_id), client_high_water_mark=client_high_water_mark))
+        req_id=req_id_to_proto(req_id), client_high_water_mark=client_high_water_mark,
+        inline_data_max_bytes=inline_data_max_bytes))
 
 
 def flush_request(req_id: ReqId) -> server_pb2.ClientMessage:

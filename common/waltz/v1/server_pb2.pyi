@@ -304,6 +304,7 @@ class MountRequest(_message.Message):
     REQ_ID_FIELD_NUMBER: _builtins.int
     CLIENT_HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
     SEQ_NUM_FIELD_NUMBER: _builtins.int
+    INLINE_DATA_MAX_BYTES_FIELD_NUMBER: _builtins.int
     client_high_water_mark: _builtins.int
     """Client High-water Mark: the highest ID of transactions applied to the client
     application's database (-1: none). The feed restarts right after it.
@@ -317,6 +318,13 @@ class MountRequest(_message.Message):
     of the partition is answered SUPERSEDED, and a higher one takes the partition over from the
     older stream (which is told SUPERSEDED and whose appends are refused).
     """
+    inline_data_max_bytes: _builtins.int
+    """ADDITION: inline data. 0 (the default): feed entries carry no data, as in the seed. Above 0: the
+    feed may carry the data of committed transactions of at most this many bytes (and at most the
+    server's own limit, server.feedInlineDataMaxBytes) in FeedData.data, when the server has it at
+    hand (a recent batch); any entry without it (has_data false) is fetched as before. For clients
+    that read other clients' data in apply (contention: see docs/protocol.md, "Inline data").
+    """
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId:
         """Request ID: client id, the partition's current generation, the partition, and the next
@@ -329,10 +337,11 @@ class MountRequest(_message.Message):
         req_id: _common_pb2.ReqId | None = ...,
         client_high_water_mark: _builtins.int = ...,
         seq_num: _builtins.int = ...,
+        inline_data_max_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_high_water_mark", b"client_high_water_mark", "req_id", b"req_id", "seq_num", b"seq_num"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_high_water_mark", b"client_high_water_mark", "inline_data_max_bytes", b"inline_data_max_bytes", "req_id", b"req_id", "seq_num", b"seq_num"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -585,10 +594,13 @@ class FeedRequest(_message.Message):
 
     REQ_ID_FIELD_NUMBER: _builtins.int
     CLIENT_HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
+    INLINE_DATA_MAX_BYTES_FIELD_NUMBER: _builtins.int
     client_high_water_mark: _builtins.int
     """Client High-water Mark: the highest ID of transactions applied to the client
     application's database (the feed restarts right after it).
     """
+    inline_data_max_bytes: _builtins.int
+    """ADDITION: as MountRequest.inline_data_max_bytes, for the restarted feed (0: no data)."""
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId:
         """Request ID: client id, current generation, partition, next sequence number."""
@@ -598,10 +610,11 @@ class FeedRequest(_message.Message):
         *,
         req_id: _common_pb2.ReqId | None = ...,
         client_high_water_mark: _builtins.int = ...,
+        inline_data_max_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_high_water_mark", b"client_high_water_mark", "req_id", b"req_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_high_water_mark", b"client_high_water_mark", "inline_data_max_bytes", b"inline_data_max_bytes", "req_id", b"req_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -638,10 +651,22 @@ class FeedData(_message.Message):
     REQ_ID_FIELD_NUMBER: _builtins.int
     TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     HEADER_FIELD_NUMBER: _builtins.int
+    HAS_DATA_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    CHECKSUM_FIELD_NUMBER: _builtins.int
     transaction_id: _builtins.int
     """Transaction ID: the ID of the transaction."""
     header: _builtins.int
     """Transaction Header: application defined 32-bit integer metadata."""
+    has_data: _builtins.bool
+    """ADDITION: inline data, only to a feed that asked for it (MountRequest.inline_data_max_bytes):
+    true when data and checksum below are the transaction's (data may be empty); false: fetch it
+    (GetTransactionData, ReadTransactions) as without inline data.
+    """
+    data: _builtins.bytes
+    """ADDITION: the transaction's data, when has_data."""
+    checksum: _builtins.int
+    """ADDITION: CRC-32 of data (IEEE, as a signed 32-bit integer, as AppendRequest.checksum), when has_data."""
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId:
         """Request ID: the ReqId of the Append Request that created the transaction (the seed says
@@ -656,10 +681,13 @@ class FeedData(_message.Message):
         req_id: _common_pb2.ReqId | None = ...,
         transaction_id: _builtins.int = ...,
         header: _builtins.int = ...,
+        has_data: _builtins.bool = ...,
+        data: _builtins.bytes = ...,
+        checksum: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "req_id", b"req_id", "transaction_id", b"transaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "data", b"data", "has_data", b"has_data", "header", b"header", "req_id", b"req_id", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -39,6 +39,8 @@ class QueuedAppend(Generic[T]):
     origin: T
     ticket: int = 0
     """Its place among its client's appends offered to the partition (ClientPending.offered)."""
+    checked: int = -1
+    """The lock table's version when its lock check last passed: until the version moves, it still passes."""
 
     @property
     def all_locks(self) -> tuple[int, ...]:
@@ -55,6 +57,9 @@ class Resolved(Generic[T]):
 
     committed: list[tuple[QueuedAppend[T], int]]
     failed: list[QueuedAppend[T]]
+    lock_failures: list[tuple[QueuedAppend[T], int]]
+    """Appends that waited on the batch's locks (AppendPipeline: doomed): answer LockFailure with the id, before the
+    batch's commits are published."""
 
 
 class ClientPending(Generic[T]):
@@ -163,6 +168,15 @@ class AppendPipeline(Generic[T]):
     client's appends resolve in order and conflicting appends are served first come, first served.
     Except a lock failure: an append whose check fails on what committed already is answered at once,
     not after the appends it waits behind (committed marks only grow: their outcome cannot save it).
+    And a doomed append: one whose write or read lock is a write or append lock of an in-flight append (the same
+    lock, not only a shared slot). Whatever it does, the in-flight one's commit fails it: that commit's id is above
+    every id the client can have seen (the shell refuses a client high-water mark above the partition's). It leaves
+    the queue at once, blocking neither its client's later appends nor anyone's, and is answered LockFailure when
+    the in-flight append resolves (Resolved.lock_failures): with its id if it committed, else with committed_up_to
+    (a false conflict, which the lock rules allow: a doomed append never commits). Without this rule an instance
+    whose append queued behind another's in-flight transaction on a hot lock held all its later appends on other
+    locks behind it, while the instance that held the lock went on (issue 31: most commits went to the instances
+    that happened to have no append queued).
     """
 
     def __init__(self, locks: LockTable, max_batch_size: int, max_batch_bytes: int, max_in_flight: int = 1) -> None:
@@ -180,14 +194,23 @@ class AppendPipeline(Generic[T]):
         self._building_bytes = 0
         self._in_flight: deque[list[QueuedAppend[T]]] = deque()  # oldest first
         self._in_flight_count = 0
+        self._holders: dict[int, QueuedAppend[T]] = {}  # lock hash -> the in-flight append writing or appending it
+        self._doomed: dict[int, list[QueuedAppend[T]]] = {}  # lock hash -> appends failed by its holder's outcome
+        self._doomed_count = 0
 
     def __len__(self) -> int:
         """Appends queued and not yet resolved (waiting, batched or at the store)."""
-        return len(self._waiting) + len(self._building) + self._in_flight_count
+        return len(self._waiting) + len(self._building) + self._in_flight_count + self._doomed_count
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def doomed(self) -> int:
+        """Appends out of the queue, to be answered LockFailure when the in-flight append holding their lock
+        resolves."""
+        return self._doomed_count
 
     @property
     def in_flight(self) -> int:
@@ -210,30 +233,37 @@ class AppendPipeline(Generic[T]):
         blocked_clients, blocked_locks = self._blocked_clients, self._blocked_locks
         building, max_count, max_bytes = self._building, self._max_count, self._max_bytes
         building_bytes = self._building_bytes
+        locks = self._locks
+        version = locks.version
+        holders = self._holders
         while waiting:
             item = waiting.popleft()
             locked = item.locks.any  # most appends take no locks: skip the table for them
-            if item.client_id in blocked_clients or (
-                locked and blocked_locks and not blocked_locks.isdisjoint(item.all_locks)
-            ):
-                if locked:  # a check that fails on what committed fails whatever the appends before it do
-                    conflict = self._locks.check(item.locks, item.client_high_water_mark)
-                    if conflict is not None:
-                        failures.append((item, conflict))
-                        continue
-                self._block(item)
-                kept.append(item)
-                continue
-            if locked:
-                conflict = self._locks.check(item.locks, item.client_high_water_mark)
+            # a check that fails on what committed fails whatever the appends before it do: it is answered at once,
+            # also behind a blocking append; one that passed passes until a commit moves a mark (the table's version)
+            if locked and item.checked != version:
+                conflict = locks.check(item.locks, item.client_high_water_mark)
                 if conflict is not None:
                     failures.append((item, conflict))
                     continue
+                item.checked = version
+            if locked and holders:
+                held = next((h for h in (*item.locks.write, *item.locks.read) if h in holders), None)
+                if held is not None:  # doomed: the holder's commit fails it, also behind a blocking append
+                    self._doomed.setdefault(held, []).append(item)
+                    self._doomed_count += 1
+                    continue
+            if item.client_id in blocked_clients or (
+                locked and blocked_locks and not blocked_locks.isdisjoint(item.all_locks)
+            ):
+                self._block(item)
+                kept.append(item)
+                continue
             if len(building) >= max_count or (building and building_bytes + item.size > max_bytes):
                 self._block(item)
                 kept.append(item)
                 continue
-            if locked and not self._locks.begin(item.locks):
+            if locked and not locks.begin(item.locks):
                 self._block(item)
                 kept.append(item)
                 continue
@@ -249,6 +279,11 @@ class AppendPipeline(Generic[T]):
         if len(self._in_flight) >= self._max_in_flight or not self._building:
             return None
         batch, self._building, self._building_bytes = self._building, [], 0
+        holders = self._holders
+        for item in batch:
+            if item.locks.any:
+                for h in (*item.locks.write, *item.locks.append):
+                    holders[h] = item
         self._in_flight.append(batch)
         self._in_flight_count += len(batch)
         self._rescan()
@@ -267,13 +302,22 @@ class AppendPipeline(Generic[T]):
         ids = range(first_transaction_id, first_transaction_id + kept)
         committed: list[tuple[QueuedAppend[T], int]] = list(zip(batch[:kept], ids, strict=True))
         failed = batch[kept:]
+        lock_failures: list[tuple[QueuedAppend[T], int]] = []
+        holders, doomed = self._holders, self._doomed
         for offset, item in enumerate(batch):
             if item.locks.any:
                 if offset < kept:
                     self._locks.commit(item.locks, first_transaction_id + offset)
                 self._locks.end(item.locks)
+                conflict = first_transaction_id + offset if offset < kept else committed_up_to
+                for h in (*item.locks.write, *item.locks.append):
+                    if holders.get(h) is item:
+                        del holders[h]
+                        for waiter in doomed.pop(h, ()):
+                            lock_failures.append((waiter, conflict))
+        self._doomed_count -= len(lock_failures)
         self._rescan()
-        return Resolved(committed, failed)
+        return Resolved(committed, failed, lock_failures)
 
     def drop(self, which: Callable[[QueuedAppend[T]], bool]) -> list[QueuedAppend[T]]:
         """Remove the waiting and batched (not in-flight) appends `which` selects; returns them."""
@@ -285,8 +329,13 @@ class AppendPipeline(Generic[T]):
                 self._locks.end(item.locks)
         self._building = [item for item in self._building if not which(item)]
         self._building_bytes = sum(item.size for item in self._building)
+        doomed = [item for waiters in self._doomed.values() for item in waiters if which(item)]
+        if doomed:
+            for h, waiters in list(self._doomed.items()):
+                self._doomed[h] = [item for item in waiters if not which(item)]
+            self._doomed_count -= len(doomed)
         self._rescan()
-        return dropped + batched
+        return dropped + batched + doomed
 
     def _block(self, item: QueuedAppend[T]) -> None:
         self._blocked_clients.add(item.client_id)

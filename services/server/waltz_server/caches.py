@@ -30,10 +30,12 @@ class FeedCache(Generic[T]):
 
     kind = "feed"
 
-    def __init__(self, capacity: int, high_water_mark: int = -1, budget: CacheBudget | None = None) -> None:
+    def __init__(self, capacity: int, high_water_mark: int = -1, budget: CacheBudget | None = None,
+                 entry_bytes: int = FEED_ENTRY_BYTES) -> None:
         if capacity < 1:
             raise ValueError("feed cache capacity must be at least 1")
         self._capacity = capacity
+        self._entry_bytes = entry_bytes  # what the budget is charged per entry
         self.charged = 0
         self._budget = budget if budget is not None else CacheBudget(UNBOUNDED)
         self._firsts: list[int] = []  # first id of each segment, ascending
@@ -80,7 +82,7 @@ class FeedCache(Generic[T]):
 
     def evict(self, nbytes: int) -> None:
         """Drop the oldest entries worth at least nbytes (the budget's reclaim)."""
-        self._count -= min(self._count, -(-nbytes // FEED_ENTRY_BYTES))
+        self._count -= min(self._count, -(-nbytes // self._entry_bytes))
         if self._count:
             self._drop_below()
         else:
@@ -105,7 +107,7 @@ class FeedCache(Generic[T]):
         self._head = head
 
     def _account(self) -> None:
-        charged = self._count * FEED_ENTRY_BYTES
+        charged = self._count * self._entry_bytes
         delta, self.charged = charged - self.charged, charged
         if delta > 0:
             self._budget.charge(delta)

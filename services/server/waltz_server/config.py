@@ -14,6 +14,7 @@ from waltz_common.config import (
     ZOOKEEPER_KEYS,
     Config,
     ConfigError,
+    Integer,
     Key,
     boolean,
     optional_address,
@@ -58,6 +59,10 @@ SERVER_KEYS = (
         "bytes (estimated); over it, the largest caches drop their oldest entries"),
     Key("server.feedBatchSize", COUNT, 1000, "feed entries per FeedDataBatch message"),
     Key("server.feedFetchSize", COUNT, 5000, "headers read from the store at a time for far-behind feeds"),
+    Key("server.feedInlineDataMaxBytes", Integer(0), 4096,
+        "largest transaction data the feed carries inline to clients that ask for it (MountRequest."
+        "inline_data_max_bytes), bytes; the last 5 x server.feedBatchSize transactions' are kept for them "
+        "(built once per committed batch, only while a feed of the partition asks); 0: never"),
     Key("server.streamQueueSize", COUNT, 64, "messages queued for one client stream before feeds wait"),
     Key("server.readBatchSize", COUNT, 500, "records per ReadTransactions message (upper bound)"),
     Key("server.shutdownGraceSeconds", SECONDS, 10.0, "how long in-flight calls may finish on SIGTERM"),
@@ -139,6 +144,7 @@ class PartitionSettings:
     read_batch_size: int = 500
     resend_window: int = 10000
     max_locks_per_append: int = DEFAULT_MAX_LOCKS_PER_APPEND
+    feed_inline_max_bytes: int = 4096
 
     def __post_init__(self) -> None:
         small = [name for name, value in self._sizes() if value < 1]
@@ -179,4 +185,5 @@ class PartitionSettings:
             read_batch_size=c["server.readBatchSize"],
             resend_window=c["server.resendWindow"],
             max_locks_per_append=c["server.maxLocksPerAppend"],
+            feed_inline_max_bytes=c["server.feedInlineDataMaxBytes"],
         )

@@ -60,9 +60,10 @@ class FeedSource(Protocol):
     @property
     def cache_first_id(self) -> int: ...
 
-    def cached_feed(self, first: int, count: int) -> server_pb2.ServerMessage | None:
+    def cached_feed(self, first: int, count: int, inline: int = 0) -> server_pb2.ServerMessage | None:
         """The feed message of [first, first + count) from the cache (shared: never change it), or None
-        when the cache no longer holds first."""
+        when the cache no longer holds first; inline > 0: with the data of transactions up to inline bytes
+        when the source has it (else without)."""
         ...
 
     async def stored_headers(self, first: int, count: int) -> list[RecordHeader]: ...
@@ -116,6 +117,8 @@ class FeedContext:
         self.waiting_for: int | None = None
         """The next id to send while the task waits for it to commit (the source may then send it here)."""
         self._start = cursor.next_id
+        self.inline = 0
+        """The largest transaction data this feed carries inline (0: none; the source sets it)."""
 
     def lag(self) -> int:
         """Committed transactions the client has not read from its stream yet: those not sent, and those sent and
@@ -139,7 +142,7 @@ class FeedContext:
                 finally:
                     self.waiting_for = None
             elif step.source is Source.CACHE:
-                message = source.cached_feed(step.first, step.count)
+                message = source.cached_feed(step.first, step.count, self.inline)
                 if message is not None and message.feed.transactions:  # None: the cache moved on; step again
                     await self.stream.send_feed(message)
                     cursor.sent(len(message.feed.transactions))

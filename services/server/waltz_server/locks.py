@@ -51,6 +51,8 @@ class LockTable:
         self._high_water_marks = [high_water_mark] * size
         self._in_flight_marks = [0] * size  # per slot, in-flight write/append locks on it
         self._in_flight: Counter[LockRequest] = Counter()
+        self.version = 0
+        """Grows whenever a lock's mark may have moved (commit, reset): a check's answer holds until it does."""
 
     @property
     def num_in_flight(self) -> int:
@@ -106,12 +108,14 @@ class LockTable:
         for s in self._slots_of((*request.write, *request.append)):
             if marks[s] < transaction_id:
                 marks[s] = transaction_id
+        self.version += 1
 
     def reset(self, high_water_mark: int) -> None:
         """Forget everything: every lock's mark becomes high_water_mark (so a request with locks and an older
         client high-water mark fails once) and nothing is in flight. Meant for when nothing is in flight:
         a request still in flight afterwards is no longer guarded."""
         self._high_water_marks = [high_water_mark] * self.size
+        self.version += 1
         self._in_flight_marks = [0] * self.size
         self._in_flight.clear()
 

@@ -92,7 +92,8 @@ class Partition(MountedRequests):
         self._mounts = MountRegistry()
         self._sequences = SequenceWindow(settings.resend_window)
         self.feeds = PartitionFeeds(
-            partition_id, store, settings.feed_cache_size, settings.feed_batch_size, settings.feed_fetch_size, budget
+            partition_id, store, settings.feed_cache_size, settings.feed_batch_size, settings.feed_fetch_size, budget,
+            settings.feed_inline_max_bytes,
         )
         self._prepared: deque[tuple[QueuedAppend[_Origin], server_pb2.ServerMessage]] = deque()
         """The feed message of each batch at the store, oldest first, with the batch's first append."""
@@ -426,7 +427,7 @@ class Partition(MountedRequests):
         if committed:
             if message is None or len(message.feed.transactions) != len(committed):  # part of a failed batch
                 message = prepared_feed(committed[0][1], (item.origin.request for item, _ in committed))
-            self.feeds.publish(committed[0][1], message)
+            self.feeds.publish(committed[0][1], message, (item.origin.request for item, _ in committed))
         asyncio.get_running_loop().call_soon(self._settle, resolved, now)
 
     def _settle(self, resolved: Resolved[_Origin], committed_at: float) -> None:

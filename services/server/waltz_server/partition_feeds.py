@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from waltz.v1 import common_pb2, server_pb2
 from waltz_common.types import RecordHeader
-from waltz_server.cache_budget import CacheBudget
+from waltz_server.cache_budget import FEED_ENTRY_BYTES, CacheBudget
 from waltz_server.caches import FeedCache
 from waltz_server.feed import FeedContext, StreamPort, feed_message, mount_response
 from waltz_server.feed_cursor import FeedCursor, Source
@@ -17,6 +17,9 @@ from waltz_server.store.api import StorePartition, StoreUnavailable
 from waltz_server.store_batches import RETRY_S
 
 log = logging.getLogger(__name__)
+
+INLINE_BATCHES = 5
+"""Feed batches (server.feedBatchSize transactions each) whose inline data is kept for feeds slightly behind."""
 
 
 class PartitionClosed(Exception):
@@ -36,6 +39,37 @@ def prepared_feed(first: int, requests: Iterable[server_pb2.AppendRequest]) -> s
     return message
 
 
+def inline_feed(first: int, requests: Iterable[server_pb2.AppendRequest], max_bytes: int) -> server_pb2.ServerMessage:
+    """The feed message of a committed batch with the data of each transaction of at most max_bytes (has_data),
+    for the feeds that ask for inline data: built once per batch, shared as the header-only one."""
+    message = server_pb2.ServerMessage()
+    add_entry = message.feed.transactions.add
+    for transaction_id, r in enumerate(requests, first):
+        entry = add_entry()
+        entry.transaction_id = transaction_id
+        entry.req_id.CopyFrom(r.req_id)
+        entry.header = r.header
+        data = r.data
+        if len(data) <= max_bytes:
+            entry.has_data = True
+            entry.data = data
+            entry.checksum = r.checksum
+    return message
+
+
+def within(entries: Sequence[server_pb2.FeedData], max_bytes: int) -> server_pb2.ServerMessage:
+    """A feed message of inline entries keeping only the data of at most max_bytes (a client that asked for less
+    than the server's limit)."""
+    message = server_pb2.ServerMessage()
+    add = message.feed.transactions.add
+    for entry in entries:
+        if entry.has_data and len(entry.data) > max_bytes:
+            add(req_id=entry.req_id, transaction_id=entry.transaction_id, header=entry.header)
+        else:
+            add().CopyFrom(entry)
+    return message
+
+
 class PartitionFeeds:
     """The FeedSource of one partition's feeds: the high-water mark, the recent committed entries, and the
     contexts (one per client stream) that stream them.
@@ -43,6 +77,12 @@ class PartitionFeeds:
     A committed batch's feed message is built once and shared: every caught-up feed sends that very
     message. A feed waiting for this batch gets it queued on its stream at once (publish), one task
     hop less than waking its task to step; any other feed steps in its own task.
+
+    Inline data (MountRequest.inline_data_max_bytes): while some feed of the partition asks for it, each
+    committed batch also gets a feed message with its transactions' data (of at most inline_max_bytes each),
+    built once and shared as the other; the last INLINE_BATCHES x batch_size transactions' are kept. A feed
+    that asked for less than inline_max_bytes gets its own copy of a batch with larger data; a feed behind
+    that window gets no data (its client fetches it).
     """
 
     def __init__(
@@ -53,6 +93,7 @@ class PartitionFeeds:
         batch_size: int,
         fetch_size: int,
         budget: CacheBudget | None = None,
+        inline_max_bytes: int = 0,
     ) -> None:
         self.partition_id = partition_id
         self._store = store
@@ -62,6 +103,11 @@ class PartitionFeeds:
         self._cache: FeedCache[server_pb2.FeedData] = FeedCache(cache_size, budget=budget)
         self._last: tuple[int, server_pb2.ServerMessage] = (-1, server_pb2.ServerMessage())
         self._contexts: dict[int, FeedContext] = {}  # stream id -> its feed of this partition
+        self.inline_max_bytes = inline_max_bytes
+        self._inline: FeedCache[server_pb2.FeedData] = FeedCache(
+            INLINE_BATCHES * batch_size, entry_bytes=FEED_ENTRY_BYTES + inline_max_bytes, budget=budget)
+        self._last_inline: dict[int, server_pb2.ServerMessage] = {}  # the newest batch's by feed's limit
+        self._inline_feeds = 0  # running feeds that ask for inline data
         self._commit = asyncio.Event()
         self._group: asyncio.TaskGroup | None = None
         self.closed = False
@@ -78,6 +124,8 @@ class PartitionFeeds:
         """A store session recovered high_water_mark: the cache starts empty above it."""
         self.high_water_mark = high_water_mark
         self._cache.restart(high_water_mark)
+        self._inline.restart(high_water_mark)
+        self._last_inline = {}
         self._last = (-1, server_pb2.ServerMessage())
 
     def close(self) -> None:
@@ -86,6 +134,9 @@ class PartitionFeeds:
         its client mounts again (nothing else would tell a client that only reads)."""
         self.closed = True
         self._cache.close()
+        self._inline.close()
+        self._last_inline = {}
+        self._inline_feeds = 0
         self._wake()
         for context in self._contexts.values():
             if context.mount is not None:
@@ -101,12 +152,16 @@ class PartitionFeeds:
         cursor: FeedCursor,
         mount_req_id: common_pb2.ReqId | None,
         mount: common_pb2.ReqId | None = None,
+        inline_max_bytes: int = 0,
     ) -> None:
         """A feed for stream from cursor, still to answer mount_req_id READY (if not None); mount: the mount that
-        started the feed this one replaces (a feed request), when it is not mount_req_id itself."""
+        started the feed this one replaces (a feed request), when it is not mount_req_id itself; with the data of
+        transactions up to inline_max_bytes (and self.inline_max_bytes), when the server has it at hand."""
         if self._group is None or self.closed:
             return
         context = FeedContext(self, stream, cursor, mount_req_id, self._batch_size, self._fetch_size, mount)
+        context.inline = max(0, min(inline_max_bytes, self.inline_max_bytes))
+        self._inline_feeds += context.inline > 0
         context.task = self._group.create_task(self._run(context))
         self._contexts[stream.stream_id] = context
 
@@ -119,6 +174,7 @@ class PartitionFeeds:
         context = self._contexts.pop(stream_id, None)
         if context is None:
             return
+        self._inline_feeds -= context.inline > 0
         if context.task is not None:
             context.task.cancel()
         if superseded and context.mount is not None:
@@ -141,19 +197,29 @@ class PartitionFeeds:
                 log.exception("partition %d: feed of stream %d ended", self.partition_id, context.stream.stream_id)
                 if self._contexts.get(context.stream.stream_id) is context:
                     del self._contexts[context.stream.stream_id]
+                    self._inline_feeds -= context.inline > 0
                 return
 
     # commits
 
-    def publish(self, first: int, message: server_pb2.ServerMessage) -> None:
+    def publish(
+        self, first: int, message: server_pb2.ServerMessage, requests: Iterable[server_pb2.AppendRequest] = ()
+    ) -> None:
         """The batch of message (prepared_feed) committed as transactions first..: keep it, and send it to the
-        feeds waiting for it. The message must not be changed afterwards."""
+        feeds waiting for it. The message must not be changed afterwards. requests: the batch's appends, read
+        only while a feed asks for inline data."""
         entries = message.feed.transactions
         if entries and entries[0].transaction_id != first:
             for transaction_id, entry in enumerate(entries, first):
                 entry.transaction_id = transaction_id
         self._cache.append(first, entries)
         self._last = (first, message)
+        inline = inline_feed(first, requests, self.inline_max_bytes) if self._inline_feeds else None
+        if inline is not None and len(inline.feed.transactions) == len(entries):
+            self._inline.append(first, inline.feed.transactions)
+            self._last_inline = {self.inline_max_bytes: inline}
+        elif self._last_inline:
+            self._last_inline = {}  # (the next batch kept leaves a gap: the inline cache starts again there)
         self.high_water_mark = max(self.high_water_mark, first + len(entries) - 1)
         for context in self._contexts.values():
             if context.waiting_for == first:
@@ -167,6 +233,8 @@ class PartitionFeeds:
         step = cursor.step(self.high_water_mark, self._cache.first_id, self._batch_size, self._fetch_size)
         count = len(message.feed.transactions)
         exact = step.source is Source.CACHE and step.first == first and step.count == count
+        if exact and context.inline:
+            message = self.cached_feed(first, count, context.inline) or message
         if exact and context.stream.try_send_feed(message):
             cursor.sent(count)
             context.waiting_for = cursor.next_id  # (its task, once it runs, finds nothing to send yet)
@@ -181,12 +249,31 @@ class PartitionFeeds:
     def cache_first_id(self) -> int:
         return self._cache.first_id
 
-    def cached_feed(self, first: int, count: int) -> server_pb2.ServerMessage | None:
+    def cached_feed(self, first: int, count: int, inline: int = 0) -> server_pb2.ServerMessage | None:
         last_first, last = self._last
-        if first == last_first and count == len(last.feed.transactions):
+        newest = first == last_first and count == len(last.feed.transactions)
+        if inline:
+            message = self._inline_feed(first, count, inline, newest)
+            if message is not None:
+                return message
+        if newest:
             return last  # a realtime feed: the newest batch, built once for every stream
         entries = self._cache.get(first, count)
         return None if entries is None else feed_message(entries)
+
+    def _inline_feed(self, first: int, count: int, inline: int, newest: bool) -> server_pb2.ServerMessage | None:
+        """[first, first + count) with inline data up to inline bytes, when all of it is held (None: not)."""
+        if newest:
+            message = self._last_inline.get(inline)
+            if message is not None:
+                return message
+        entries = self._inline.get(first, count)
+        if entries is None or len(entries) != count:
+            return None
+        message = feed_message(entries) if inline >= self.inline_max_bytes else within(entries, inline)
+        if newest:
+            self._last_inline[inline] = message  # built once for every feed with this limit
+        return message
 
     async def stored_headers(self, first: int, count: int) -> list[RecordHeader]:
         return await self._store.get_headers(first, count)

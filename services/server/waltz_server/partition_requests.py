@@ -89,7 +89,8 @@ class MountedRequests:
             if request.client_high_water_mark > hwm:
                 stream.send_control(mount_response(req_id, server_pb2.MountResponse.CLIENT_AHEAD, hwm))
                 return
-            self.feeds.start(stream, FeedCursor(request.client_high_water_mark + 1, ready_at=hwm), req_id)
+            cursor = FeedCursor(request.client_high_water_mark + 1, ready_at=hwm)
+            self.feeds.start(stream, cursor, req_id, inline_max_bytes=request.inline_data_max_bytes)
 
         if self._pending.add_waiter(req_id.client_id, start):
             start()
@@ -105,7 +106,8 @@ class MountedRequests:
         mount_req_id = current.mount_req_id if current is not None else None
         mount = current.mount if current is not None else None
         self.feeds.end(stream.stream_id)
-        self.feeds.start(stream, FeedCursor(request.client_high_water_mark + 1, ready_at), mount_req_id, mount)
+        cursor = FeedCursor(request.client_high_water_mark + 1, ready_at)
+        self.feeds.start(stream, cursor, mount_req_id, mount, request.inline_data_max_bytes)
 
     def detach(self, stream: StreamPort) -> None:
         """The stream ended: forget its mounts and end its feed."""

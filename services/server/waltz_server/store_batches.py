@@ -118,7 +118,7 @@ class StoreBatches(Generic[T]):
                 self._work.set()
                 return
             commits.popleft()
-            self._apply(self._pipeline.committed(head.result()))
+            self._resolved(self._pipeline.committed(head.result()))
 
     async def _resolve_failure(self, failed: asyncio.Future[int]) -> None:
         failure = None if failed.cancelled() else failed.exception()
@@ -139,4 +139,10 @@ class StoreBatches(Generic[T]):
             failure,
             committed_up_to,
         )
-        self._apply(self._pipeline.failed(failure.first_transaction_id, committed_up_to))
+        self._resolved(self._pipeline.failed(failure.first_transaction_id, committed_up_to))
+
+    def _resolved(self, resolved: Resolved[T]) -> None:
+        """The doomed appends' lock failures first: a client hears them before its later appends' commits."""
+        if resolved.lock_failures:
+            self._answer_lock_failures(resolved.lock_failures)
+        self._apply(resolved)

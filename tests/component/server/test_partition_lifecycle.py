@@ -159,7 +159,7 @@ def test_partitions_share_the_cache_budget_and_a_closed_one_frees_its_share():
         for partition in partitions:
             await partition.open()
             await partition.wait_ready(10)
-        assert len(budget) == 4  # a feed cache and a data cache each
+        assert len(budget) == 6  # a feed cache, its inline data's (empty while no feed asks) and a data cache each
         for partition in partitions:
             stream = FakeStream()
             p = partition.partition_id
@@ -170,7 +170,7 @@ def test_partitions_share_the_cache_budget_and_a_closed_one_frees_its_share():
         use = budget.use_by_kind()
         assert use["feed"] == 4 * FEED_ENTRY_BYTES and use["data"] > 4 * DATA_ENTRY_BYTES
         await partitions[0].close()
-        assert len(budget) == 2 and budget.used == 2 * FEED_ENTRY_BYTES + partitions[1].data_cache.charged
+        assert len(budget) == 3 and budget.used == 2 * FEED_ENTRY_BYTES + partitions[1].data_cache.charged
         await partitions[1].close()
         assert budget.used == 0 and len(budget) == 0
 

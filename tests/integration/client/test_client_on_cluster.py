@@ -57,6 +57,29 @@ def test_commits_feed_other_clients_and_data_is_fetched_by_rpc(cluster: object) 
     run(main())
 
 
+def test_a_client_that_reads_other_clients_data_gets_it_inline_in_the_feed(cluster: object) -> None:
+    """Issue 31: once the application read another client's data (a fetch), the client asks the feed for inline
+    data (client.inlineDataMaxBytes) and applies the rest without fetching; a large transaction is still fetched."""
+    config = {**cluster.client_config(), **FAST}  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        writer_cb, reader_cb = MemoryCallbacks(), MemoryCallbacks()
+        async with AsyncWaltzClient(writer_cb, config) as writer, AsyncWaltzClient(reader_cb, config) as reader:
+            await writer.wait_mounted()
+            await reader.wait_mounted()
+            base = await writer.high_water_mark(0)
+            before = (reader.stats.inline_data, reader.stats.fetched)  # after the catch-up of earlier tests' data
+            for i in range(30):  # one at a time: one feed message each
+                assert await (await writer.submit(Ctx(b"inline%d" % i, partition=0))) is True
+            assert await (await writer.submit(Ctx(b"L" * 10_000, partition=0))) is True  # above the 4096 B default
+            await eventually(lambda: reader.client_high_water_mark(0) == base + 31, 30)
+            inline, fetched = reader.stats.inline_data - before[0], reader.stats.fetched - before[1]
+        assert reader_cb.applied[0][-31:] == writer_cb.applied[0][-31:]
+        assert inline >= 20 and 1 <= fetched <= 10, (inline, fetched)  # the large one is fetched
+
+    run(main())
+
+
 def test_closing_flushes_what_several_application_processes_have_in_flight(cluster: object, tmp_path: Path) -> None:
     """Issue 35: leaving `async with` with transactions in flight abandoned them, and the one submit_and_wait had
     given up on was logged as 'Future exception was never retrieved'. Three processes, each with 100 submitted and

@@ -69,27 +69,77 @@ def test_committed_write_lock_fails_a_stale_writer_and_reader():
 
 def test_in_flight_conflict_waits_and_unrelated_appends_pass():
     p = pipeline()
-    p.offer(item(1, "a", write=[7]))
+    p.offer(item(1, "a", write=[9]))
     p.poll()
     p.take_batch()
-    p.offer(item(2, "b", write=[7]))  # conflicts with in-flight a
+    p.offer(item(2, "b", write=[7], append=[9]))  # meets in-flight a's lock 9 (its append lock: not doomed)
     p.offer(item(2, "b2"))  # same client as b: stays behind it
     p.offer(item(3, "c", read=[7]))  # touches b's lock: stays behind it
     p.offer(item(4, "d", write=[8]))
     assert p.poll() == []
     assert p.waiting == 3
-    p.committed(0)
-    failures = p.poll()
-    assert [(i.origin, t) for i, t in failures] == [("b", 0), ("c", 0)]
-    assert names(p.take_batch()) == ["d", "b2"]
+    resolved = p.committed(0)
+    assert resolved.lock_failures == [] and p.poll() == []
+    assert names(p.take_batch()) == ["d", "b", "b2"]  # d was batched meanwhile; c waits for b (its lock 7)
 
 
-def test_in_flight_failure_lets_the_waiting_conflict_go():
+def test_an_append_doomed_by_an_in_flight_lock_leaves_the_queue_and_fails_with_its_commit():
+    """Issue 31: an append waiting behind another client's in-flight transaction on the same lock held every later
+    append of its client (on other locks too) until that commit, which then failed it anyway."""
+    p = pipeline()
+    p.offer(item(1, "a", write=[7]))
+    p.poll()
+    p.take_batch()  # in flight, holding lock 7
+    p.offer(item(2, "b", write=[7]))  # doomed: a's commit fails it
+    p.offer(item(2, "b2", write=[8]))  # same client as b: no longer behind it
+    p.offer(item(3, "c", read=[7]))  # a reader of lock 7: doomed as well
+    p.offer(item(3, "c2", write=[8]))  # meets b2's lock 8 (building): waits
+    assert p.poll() == []
+    assert p.waiting == 1 and p.doomed == 2 and len(p) == 5
+    assert p.take_batch() is None  # one batch in flight
+    resolved = p.committed(0)
+    assert names(i for i, _ in resolved.committed) == ["a"]
+    assert [(i.origin, t) for i, t in resolved.lock_failures] == [("b", 0), ("c", 0)]
+    assert p.doomed == 0
+    assert names(p.take_batch()) == ["b2"]  # c2 now meets in-flight b2's lock 8: doomed
+    assert p.poll() == [] and p.doomed == 1
+    assert [(i.origin, t) for i, t in p.committed(1).lock_failures] == [("c2", 1)]
+    assert len(p) == 0
+
+
+def test_a_doomed_append_fails_also_when_its_holder_fails_and_a_drop_takes_it():
     p = pipeline()
     p.offer(item(1, "a", write=[7]))
     p.poll()
     p.take_batch()
     p.offer(item(2, "b", write=[7]))
+    p.offer(item(3, "c", write=[7]))
+    p.poll()
+    assert p.doomed == 2
+    assert names(p.drop(lambda i: i.client_id == 3)) == ["c"]
+    assert p.doomed == 1 and len(p) == 2
+    resolved = p.failed(4, 3)  # a never committed: b fails all the same (a false conflict), never commits
+    assert names(resolved.failed) == ["a"] and [(i.origin, t) for i, t in resolved.lock_failures] == [("b", 3)]
+    assert len(p) == 0 and p.poll() == [] and p.take_batch() is None
+
+
+def test_only_the_same_lock_dooms_an_append_not_a_shared_slot() -> None:
+    """A lock that only shares a table slot with an in-flight one may still pass once that commits: it waits."""
+    locks = LockTable(-1, 1)  # one slot: every lock shares it
+    p: AppendPipeline[str] = AppendPipeline(locks, 100, 10_000)
+    p.offer(item(1, "a", write=[7]))
+    p.poll()
+    p.take_batch()
+    p.offer(item(2, "b", write=[8]))
+    assert p.poll() == [] and p.waiting == 1 and p.doomed == 0
+
+
+def test_in_flight_failure_lets_the_waiting_conflict_go():
+    p: AppendPipeline[str] = AppendPipeline(LockTable(-1, 1), 100, 10_000)  # one slot: locks 7 and 8 share it
+    p.offer(item(1, "a", write=[7]))
+    p.poll()
+    p.take_batch()
+    p.offer(item(2, "b", write=[8]))  # waits (a shared slot, not a's lock: not doomed)
     p.poll()
     resolved = p.failed(0, -1)
     assert names(resolved.failed) == ["a"] and resolved.committed == []
@@ -121,7 +171,7 @@ def test_drop_removes_waiting_and_batched_but_not_in_flight():
     p.offer(item(2, "b", write=[7]))
     p.offer(item(3, "c", write=[9]))
     p.poll()
-    assert names(p.drop(lambda i: True)) == ["b", "c"]
+    assert names(p.drop(lambda i: True)) == ["c", "b"]  # batched c, then doomed b
     assert len(p) == 1 and p.in_flight
     p.committed(0)
     p.offer(item(5, "d", hwm=0, write=[9]))  # c's lock was released by the drop
@@ -218,11 +268,11 @@ def test_an_append_whose_lock_is_in_any_in_flight_batch_waits_for_it() -> None:
     pipeline.poll()
     assert [i.origin for i in pipeline.take_batch() or []] == ["w6"]
     pipeline.offer(QueuedAppend(3, -1, LockRequest(read=(5,)), 1, "stale r5"))
+    assert pipeline.poll() == [] and pipeline.take_batch() is None  # doomed by w5, whichever batch holds it
+    resolved = pipeline.committed(0)  # w5 committed as transaction 0; w6 is still in flight
+    assert [(item.origin, t) for item, t in resolved.lock_failures] == [("stale r5", 0)]
     pipeline.offer(QueuedAppend(4, 0, LockRequest(read=(5,)), 1, "fresh r5"))
-    assert pipeline.poll() == [] and pipeline.take_batch() is None  # both wait for w5's outcome
-    pipeline.committed(0)  # w5 committed as transaction 0; w6 is still in flight
-    failures = pipeline.poll()
-    assert [(item.origin, t) for item, t in failures] == [("stale r5", 0)]
+    assert pipeline.poll() == []
     assert [i.origin for i in pipeline.take_batch() or []] == ["fresh r5"]
     assert pipeline.in_flight == 2
 
@@ -272,12 +322,43 @@ def test_a_stale_append_behind_an_in_flight_conflict_fails_at_once() -> None:
     p.offer(item(1, "w1", hwm=0, write=[7]))
     p.poll()
     p.take_batch()  # in flight, holding lock 7
-    p.offer(item(2, "fresh", hwm=0, write=[7]))  # waits: only w1's outcome decides it
+    p.offer(item(2, "fresh", hwm=0, write=[7]))  # doomed: w1's commit fails it
     p.offer(item(3, "stale", write=[7]))  # saw nothing of 0: fails whatever w1 does
-    p.offer(item(2, "stale-same-client", read=[7]))  # behind fresh (its client), and stale as well
+    p.offer(item(2, "stale-same-client", read=[7]))  # after fresh (its client), and stale as well
     failures = p.poll()
     # issue 31: they waited for w1's store round trip (and those of the appends queued before them)
     assert [(i.origin, t) for i, t in failures] == [("stale", 0), ("stale-same-client", 0)]
-    assert p.waiting == 1
-    p.committed(1)  # w1 committed: now fresh's check fails on it
-    assert [(i.origin, t) for i, t in p.poll()] == [("fresh", 1)] and p.waiting == 0
+    assert p.waiting == 0 and p.doomed == 1
+    resolved = p.committed(1)  # w1 committed: fresh is answered with it
+    assert [(i.origin, t) for i, t in resolved.lock_failures] == [("fresh", 1)] and p.doomed == 0
+
+
+class _CountingLocks(LockTable):
+    checks = 0
+
+    def check(self, request: LockRequest, client_high_water_mark: int) -> int | None:
+        self.checks += 1
+        return super().check(request, client_high_water_mark)
+
+
+def test_a_waiting_append_is_lock_checked_once_per_commit_not_once_per_poll() -> None:
+    """Issue 31: every rescan (each batch taken, each batch resolved) checked every waiting append with locks again,
+    though a check's answer changes only when a commit moves a lock's mark: 50 appends waiting behind an in-flight
+    conflict, through 20 batches of unrelated appends, were checked 1,051 times; now 51, and 50 more at the commit."""
+    locks = _CountingLocks(-1, 1)  # one slot: the waiters' lock 8 shares the holder's (not doomed: they wait)
+    p: AppendPipeline[str] = AppendPipeline(locks, 100, 10_000, max_in_flight=30)
+    p.offer(item(1, "holder", write=[7]))
+    p.poll()
+    p.take_batch()  # in flight, holding lock 7: the waiters below wait for its outcome
+    for n in range(50):
+        p.offer(item(100 + n, f"waiter{n}", write=[8]))
+    p.poll()
+    assert locks.checks == 51 and p.waiting == 50
+    for n in range(20):  # unrelated appends come and go; nothing commits on lock 7
+        p.offer(item(2, f"other{n}"))
+        p.poll()
+        assert names(p.take_batch()) == [f"other{n}"]
+        assert p.poll() == []
+    assert locks.checks == 51
+    p.committed(0)  # the holder committed as 0: the waiters (high-water mark -1) all fail, checked once more
+    assert len(p.poll()) == 50 and locks.checks == 101
