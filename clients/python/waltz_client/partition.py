@@ -9,10 +9,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from enum import Enum
+from itertools import islice
 from typing import Any
 
 from waltz.v1 import server_pb2
-from waltz_client.api import FedTransaction, TransactionBuilder, applies_batches
+from waltz_client.api import FedTransaction, Transaction, TransactionBuilder, applies_batches
 from waltz_client.batch_data import READ_CHUNK, BatchData
 from waltz_client.catchup import CatchUp, mount_wait_reason
 from waltz_client.connection import ServerConnection
@@ -25,7 +26,7 @@ from waltz_client.errors import (
     TransactionRejectedError,
     WaltzTimeoutError,
 )
-from waltz_client.feed_steps import FeedStep, FeedSteps
+from waltz_client.feed_steps import FeedStep, FeedSteps, plain_transactions
 from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
 from waltz_client.partition_env import PartitionEnv, PendingAppend
 from waltz_client.partition_env import Stats as Stats  # where it was before partition_env.py
@@ -498,20 +499,34 @@ class ClientPartition:
 
     async def _on_feed(self, entries: Sequence[server_pb2.FeedData]) -> _Verdict | None:
         """Apply a feed batch in order: the decisions here, the application's side in one callback-thread call."""
-        steps: list[FeedStep] = []
         superseded: list[tuple[PendingAppend, Outcome]] = []
         next_id = self.client_high_water_mark + 1  # the transaction to apply next
         gap_at: int | None = None
         foreign = 0
         pid, client_id, fetch = self.partition_id, self.env.client_id, self._fetch_one
-        source: BatchData | None = None  # made at the batch's first transaction without data at hand
+        source: BatchData | None = None  # the data of the batch's transactions without data at hand
+        if len(entries) > 1:
+            source = BatchData(fetch, self._fetch_range if self.env.fetch_range is not None else None, -1)
+            fetch = source
         last_foreign = -1  # the batch's last such transaction: the source reads up to it
+        if entries and entries[-1].transaction_id > self.server_high_water_mark:
+            self.server_high_water_mark = entries[-1].transaction_id
+        plain = plain_transactions(entries, next_id, pid, client_id, fetch)
+        if plain:
+            next_id += len(plain)
+            last_foreign = next_id - 1
+        if len(plain) == len(entries):  # the catch-up case: no step of its own for any entry
+            if source is not None:
+                source.last_id = last_foreign
+            if self._reads_data and plain:
+                await self._read_ahead(plain)
+            await self._apply_steps(plain, plain=True)
+            return None
+        steps: list[FeedStep] = [(t.transaction_id, None, t) for t in plain]
         commit_oldest, on_feed = self.monitor.commit_oldest, self.monitor.on_feed
         latency = self.env.latency
         now = _monotonic() if latency is not None else 0.0
-        if entries and entries[-1].transaction_id > self.server_high_water_mark:
-            self.server_high_water_mark = entries[-1].transaction_id
-        for entry in entries:
+        for entry in islice(entries, len(plain), None):
             req_id = entry.req_id  # the protobuf ReqId: none made for the lookup, nor for the Transaction
             if req_id.partition_id != pid:
                 foreign += 1  # a server that breaks the one-partition-per-batch contract
@@ -535,9 +550,6 @@ class ClientPartition:
                 next_id += 1
                 if mine is None:
                     last_foreign = txn_id
-                    if source is None and len(entries) > 1:
-                        source = BatchData(fetch, self._fetch_range if self.env.fetch_range is not None else None, -1)
-                        fetch = source
                 steps.append((txn_id, mine, FedTransaction(
                     pid, txn_id, req_id, entry.header, fetch, None if mine is None else mine.data)))
             elif mine is not None:
@@ -548,7 +560,7 @@ class ClientPartition:
             log.error("partition %d: ignored %d feed entries of other partitions (a feed batch must carry one "
                       "partition's entries)", pid, foreign)
         if self._reads_data and last_foreign >= 0:
-            await self._read_ahead(steps)
+            await self._read_ahead([t for _, mine, t in steps if mine is None and t is not None])
         await self._apply_steps(steps)
         await self._fire(superseded)
         if gap_at is not None and self.state.accept_feed(gap_at, self.client_high_water_mark) is FeedDecision.GAP:
@@ -566,14 +578,13 @@ class ClientPartition:
         assert self.env.fetch_range is not None
         return self.env.fetch_range(partition_id, first, last)
 
-    async def _read_ahead(self, steps: list[FeedStep]) -> None:
+    async def _read_ahead(self, wanted: list[Transaction]) -> None:
         """For an application that reads other clients' data: read the batch's on the loop, before its apply, so
         that the callback thread never waits for the network (an execute() can run meanwhile). A read that fails
         leaves the rest to the apply's own fetches, which retry."""
         read = self.env.read_range
         if read is None:
             return
-        wanted = [t for _, mine, t in steps if mine is None and t is not None]
         if not wanted:
             return
         data: dict[int, bytes] = {}
@@ -587,23 +598,30 @@ class ClientPartition:
             if isinstance(transaction, FedTransaction):
                 transaction.preload(data.get(transaction.transaction_id))
 
-    async def _apply_steps(self, steps: list[FeedStep]) -> None:
+    async def _apply_steps(self, steps: list[FeedStep] | list[Transaction], plain: bool = False) -> None:
         """Run the steps on the callback thread; an apply that raises is retried with backoff (skipping
-        it would lose it), and the steps before it are settled first."""
+        it would lose it), and the steps before it are settled first. plain: steps are plain_transactions'."""
         index = completed = 0
         delay = 0.1
-        run = self._steps.run_batch if self._batched else self._steps.run_steps
+        feed_steps = self._steps
+        if plain:
+            run: Callable[..., tuple[int, int, BaseException | None]] = (
+                feed_steps.run_plain_batch if self._batched else feed_steps.run_plain)
+            settle: Callable[[Any, int, int], None] = self._settle_plain
+        else:
+            run, settle = feed_steps.run_batch if self._batched else feed_steps.run_steps, self._settle
         while index < len(steps):
-            if self._batched and any(transaction is not None for _, _, transaction in steps[index:]):
+            if self._batched and (plain or any(step[2] is not None for step in steps[index:])):  # type: ignore[index]
                 self.env.stats.apply_batches += 1  # an apply_transactions call (steps of own appends fed again: none)
             reached, completed, error = await self.env.call_first(run, steps, index, completed)
-            self._settle(steps, index, reached)
+            settle(steps, index, reached)
             index = reached
             if error is None:
                 if self.apply_failure is not None:
                     self.apply_failure = None
                 return
-            failed = steps[index][0]
+            step = steps[index]
+            failed = step.transaction_id if isinstance(step, Transaction) else step[0]
             self.apply_failure = (failed, error)  # what waits for the mount then raises it (ApplyError)
             log.error("partition %d: applying transaction %d failed; retrying in %.1f s",
                       self.partition_id, failed, delay, exc_info=error)
@@ -631,6 +649,12 @@ class ClientPartition:
             self._notify()
         if applied:
             self._resolve(self.monitor.on_client_high_water_mark(last_applied))
+
+    def _settle_plain(self, transactions: list[Transaction], start: int, end: int) -> None:
+        """_settle for plain_transactions: transactions[start:end] were applied."""
+        if end > start:
+            self.env.stats.applied += end - start
+            self._resolve(self.monitor.on_client_high_water_mark(transactions[end - 1].transaction_id))
 
     async def _hook(self, hook: Callable[..., None], txn_id: int, *args: Any) -> None:
         try:
