@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from waltz_client.api import FedTransaction, PartialApplyError, Transaction, WaltzClientCallbacks
+from waltz_client.api import EntryTransaction, PartialApplyError, Transaction, WaltzClientCallbacks
 from waltz_client.partition_env import PendingAppend
 
 log = logging.getLogger("waltz_client.partition")  # the partition's log, as before the split
@@ -25,11 +25,11 @@ def plain_transactions(entries: Sequence[Any], next_id: int, partition_id: int, 
     rest take the general steps). The catch-up case, where every entry is one: no tuple, no monitor lookup."""
     transactions: list[Transaction] = []
     append = transactions.append
-    for entry in entries:
+    for index, entry in enumerate(entries):
         req_id = entry.req_id
         if req_id.client_id == client_id or req_id.partition_id != partition_id or entry.transaction_id != next_id:
             break
-        append(FedTransaction(partition_id, next_id, req_id, entry.header, source, None))
+        append(EntryTransaction(partition_id, next_id, entries, index, entry.header, source))
         next_id += 1
     return transactions
 

@@ -3,6 +3,7 @@ guarantees: id order, each transaction applied once, the apply retried, a gap re
 by the general steps."""
 
 import asyncio
+import gc
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,6 +15,7 @@ from waltz_client.partition import ClientPartition, _Verdict
 from waltz_client.partition_env import PartitionEnv, PendingAppend
 from waltz_client.tasks import LoopCallbacks
 from waltz_common.topology import Ownership
+from waltz_common.types import ReqId
 
 ME, OTHER = 1, 2
 
@@ -66,6 +68,18 @@ def test_plain_transactions_stop_at_the_first_entry_that_needs_a_step_of_its_own
     assert ids([entry(1)]) == []  # not the next one
     made = plain_transactions([entry(5)], 5, 0, ME, no_data)[0]
     assert (made.partition_id, made.transaction_id, made.header, made.req_id.client_id) == (0, 5, 5, OTHER)
+
+
+def test_a_plain_transaction_reads_its_req_id_from_its_entry_after_the_message_is_gone() -> None:
+    def transactions() -> list[Transaction]:
+        raw = feed([entry(i, seq_num=40 + i) for i in range(3)]).SerializeToString()
+        message = server_pb2.ServerMessage.FromString(raw)
+        return plain_transactions(message.feed.transactions, 0, 0, ME, no_data)
+
+    made = transactions()
+    gc.collect()
+    assert [t.req_id for t in made] == [ReqId(OTHER, 1, 0, 40 + i) for i in range(3)]
+    assert made[1].req_id is made[1].req_id  # converted once
 
 
 def test_run_plain_stops_at_a_raise_and_goes_on_from_there() -> None:
