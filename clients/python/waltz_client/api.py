@@ -224,6 +224,36 @@ class FedTransaction(Transaction):
             self._data = data
 
 
+class EntryTransaction(FedTransaction):
+    """A FedTransaction of another client's append, made from entries[index], its feed entry (a protobuf FeedData): the
+    entry's ReqId is read from it when asked for, so that no ReqId is kept per transaction (an object fewer for the
+    garbage collector to visit, per transaction the application keeps)."""
+
+    _req_id = None  # type: ignore[assignment]  # read from the entry on first use
+    _data = None
+
+    def __init__(self, partition_id: int, transaction_id: int, entries: Sequence[Any], index: int, header: int,
+                 source: Callable[[int, int], bytes]) -> None:
+        self.partition_id = partition_id
+        self.transaction_id = transaction_id
+        self._entries = entries
+        self._index = index
+        self.header = header
+        self._source = source
+
+    @property
+    def req_id(self) -> ReqId:
+        r = self._req_id
+        if r is None:
+            fed = self._entries[self._index].req_id
+            r = self._req_id = ReqId(fed.client_id, fed.generation, fed.partition_id, fed.seq_num)
+        return r
+
+    @req_id.setter
+    def req_id(self, req_id: ReqId) -> None:
+        self._req_id = req_id
+
+
 class PartialApplyError(Exception):
     """apply_transactions applied the first `applied` transactions of its batch, then `error` stopped it:
     the client counts those as applied and retries from the next one (reporting error)."""

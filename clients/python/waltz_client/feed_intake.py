@@ -7,13 +7,14 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from itertools import islice
 from typing import Any
 
 from waltz.v1 import server_pb2
-from waltz_client.api import FedTransaction
+from waltz_client.api import FedTransaction, Transaction
 from waltz_client.batch_data import READ_CHUNK, BatchData
-from waltz_client.feed_steps import FeedStep
+from waltz_client.feed_steps import FeedStep, plain_transactions
 from waltz_client.monitor import Outcome, OutcomeKind, TransactionMonitor
 from waltz_client.partition_env import PartitionEnv, PendingAppend
 from waltz_common.types import crc32
@@ -65,19 +66,36 @@ class FeedIntake:
         self.monitor = monitor
         self.reads_data = False  # the application read another client's data: later batches' is read ahead
 
-    def steps(self, entries: Sequence[server_pb2.FeedData], next_id: int) -> FeedPlan:
-        """The steps of a feed batch whose first transaction to apply is next_id."""
-        steps: list[FeedStep] = []
+    def plain(self, entries: Sequence[server_pb2.FeedData], next_id: int) -> tuple[list[Transaction], BatchData | None]:
+        """The batch's leading entries that need no step of their own (plain_transactions), and the data source of
+        a batch of more than one entry (shared with the steps of the rest)."""
+        fetch: Callable[[int, int], bytes] = self.fetch_one
+        source: BatchData | None = None
+        if len(entries) > 1:
+            source = BatchData(fetch, self.fetch_range if self.env.fetch_range is not None else None, -1)
+            fetch = source
+        plain = plain_transactions(entries, next_id, self.partition_id, self.env.client_id, fetch)
+        if source is not None and plain:
+            source.last_id = plain[-1].transaction_id
+        return plain, source
+
+    def steps(self, entries: Sequence[server_pb2.FeedData], next_id: int, plain: Sequence[Transaction] = (),
+              source: BatchData | None = None) -> FeedPlan:
+        """The steps of a feed batch whose first transaction to apply is next_id; plain: its leading entries'
+        transactions (self.plain), made with source."""
+        steps: list[FeedStep] = [(t.transaction_id, None, t) for t in plain]
         superseded: list[tuple[PendingAppend, Outcome]] = []
         gap_at: int | None = None
         foreign = 0
-        pid, client_id, fetch = self.partition_id, self.env.client_id, self.fetch_one
-        source: BatchData | None = None  # made at the batch's first transaction without data at hand
-        last_foreign = -1  # the batch's last such transaction: the source reads up to it
+        pid, client_id = self.partition_id, self.env.client_id
+        fetch: Callable[[int, int], bytes] = self.fetch_one if source is None else source
+        # source: made at the batch's first transaction without data at hand, unless given
+        last_foreign = plain[-1].transaction_id if plain else -1  # the batch's last such: the source reads up to it
+        next_id += len(plain)
         commit_oldest, on_feed = self.monitor.commit_oldest, self.monitor.on_feed
         latency = self.env.latency
         now = time.monotonic() if latency is not None else 0.0
-        for entry in entries:
+        for entry in islice(entries, len(plain), None):
             req_id = entry.req_id  # the protobuf ReqId: none made for the lookup, nor for the Transaction
             if req_id.partition_id != pid:
                 foreign += 1  # a server that breaks the one-partition-per-batch contract
@@ -142,10 +160,14 @@ class FeedIntake:
         """For an application that reads other clients' data: read the batch's on the loop, before its apply, so
         that the callback thread never waits for the network (an execute() can run meanwhile). A read that fails
         leaves the rest to the apply's own fetches, which retry."""
+        await self.read_ahead_of([t for _, mine, t in steps if mine is None and t is not None])
+
+    async def read_ahead_of(self, transactions: Sequence[Transaction]) -> None:
+        """read_ahead, of these transactions (those of other clients)."""
         read = self.env.read_range
         if read is None:
             return
-        wanted = [t for _, mine, t in steps if mine is None and isinstance(t, FedTransaction) and not t.loaded]
+        wanted = [t for t in transactions if isinstance(t, FedTransaction) and not t.loaded]
         if not wanted:
             return
         data: dict[int, bytes] = {}

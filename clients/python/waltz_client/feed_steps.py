@@ -4,9 +4,10 @@ hooks and the transaction's apply, one at a time or as one apply_transactions ca
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from waltz_client.api import PartialApplyError, Transaction, WaltzClientCallbacks
+from waltz_client.api import EntryTransaction, PartialApplyError, Transaction, WaltzClientCallbacks
 from waltz_client.partition_env import PendingAppend
 
 log = logging.getLogger("waltz_client.partition")  # the partition's log, as before the split
@@ -14,6 +15,25 @@ log = logging.getLogger("waltz_client.partition")  # the partition's log, as bef
 FeedStep = tuple[int, PendingAppend | None, Transaction | None]
 """The application's side of one fed transaction: its id, this client's append it commits (if any),
 the transaction to apply (None: applied already, fed again after a reconnect). A tuple: one per append."""
+
+
+def plain_transactions(entries: Sequence[Any], next_id: int, partition_id: int, client_id: int,
+                       source: Callable[[int, int], bytes]) -> list[Transaction]:
+    """The leading entries of a feed batch (protobuf FeedData) that need no step of their own, as the transactions
+    to apply: the next ones in id order from next_id, of this partition, appended by another client (no pending
+    append of this client can be among them). It stops at the first entry that is not one (that entry and the
+    rest take the general steps; so does an entry with inline data, whose checksum they check). The catch-up case,
+    where every entry is one: no tuple, no monitor lookup."""
+    transactions: list[Transaction] = []
+    append = transactions.append
+    for index, entry in enumerate(entries):
+        req_id = entry.req_id
+        if (req_id.client_id == client_id or req_id.partition_id != partition_id or entry.transaction_id != next_id
+                or entry.has_data):  # inline data: the general steps check its checksum
+            break
+        append(EntryTransaction(partition_id, next_id, entries, index, entry.header, source))
+        next_id += 1
+    return transactions
 
 
 
@@ -51,6 +71,38 @@ class FeedSteps:
                     self.hook_raised("on_application", txn_id, exc)
         return len(steps), len(steps), None
 
+    def run_plain(self, transactions: list[Transaction], index: int,
+                  completed: int) -> tuple[int, int, BaseException | None]:
+        """run_steps for transactions alone (plain_transactions: no hooks, consecutive ids): apply_transaction for each
+        from transactions[index]; stops at one that raises: (its index, its index, the error)."""
+        apply = self.callbacks.apply_transaction
+        transaction = None
+        try:
+            for transaction in transactions[index:] if index else transactions:
+                apply(transaction)
+        except Exception as exc:
+            assert transaction is not None
+            failed = index + transaction.transaction_id - transactions[index].transaction_id  # the ids are consecutive
+            if failed > index:
+                self.applied = transaction.transaction_id - 1
+            return failed, failed, exc
+        if transaction is not None:
+            self.applied = transaction.transaction_id
+        return len(transactions), len(transactions), None
+
+    def run_plain_batch(self, transactions: list[Transaction], index: int,
+                        completed: int) -> tuple[int, int, BaseException | None]:
+        """run_batch for transactions alone: one apply_transactions of transactions[index:]; a raise applied none
+        of them (PartialApplyError: its first `applied`): (the index of the first not applied, it, the error)."""
+        batch = transactions[index:] if index else transactions
+        if not batch:
+            return index, index, None
+        applied, error = self._apply_all(batch)
+        reached = index + applied
+        if reached > index:
+            self.applied = transactions[reached - 1].transaction_id
+        return reached, reached, error
+
     def run_batch(self, steps: list[FeedStep], index: int, completed: int) -> tuple[int, int, BaseException | None]:
         """run_steps for callbacks that override apply_transactions: every on_completion of steps[index:], one
         apply_transactions of their transactions, the on_application of those it applied. A raise applied none
@@ -65,15 +117,9 @@ class FeedSteps:
         transactions = [transaction for _, _, transaction in steps[index:] if transaction is not None]
         reached, error = len(steps), None
         if transactions:
-            try:
-                self.callbacks.apply_transactions(transactions)
-            except PartialApplyError as exc:
-                if exc.applied >= len(transactions):  # applied them all, then failed: nothing to apply again
-                    self.hook_raised("apply_transactions", transactions[-1].transaction_id, exc.error)
-                else:
-                    reached, error = self._step_of(steps, index, transactions, exc.applied), exc.error
-            except Exception as exc:
-                reached, error = self._step_of(steps, index, transactions, 0), exc
+            done, error = self._apply_all(transactions)
+            if error is not None:
+                reached = self._step_of(steps, index, transactions, done)
         applied = [transaction.transaction_id for _, _, transaction in steps[index:reached] if transaction is not None]
         if applied:
             self.applied = applied[-1]
@@ -85,6 +131,19 @@ class FeedSteps:
                 except Exception as exc:
                     self.hook_raised("on_application", txn_id, exc)
         return reached, len(steps), error
+
+    def _apply_all(self, transactions: list[Transaction]) -> tuple[int, BaseException | None]:
+        """One apply_transactions call: (how many it applied, what stopped it: None when it applied them all)."""
+        try:
+            self.callbacks.apply_transactions(transactions)
+        except PartialApplyError as exc:
+            if exc.applied >= len(transactions):  # applied them all, then failed: nothing to apply again
+                self.hook_raised("apply_transactions", transactions[-1].transaction_id, exc.error)
+                return len(transactions), None
+            return max(0, exc.applied), exc.error
+        except Exception as exc:
+            return 0, exc
+        return len(transactions), None
 
     @staticmethod
     def _step_of(steps: list[FeedStep], index: int, transactions: list[Transaction], applied: int) -> int:

@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Any
 
 from waltz.v1 import server_pb2
-from waltz_client.api import TransactionBuilder, applies_batches
+from waltz_client.api import Transaction, TransactionBuilder, applies_batches
 from waltz_client.catchup import CatchUp, mount_wait_reason
 from waltz_client.connection import ServerConnection
 from waltz_client.driver import Ownership
@@ -492,13 +492,22 @@ class ClientPartition:
         """Apply a feed batch in order: the decisions here, the application's side in one callback-thread call."""
         if entries and entries[-1].transaction_id > self.server_high_water_mark:
             self.server_high_water_mark = entries[-1].transaction_id
-        steps, superseded, gap_at, foreign, last_foreign = self._intake.steps(entries, self.client_high_water_mark + 1)
+        next_id = self.client_high_water_mark + 1  # the transaction to apply next
+        intake = self._intake
+        plain, source = intake.plain(entries, next_id)
+        if plain and len(plain) == len(entries):  # the catch-up case: no step of its own for any entry
+            if intake.reads_data:
+                await intake.read_ahead_of(plain)
+                self._ask_inline()
+            await self._apply_steps(plain, plain=True)
+            return None
+        steps, superseded, gap_at, foreign, last_foreign = intake.steps(entries, next_id, plain, source)
         pid = self.partition_id
         if foreign:
             log.error("partition %d: ignored %d feed entries of other partitions (a feed batch must carry one "
                       "partition's entries)", pid, foreign)
-        if self._intake.reads_data and last_foreign >= 0:
-            await self._intake.read_ahead(steps)
+        if intake.reads_data and last_foreign >= 0:
+            await intake.read_ahead(steps)
             self._ask_inline()
         await self._apply_steps(steps)
         await self._fire(superseded)
@@ -508,23 +517,30 @@ class ClientPartition:
             return _Verdict.REMOUNT
         return None
 
-    async def _apply_steps(self, steps: list[FeedStep]) -> None:
+    async def _apply_steps(self, steps: list[FeedStep] | list[Transaction], plain: bool = False) -> None:
         """Run the steps on the callback thread; an apply that raises is retried with backoff (skipping
-        it would lose it), and the steps before it are settled first."""
+        it would lose it), and the steps before it are settled first. plain: steps are plain_transactions'."""
         index = completed = 0
         delay = 0.1
-        run = self._steps.run_batch if self._batched else self._steps.run_steps
+        feed_steps = self._steps
+        if plain:
+            run: Callable[..., tuple[int, int, BaseException | None]] = (
+                feed_steps.run_plain_batch if self._batched else feed_steps.run_plain)
+            settle: Callable[[Any, int, int], None] = self._settle_plain
+        else:
+            run, settle = feed_steps.run_batch if self._batched else feed_steps.run_steps, self._settle
         while index < len(steps):
-            if self._batched and any(transaction is not None for _, _, transaction in steps[index:]):
+            if self._batched and (plain or any(step[2] is not None for step in steps[index:])):  # type: ignore[index]
                 self.env.stats.apply_batches += 1  # an apply_transactions call (steps of own appends fed again: none)
             reached, completed, error = await self.env.call_first(run, steps, index, completed)
-            self._settle(steps, index, reached)
+            settle(steps, index, reached)
             index = reached
             if error is None:
                 if self.apply_failure is not None:
                     self.apply_failure = None
                 return
-            failed = steps[index][0]
+            step = steps[index]
+            failed = step.transaction_id if isinstance(step, Transaction) else step[0]
             self.apply_failure = (failed, error)  # what waits for the mount then raises it (ApplyError)
             log.error("partition %d: applying transaction %d failed; retrying in %.1f s",
                       self.partition_id, failed, delay, exc_info=error)
@@ -552,6 +568,12 @@ class ClientPartition:
             self._notify()
         if applied:
             self._resolve(self.monitor.on_client_high_water_mark(last_applied))
+
+    def _settle_plain(self, transactions: list[Transaction], start: int, end: int) -> None:
+        """_settle for plain_transactions: transactions[start:end] were applied."""
+        if end > start:
+            self.env.stats.applied += end - start
+            self._resolve(self.monitor.on_client_high_water_mark(transactions[end - 1].transaction_id))
 
     async def _hook(self, hook: Callable[..., None], txn_id: int, *args: Any) -> None:
         try:
