@@ -3,9 +3,11 @@ and a fresh cluster root (a fresh PostgreSQL database) per test."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -29,18 +31,34 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "serial: run alone, after the parallel pass (see tests/conftest.py SERIAL)")
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks the SERIAL files' tests serial, and keeps the tests of a file that share a module-scoped fixture (a
-    cluster, a Spark session) on one pytest-xdist worker (--dist loadgroup), which then sets it up once."""
-    for item in items:
-        path = item.path.resolve().relative_to(ROOT).as_posix()
-        if path in SERIAL:
-            item.add_marker(pytest.mark.serial)
-        fixtures = getattr(item, "_fixtureinfo", None)
-        defs = fixtures.name2fixturedefs.values() if fixtures is not None else ()
-        if any(d[-1].scope in ("module", "package") for d in defs if d):
-            item.add_marker(pytest.mark.xdist_group(path))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks the SERIAL files' tests serial (here, as each test is collected: -m reads the marks after)."""
+    if item.path.resolve().relative_to(ROOT).as_posix() in SERIAL:
+        item.add_marker(pytest.mark.serial)
+
+
+def shared_fixture_files() -> frozenset[str]:
+    """The test files that define a module-scoped fixture (a cluster, a Spark session)."""
+    found = (p for p in (ROOT / "tests").rglob("test_*.py") if re.search(r"scope=.(module|package)", p.read_text()))
+    return frozenset(p.relative_to(ROOT).as_posix() for p in found)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With --dist loadscope: each test is a unit of its own, except that the tests of a file with a module-scoped
+    fixture go to one worker together, which sets the fixture up once (xdist's loadgroup marks do not reach its
+    scheduler under pytest 9: the node ids it reads lack the group)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    grouped = shared_fixture_files()
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path in grouped else nodeid
+
+    return SharedFixtureScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
