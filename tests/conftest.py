@@ -3,8 +3,11 @@ and a fresh cluster root (a fresh PostgreSQL database) per test."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -12,6 +15,53 @@ from kazoo.client import KazooClient
 from waltz_common import zk as zkmeta
 from waltz_common.testing.postgres import PostgresProcess
 from waltz_common.testing.zookeeper import ZooKeeperProcess
+
+SERIAL = frozenset({
+    # the container engine and the images are machine-wide (tests/deploy/conftest.py prepares them once)
+    "tests/deploy/test_containers.py",
+    # timing-sensitive: what they assert holds on a busy machine, not beside the parallel pass's other clusters
+    "tests/chaos/test_pause_soak.py",  # 1 s SIGSTOPs of an owner must move no partition
+    "tests/integration/client/test_contention.py",  # every instance's share of the commits
+    # Spark's JVM waits 10 s for each Python worker it starts to connect back: beside the parallel pass's clusters
+    # it did not ("Python worker failed to connect back", 1 run of 2)
+    "tests/integration/spark/test_spark_source.py",
+})
+"""Test files marked serial: scripts/test runs them alone after the parallel pass (pytest -n, the rest)."""
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "serial: run alone, after the parallel pass (see tests/conftest.py SERIAL)")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks the SERIAL files' tests serial (here, as each test is collected: -m reads the marks after)."""
+    if item.path.resolve().relative_to(ROOT).as_posix() in SERIAL:
+        item.add_marker(pytest.mark.serial)
+
+
+def shared_fixture_files() -> frozenset[str]:
+    """The test files that define a module-scoped fixture (a cluster, a Spark session)."""
+    found = (p for p in (ROOT / "tests").rglob("test_*.py") if re.search(r"scope=.(module|package)", p.read_text()))
+    return frozenset(p.relative_to(ROOT).as_posix() for p in found)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With --dist loadscope: each test is a unit of its own, except that the tests of a file with a module-scoped
+    fixture go to one worker together, which sets the fixture up once (xdist's loadgroup marks do not reach its
+    scheduler under pytest 9: the node ids it reads lack the group)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    grouped = shared_fixture_files()
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path in grouped else nodeid
+
+    return SharedFixtureScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -227,6 +227,11 @@ def zookeeper_session_timeout_s(config: Config) -> float:
     return seconds_or_deprecated_ms(config, "zookeeper.sessionTimeoutSeconds", "zookeeper.sessionTimeout", 2)
 
 
+def zookeeper_connect_timeout_s(config: Config) -> float:
+    """zookeeper.connectTimeoutSeconds, or the deprecated zookeeper.connectTimeout (milliseconds, warned about)."""
+    return seconds_or_deprecated_ms(config, "zookeeper.connectTimeoutSeconds", "zookeeper.connectTimeout", 2)
+
+
 def describe(keys: Iterable[Key]) -> str:
     """A table of keys, defaults and meanings, for --help and the README."""
     lines = []
@@ -273,7 +278,8 @@ ZOOKEEPER_KEYS = (
         "ZooKeeper session timeout, seconds: a server's partitions move this long after it dies (unless its peers "
         "detect it sooner)"),
     Key("zookeeper.sessionTimeout", COUNT, None, "deprecated: milliseconds; use zookeeper.sessionTimeoutSeconds"),
-    Key("zookeeper.connectTimeout", COUNT, 10000, "how long to wait for ZooKeeper at start, milliseconds"),
+    Key("zookeeper.connectTimeoutSeconds", POSITIVE_SECONDS, 10.0, "how long to wait for ZooKeeper at start, seconds"),
+    Key("zookeeper.connectTimeout", COUNT, None, "deprecated: milliseconds; use zookeeper.connectTimeoutSeconds"),
     Key("cluster.root", text, doc="the cluster's root znode, e.g. /waltz/my_cluster"),
     Key(
         "zookeeper.tls.certFile",

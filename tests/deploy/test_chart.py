@@ -91,7 +91,7 @@ def test_a_bad_manifest_is_caught_by_the_validator():
 
 def test_values_schema_refuses_bad_values():
     for bad in ({"zookeeper": {"enabled": False}}, {"storage": {"replicas": 0}}, {"storage": {"antiAffinity": "x"}},
-                {"stroage": {}}):
+                {"stroage": {}}, {"zookeeper": {"sessionTimeout": 30000}}, {"zookeeper": {"connectTimeoutSeconds": 0}}):
         with pytest.raises(Exception, match="schema"):
             render(bad)
 
@@ -167,6 +167,9 @@ def test_rendered_configuration_is_accepted_by_the_services(values_file, tmp_pat
         if component != "cli":
             assert config[f"{component}.health.port"] == (55293 if component == "storage" else 55282) * tls_on
         assert config["cluster.root"].startswith("/waltz/")
+        if component != "cli":  # in seconds, as the chart's values: no deprecated milliseconds key
+            assert config.given >= {"zookeeper.sessionTimeoutSeconds", "zookeeper.connectTimeoutSeconds"}
+            assert not config.given & {"zookeeper.sessionTimeout", "zookeeper.connectTimeout"}
         bundled = "rel-waltz-zookeeper-0.rel-waltz-zookeeper-headless.ns.svc.cluster.local:2181"
         assert config["zookeeper.connectString"].split(",")[0] == (
             values.get("zookeeper", {}).get("connectString") or bundled

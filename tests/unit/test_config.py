@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
 
-from waltz_common.config import ZOOKEEPER_KEYS, ConfigError, Key, boolean, load, zookeeper_session_timeout_s
+from waltz_common.config import (
+    ZOOKEEPER_KEYS,
+    ConfigError,
+    Key,
+    boolean,
+    load,
+    zookeeper_connect_timeout_s,
+    zookeeper_session_timeout_s,
+)
 
 KEYS = (*ZOOKEEPER_KEYS, Key("server.port", int, doc="port"), Key("server.flag", boolean, False, "a flag"))
 
@@ -18,28 +27,34 @@ def test_nested_and_dotted_keys_with_defaults(tmp_path):
     assert config["zookeeper.connectString"] == "127.0.0.1:2181"
     assert config["server.port"] == 55180
     assert config["zookeeper.sessionTimeoutSeconds"] == 30.0 and config["zookeeper.sessionTimeout"] is None
+    assert config["zookeeper.connectTimeoutSeconds"] == 10.0 and config["zookeeper.connectTimeout"] is None
     assert config["server.flag"] is False
 
 
-def test_the_zookeeper_session_timeout_is_in_seconds_and_the_millisecond_key_still_works_with_a_warning(
-        tmp_path, caplog):
+@pytest.mark.parametrize(("new", "old", "seconds_of", "default"), [
+    ("zookeeper.sessionTimeoutSeconds", "zookeeper.sessionTimeout", zookeeper_session_timeout_s, 30.0),
+    ("zookeeper.connectTimeoutSeconds", "zookeeper.connectTimeout", zookeeper_connect_timeout_s, 10.0),
+])
+def test_the_zookeeper_timeouts_are_in_seconds_and_the_millisecond_keys_still_work_with_a_warning(
+        tmp_path, caplog, new, old, seconds_of, default):
     path = tmp_path / "c.yaml"
     base = "zookeeper.connectString: x\ncluster.root: /w\nserver.port: 1\n"
-    path.write_text(base + "zookeeper.sessionTimeoutSeconds: 6.5\n")
+    path.write_text(base + f"{new}: 6.5\n")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the seconds key warns of nothing
-        assert zookeeper_session_timeout_s(load(path, KEYS)) == 6.5
-    assert zookeeper_session_timeout_s(load(path, KEYS, {"zookeeper.sessionTimeoutSeconds": None})) == 30.0
-    path.write_text(base + "zookeeper:\n  sessionTimeout: 4000\n")
-    with pytest.warns(DeprecationWarning, match=r"zookeeper\.sessionTimeout \(milliseconds\) is deprecated: use "
-                                                 r"zookeeper\.sessionTimeoutSeconds \(seconds\)"):
-        assert zookeeper_session_timeout_s(load(path, KEYS)) == 4.0
-    assert any("zookeeper.sessionTimeoutSeconds" in r.getMessage() for r in caplog.records)
-    path.write_text(base + "zookeeper.sessionTimeout: 4000\nzookeeper.sessionTimeoutSeconds: 4\n")
-    with pytest.raises(ConfigError, match=r"set zookeeper\.sessionTimeoutSeconds \(seconds\) only"):
-        zookeeper_session_timeout_s(load(path, KEYS))
-    path.write_text(base + "zookeeper.sessionTimeoutSeconds: 0\n")
-    with pytest.raises(ConfigError, match=r"zookeeper\.sessionTimeoutSeconds: 0 is out of range"):
+        assert seconds_of(load(path, KEYS)) == 6.5
+    assert seconds_of(load(path, KEYS, {new: None})) == default
+    old_short = old.split(".")[1]
+    path.write_text(base + f"zookeeper:\n  {old_short}: 4000\n")
+    with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)} \(milliseconds\) is deprecated: use "
+                                                 rf"{re.escape(new)} \(seconds\)"):
+        assert seconds_of(load(path, KEYS)) == 4.0
+    assert any(new in r.getMessage() for r in caplog.records)
+    path.write_text(base + f"{old}: 4000\n{new}: 4\n")
+    with pytest.raises(ConfigError, match=rf"set {re.escape(new)} \(seconds\) only"):
+        seconds_of(load(path, KEYS))
+    path.write_text(base + f"{new}: 0\n")
+    with pytest.raises(ConfigError, match=rf"{re.escape(new)}: 0 is out of range"):
         load(path, KEYS)
 
 

@@ -80,8 +80,8 @@ class Context:
         security = ZkSecurity.from_config(conf)
         security_keys = {k: conf[k] for k in zk_security.KEY_NAMES if conf[k] is not None}
         # without a file that sets it, --timeout bounds the connection to ZooKeeper too
-        explicit = args.config or "zookeeper.connectTimeout" in conf.given
-        connect_timeout = conf["zookeeper.connectTimeout"] / 1000.0 if explicit else args.timeout
+        explicit = bool(args.config or {"zookeeper.connectTimeoutSeconds", "zookeeper.connectTimeout"} & conf.given)
+        connect_timeout = cfg.zookeeper_connect_timeout_s(conf) if explicit else args.timeout
         session_timeout = cfg.zookeeper_session_timeout_s(conf)
         return cls(
             connect_string=connect,

@@ -15,8 +15,8 @@ from waltz_cli.output import Result, reader_gone
 from waltz_common.config import EXIT_CONFIG, ConfigError
 
 EPILOG = """\
-Where the cluster is: -c CLI.yaml (keys zookeeper.connectString, zookeeper.sessionTimeout,
-zookeeper.connectTimeout, cluster.root; with mutual TLS tls.certFile, tls.keyFile, tls.caFile:
+Where the cluster is: -c CLI.yaml (keys zookeeper.connectString, zookeeper.sessionTimeoutSeconds,
+zookeeper.connectTimeoutSeconds, cluster.root; with mutual TLS tls.certFile, tls.keyFile, tls.caFile:
 an operator certificate, see docs/security.md) or --zookeeper HOST:PORT --root /path. The client,
 server and perf commands also work from server addresses alone: --server-addresses HOST:PORT,...
 (client.servers in the CLI file); cluster verify takes them as the servers that must be up.

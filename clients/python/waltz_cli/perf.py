@@ -108,7 +108,7 @@ def _client_config(ctx: Context, **overrides: Any) -> dict[str, Any]:
             raise UsageError("no cluster given: use --server-addresses HOST:PORT,..., -c CLI.yaml, or "
                              "--zookeeper HOST:PORT --root /path")
         where = {"zookeeper.connectString": ctx.connect_string, "cluster.root": ctx.root,
-                 "zookeeper.connectTimeout": int(ctx.connect_timeout_s * 1000), **ctx.zookeeper_security_config()}
+                 "zookeeper.connectTimeoutSeconds": ctx.connect_timeout_s, **ctx.zookeeper_security_config()}
     return {**where, **ctx.tls_config(), "client.autoMount": False, "client.mountTimeout": max(ctx.rpc_timeout_s, 10.0),
             "client.requestTimeout": max(ctx.rpc_timeout_s, 30.0), **overrides}
 

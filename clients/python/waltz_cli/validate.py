@@ -164,7 +164,7 @@ def cluster_clients(ctx: Context, partition: int) -> ClientFactory:
 
     where: dict[str, Any] = {"client.servers": list(ctx.servers)} if ctx.servers else {
         "zookeeper.connectString": ctx.connect_string,
-        "zookeeper.connectTimeout": int(ctx.connect_timeout_s * 1000),
+        "zookeeper.connectTimeoutSeconds": ctx.connect_timeout_s,
         "zookeeper.sessionTimeoutSeconds": ctx.session_timeout_s,
         "cluster.root": ctx.paths.root,
         **ctx.zookeeper_security_config(),

@@ -14,7 +14,15 @@ from kazoo.client import KazooClient
 from waltz.v1 import metadata_pb2, server_pb2
 from waltz_common import event_loop, listen, tls
 from waltz_common import zk as zkmeta
-from waltz_common.config import EXIT_CONFIG, Config, ConfigError, describe, load, zookeeper_session_timeout_s
+from waltz_common.config import (
+    EXIT_CONFIG,
+    Config,
+    ConfigError,
+    describe,
+    load,
+    zookeeper_connect_timeout_s,
+    zookeeper_session_timeout_s,
+)
 from waltz_common.gctune import tune_for_service
 from waltz_common.health import SERVING, Verdict, keep_health, start_health_port
 from waltz_common.port_guard import CallLimits, LimitSettings
@@ -44,7 +52,7 @@ async def serve(config: Config) -> int:
     zk = await asyncio.to_thread(
         zkmeta.connect,
         config["zookeeper.connectString"],
-        config["zookeeper.connectTimeout"] / 1000.0,
+        zookeeper_connect_timeout_s(config),
         zookeeper_session_timeout_s(config),
         ZkSecurity.from_config(config),
     )

@@ -80,8 +80,6 @@ class Partition(MountedRequests):
             metrics.watch_feed_lag(self.feed_lag)
         self._clock = clock
         self._ready = asyncio.Event()
-        self._accepting = asyncio.Event()
-        self._accepting.set()
         self._closed = False
         self._work = asyncio.Event()
         self._room = asyncio.Event()
@@ -146,7 +144,6 @@ class Partition(MountedRequests):
                 self._reject(item.origin, Reason.PARTITION_NOT_READY, f"partition {self.partition_id} was closed")
         self._pending.drop_waiters()
         self._room.set()
-        self._accepting.set()
         self.feeds.close()
         self.data_cache.close()
         self._prepared.clear()
@@ -184,13 +181,6 @@ class Partition(MountedRequests):
             for item in stale:
                 self._resolve_unsent(item, Reason.WRONG_GENERATION, self._generation_message(generation))
 
-    def pause(self) -> None:
-        """Hold new appends back (ZooKeeper connection suspended: ownership is uncertain)."""
-        self._accepting.clear()
-
-    def resume(self) -> None:
-        self._accepting.set()
-
     # reads used by feeds and unary calls
 
     @property
@@ -223,15 +213,11 @@ class Partition(MountedRequests):
         pipeline = self._pipeline
         if self._closed:
             return False
-        return not self._accepting.is_set() or (
-            pipeline is not None and len(pipeline) >= self.settings.append_queue_size
-        )
+        return pipeline is not None and len(pipeline) >= self.settings.append_queue_size
 
     async def _wait_for_room(self) -> None:
         while not self._closed:
-            if not self._accepting.is_set():
-                await self._accepting.wait()
-            elif self._pipeline is not None and len(self._pipeline) >= self.settings.append_queue_size:
+            if self._pipeline is not None and len(self._pipeline) >= self.settings.append_queue_size:
                 self._answer_lock_failures(self._pipeline.poll())
                 self._work.set()
                 self._room.clear()

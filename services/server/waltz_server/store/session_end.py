@@ -52,6 +52,13 @@ def classify(error: BaseException) -> SessionEnded:
     return SessionFailed(f"unexpected {type(error).__name__}: {error}")
 
 
+def refused_by_replica(error: BaseException) -> bool:
+    """Whether a replica refused the session for its fence: answered STALE_SESSION, or reported a newer session
+    in its facts (SessionFencedError). A MetadataConflict is ZooKeeper's word, not a replica's."""
+    stale = isinstance(error, StorageRpcError) and error.code == Code.STALE_SESSION
+    return stale or isinstance(error, SessionFencedError)
+
+
 def end_reason(group: BaseExceptionGroup[BaseException]) -> SessionEnded:
     reasons = [classify(e) for e in leaves(group) if not isinstance(e, asyncio.CancelledError)]
     for kind in (SessionFenced, SessionFailed, SessionRestart):

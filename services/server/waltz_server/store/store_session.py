@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from waltz.v1 import common_pb2
 from waltz_common.types import RecordHeader
+from waltz_server.fence_judgement import FenceJudgement, LeftOut, damage_restart
 from waltz_server.recovery import (
     CatchUp,
     Recovered,
@@ -19,7 +20,6 @@ from waltz_server.recovery import (
     Repair,
     ReplicaFacts,
     ReplicaState,
-    SessionFencedError,
     SetLowWaterMark,
     Truncate,
     Wait,
@@ -42,6 +42,7 @@ from waltz_server.store.session_end import (
     SessionRestart,
     classify,
     end_reason,
+    refused_by_replica,
 )
 from waltz_server.store.settings import Backoff, StoreSettings
 from waltz_server.store.wire import append_pending_request, header_from_proto
@@ -86,7 +87,7 @@ class StoreSession:
         self._write_states = write_states
         self._on_change = on_change  # told when the session opens for appends and when it ends
         self._still_current = still_current
-        self.poisoned: set[str] = set()  # replicas left out: their fence is above this session, which is the newest
+        self._fence = FenceJudgement(self.session_id, still_current is not None)
         self._manager = RecoveryManager(self.session_id, start.previous, self.replicas)
         self._changed = Signal()  # recovery facts or membership changed
         self._progress = Signal()  # a batch was acknowledged, or the session ended
@@ -208,18 +209,15 @@ class StoreSession:
                     _, damaged = await member.session.max_transaction_id_and_damage()
                 except StorageError:
                     continue  # a failing member ends the session through its own task
-                if damaged:
-                    shown = ", ".join(map(str, damaged[:5])) + (", ..." if len(damaged) > 5 else "")
+                restart = damage_restart(replica, damaged)
+                if restart is not None:
                     log.error(
-                        "partition %d session %d: replica %s holds %d damaged transactions (%s); a new session "
-                        "repairs them",
+                        "partition %d session %d: %s; a new session repairs them",
                         self.partition_id,
                         self.session_id,
-                        replica,
-                        len(damaged),
-                        shown,
+                        restart,
                     )
-                    raise SessionRestart(f"replica {replica} holds damaged transactions {shown}")
+                    raise SessionRestart(restart)
 
     async def _wait_until(self, signal: Signal, predicate: Callable[[], bool]) -> None:
         while not predicate():
@@ -248,8 +246,6 @@ class StoreSession:
             self._online.pop(replica, None)
             reason = classify(error)
             if isinstance(reason, SessionFenced) and await self._poisoned(replica, error):
-                if replica in self._writes.members:
-                    raise SessionFailed(f"replica {replica}: {error}; the next session leaves it out") from None
                 self._manager.replica_offline(replica)
                 self._changed.notify()
                 await asyncio.sleep(self._settings.max_retry_interval_s)  # until an operator resets its fence
@@ -271,33 +267,33 @@ class StoreSession:
                 self._changed.notify()
             await asyncio.sleep(backoff.next_delay())
 
+    @property
+    def poisoned(self) -> set[str]:
+        """Replicas left out: their fence is above this session, which is the newest (fence_judgement)."""
+        return self._fence.poisoned
+
     async def _poisoned(self, replica: str, error: BaseException) -> bool:
-        """Whether replica refused this session for a fence that no session of the partition set: ZooKeeper still
-        holds this session as the newest (every session id is taken there by compare-and-set before any request
-        carries it), so the replica's fence was raised by something else (a forged or mistaken request). Such a
-        replica is left out and flagged; the session goes on with the others if they are a majority. When
-        ZooKeeper cannot say, the refusal stands: the session is fenced."""
-        if self._still_current is None:
-            return False
-        if not (isinstance(error, StorageRpcError) and error.code == Code.STALE_SESSION) and not isinstance(
-            error, SessionFencedError
-        ):
+        """Whether replica refused this session for a poisoned fence (fence_judgement.FenceJudgement, with what
+        ZooKeeper says); raises SessionFailed when it is a member of the write set (the next session leaves it
+        out). False: the refusal stands."""
+        if not self._fence.asks_zookeeper(refused_by_replica(error)) or self._still_current is None:
             return False
         try:
-            current = await self._still_current()
+            newest: bool | None = await self._still_current()
         except Exception as e:  # ZooKeeper unreachable: cannot tell a poisoned fence from a newer owner
             log.warning("partition %d: cannot check the session in ZooKeeper: %s", self.partition_id, e)
+            newest = None
+        verdict = self._fence.judge(replica, str(error), newest, replica in self._writes.members)
+        if not isinstance(verdict, LeftOut):
             return False
-        if current:
-            detail = (
-                f"left out: its fence is above session {self.session_id}, the partition's newest "
-                f"({error}); clear it with `waltz storage reset-fence`"
+        if verdict.first:
+            log.error(
+                "partition %d session %d: replica %s %s", self.partition_id, self.session_id, replica, verdict.detail
             )
-            if replica not in self.poisoned:
-                log.error("partition %d session %d: replica %s %s", self.partition_id, self.session_id, replica, detail)
-            self.poisoned.add(replica)
-            self.replica_detail[replica] = detail
-        return current
+        self.replica_detail[replica] = verdict.detail
+        if verdict.ends_session is not None:
+            raise SessionFailed(verdict.ends_session)
+        return True
 
     async def _serve_replica(self, replica: str, session: ReplicaSession) -> None:
 
