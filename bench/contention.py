@@ -16,8 +16,8 @@ The instances start together and run --seconds; the table gives, per row:
   - the applied lag (the server's high-water mark minus what an instance's database holds: p50, max);
   - the callback thread's CPU seconds per instance; total reservations/s; stale reads (must be 0) and whether
     every database ended identical.
-Rows: revision --baseline (default: the code before issue 31) in the same run, its client and its server (its
-waltz_client, waltz_server and waltz_common on PYTHONPATH; a cluster of its own, storage nodes from this checkout),
+Rows: revision --baseline (default: the code before issue 31) in the same run, its client, server and storage nodes
+(its waltz_client, waltz_server, waltz_storage and waltz_common on PYTHONPATH; a cluster of its own),
 and this checkout's, taking turns for --rounds rounds
 (the figures of a row pool its runs; the 10 s windows are those of every run). Targets (issue 31): every
 instance >= 20% of the commits in every 10 s window, lock-failure answers p99 <= 50 ms, applied lag < 50, total
@@ -54,13 +54,14 @@ CLIENT = {"client.mountTimeout": 120.0, "client.requestTimeout": 60.0, "client.m
 
 
 def checkout(revision: str, into: Path) -> list[str]:
-    """The client and server packages of a git revision, extracted into a directory: the PYTHONPATH entries to run
-    them."""
+    """The client, server and storage packages of a git revision, extracted into a directory: the PYTHONPATH
+    entries to run them (all of one revision: its waltz_common need not match this checkout's services)."""
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "clients/python", "common",
-                              "services/server"], check=True, capture_output=True).stdout
+                              "services/server", "services/storage"], check=True, capture_output=True).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
-    return [str(into / "clients" / "python"), str(into / "services" / "server"), str(into / "common")]
+    return [str(into / "clients" / "python"), str(into / "services" / "server"), str(into / "services" / "storage"),
+            str(into / "common")]
 
 
 @contextlib.contextmanager
