@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import grpc
 from prometheus_client import CollectorRegistry
 
 from waltz.v1 import server_pb2
@@ -32,6 +33,8 @@ from waltz_common.config import Config
 from waltz_common.types import ReqId, crc32
 
 log = logging.getLogger(__name__)
+# what GetHighWaterMark answers while a partition moves or recovers: ask again (AsyncWaltzClient.high_water_mark)
+_ASK_AGAIN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
 
 DATA_ATTEMPTS = 5  # original: up to 5 tries on a checksum mismatch
 ConfigSource = Config | Mapping[str, Any] | str | Path | None
@@ -201,12 +204,27 @@ class AsyncWaltzClient:
             await self._submitter.wait_drained(min(1.0, deadline - now))
 
     async def high_water_mark(self, partition_id: int) -> int:
-        """The partition's current high-water mark, asked of its server (-1: empty)."""
+        """The partition's current high-water mark, asked of its server (-1: empty). While the partition is not
+        ready on its owner (recovering after a move: UNAVAILABLE) or has just moved (FAILED_PRECONDITION), asks
+        again, of the owner as the client then knows it, until client.requestTimeout; other errors raise at once."""
         self._check_open()
         self._check_partition(partition_id)
-        endpoint = await self._endpoint(partition_id)
+        loop = asyncio.get_running_loop()
         timeout = self.config.request_timeout_s
-        return await asyncio.wait_for(self._driver.get_high_water_mark(endpoint, partition_id, timeout), timeout)
+        deadline = loop.time() + timeout
+        delay = 0.05
+        while True:
+            endpoint = await self._endpoint(partition_id)
+            left = max(0.001, deadline - loop.time())
+            try:
+                return await asyncio.wait_for(self._driver.get_high_water_mark(endpoint, partition_id, left), left)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in _ASK_AGAIN or loop.time() + delay >= deadline or self._closed:
+                    raise
+                log.debug("partition %d: the high-water mark is not available yet (%s); asking again in %.2f s",
+                          partition_id, exc.details(), delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def _server_high_water_mark(self, endpoint: str, partition_id: int) -> int:
         return await self._driver.get_high_water_mark(endpoint, partition_id, self.config.request_timeout_s)
