@@ -40,24 +40,18 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import psutil
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import revisions
 from bench.append_writers import PARTITION, CountingCallbacks, Job, JobResult, run_clients
-from bench.baselines import RECORD_BYTES, Baselines, MemorySampler, cpu_seconds, percentile, run_baselines
-from waltz.v1 import common_pb2, metadata_pb2, server_pb2, server_pb2_grpc
+from bench.baselines import Baselines, MemorySampler, cpu_seconds, percentile, run_baselines
+from bench.raw_client import PREFILL_BATCH, high_water_mark, raw_stream
 from waltz_client import AsyncWaltzClient
-from waltz_common import tls
-from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.testing.zookeeper import ZooKeeperProcess
-from waltz_common.tls import TlsFiles
-from waltz_common.types import crc32
 
-PREFILL_BATCH = 1000
 OPEN_LOOP_RATE = 1000.0
 WRITERS = (1, 10, 100)
 
@@ -82,87 +76,6 @@ class Scale:
 
 FULL = Scale(300_000, 2.0, 10.0, 40.0, 15.0, 2000, 40_000, 2000, 1000)
 QUICK = Scale(150_000, 1.0, 4.0, 10.0, 5.0, 500, 10_000, 500, 300)
-
-
-# ---------------------------------------------------------------------------------------- raw client stream
-
-
-def _take_client_id(cluster: LocalCluster, partition: int = PARTITION) -> tuple[int, int]:
-    zk = zkmeta.connect(cluster.zookeeper)
-    try:
-        counter = zk.Counter(cluster.paths.client_ids)
-        counter += 1
-        assignment = zkmeta.require(zk, cluster.paths.server_assignment, metadata_pb2.ServerAssignment)[0]
-        generation = next(o.generation for o in assignment.partitions if o.partition_id == partition)
-        return int(counter.post_value), generation
-    finally:
-        zk.stop()
-        zk.close()
-
-
-async def high_water_mark(address: str, files: TlsFiles | None = None, partition: int = PARTITION) -> int:
-    async with tls.aio_channel(address, files) as channel:
-        response = await server_pb2_grpc.WaltzServerStub(channel).GetHighWaterMark(
-            server_pb2.HighWaterMarkRequest(partition_id=partition), timeout=30
-        )
-    return int(response.high_water_mark)
-
-
-async def raw_stream(
-    cluster: LocalCluster, client_hwm: int, appends: int, until: int, partition: int = PARTITION,
-    address: str | None = None,
-) -> tuple[float, int]:
-    """Mount at client_hwm over a raw Stream, send `appends` transactions in batches of PREFILL_BATCH, and
-    read the feed until transaction `until` (or until the last append shows). Returns (seconds, feed entries)."""
-    client_id, generation = _take_client_id(cluster, partition)
-    payload = os.urandom(RECORD_BYTES)
-    checksum = crc32(payload)
-
-    def req(seq: int) -> common_pb2.ReqId:
-        return common_pb2.ReqId(client_id=client_id, generation=generation, partition_id=partition, seq_num=seq)
-
-    async with grpc.aio.insecure_channel(address or cluster.servers[0].address) as channel:
-        call = server_pb2_grpc.WaltzServerStub(channel).Stream()
-        started = time.perf_counter()
-        deadline = started + 60
-        mount = server_pb2.MountRequest(req_id=req(0), client_high_water_mark=client_hwm, seq_num=1)
-        await call.write(server_pb2.ClientMessage(mount=mount))
-        seen = mine = 0
-        last = client_hwm
-        while True:
-            response = await call.read()
-            if response is grpc.aio.EOF:
-                raise RuntimeError("the server ended the stream")
-            kind = response.WhichOneof("message")
-            if kind == "mount":
-                if response.mount.state == server_pb2.MountResponse.NOT_READY and time.perf_counter() < deadline:
-                    await asyncio.sleep(0.2)  # the partition is still opening on the server
-                    started = time.perf_counter()
-                    await call.write(server_pb2.ClientMessage(mount=mount))
-                    continue
-                if response.mount.state != server_pb2.MountResponse.READY:
-                    raise RuntimeError(f"mount refused: {response.mount}")
-                for first in range(0, appends, PREFILL_BATCH):
-                    batch = [
-                        server_pb2.AppendRequest(
-                            req_id=req(first + i + 1), client_high_water_mark=client_hwm,
-                            data_length=RECORD_BYTES, data=payload, checksum=checksum,
-                        )
-                        for i in range(min(PREFILL_BATCH, appends - first))
-                    ]
-                    await call.write(server_pb2.ClientMessage(appends=server_pb2.AppendBatch(requests=batch)))
-            elif kind == "feed":
-                entries = response.feed.transactions
-                seen += len(entries)
-                last = entries[-1].transaction_id
-                if appends:
-                    mine += sum(1 for t in entries if t.req_id.client_id == client_id)
-            else:
-                raise RuntimeError(f"unexpected answer {response}")
-            if (appends and mine >= appends) or (not appends and last >= until):
-                elapsed = time.perf_counter() - started
-                call.cancel()
-                return elapsed, seen
 
 
 # ---------------------------------------------------------------------------------------- client processes

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import grpc
 
-from bench.append_bench import FULL, QUICK, WRITERS, Scale, WriterRow, closed_loop, high_water_mark
+from bench.append_bench import FULL, QUICK, WRITERS, Scale, WriterRow, closed_loop
 from bench.baselines import MemorySampler
+from bench.raw_client import high_water_mark
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 

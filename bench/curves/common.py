@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.append_bench import high_water_mark, raw_stream
 from bench.baselines import cpu_seconds
+from bench.raw_client import high_water_mark, raw_stream
 from waltz.v1 import metadata_pb2
 from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import LocalCluster

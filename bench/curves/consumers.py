@@ -20,8 +20,8 @@ from pathlib import Path
 
 import grpc
 
-from bench.append_bench import _take_client_id
 from bench.curves.common import CpuMeter, LoadLog, fill, main_for, table, verdict, wait_owned
+from bench.raw_client import _take_client_id
 from waltz.v1 import common_pb2, server_pb2, server_pb2_grpc
 from waltz_common import event_loop
 from waltz_common.testing.local_cluster import LocalCluster

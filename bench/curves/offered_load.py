@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from bench.append_bench import WRITER_CLIENT, high_water_mark
+from bench.append_bench import WRITER_CLIENT
 from bench.append_writers import Job, run_clients
 from bench.baselines import MemorySampler, percentile, run_baselines
 from bench.curves.common import CpuWindow, LoadLog, main_for, table, verdict, wait_owned
+from bench.raw_client import high_water_mark
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 
