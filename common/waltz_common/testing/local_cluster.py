@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import socket
@@ -44,7 +45,7 @@ def free_port() -> int:
     and any outgoing connection (a client, ZooKeeper, another test) may be given it before the
     process binds it, or while a killed process is down before its restart (EADDRINUSE).
     """
-    low, high = listening_port_range()
+    low, high = _worker_share(*listening_port_range())
     if high - low >= 1000:
         for _ in range(200):
             port = random.randint(low, high)
@@ -60,6 +61,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _worker_share(low: int, high: int) -> tuple[int, int]:
+    """Under pytest-xdist (PYTEST_XDIST_WORKER gwN of PYTEST_XDIST_WORKER_COUNT), worker N's own slice of the range:
+    _handed_out is per process, so two workers could hand out the same port, or one a port that another worker's
+    killed process still needs for its restart (seen once: a storage node's "address in use" at cluster start)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1):
+        return low, high
+    index, total = int(worker[2:]), int(count)
+    size = (high - low + 1) // total
+    return low + index * size, low + (index + 1) * size - 1
 
 
 @dataclass
