@@ -8,7 +8,6 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from waltz.v1 import common_pb2, server_pb2
-from waltz_common.types import RecordHeader
 from waltz_server.cache_budget import FEED_ENTRY_BYTES, CacheBudget
 from waltz_server.caches import FeedCache
 from waltz_server.feed import FeedContext, StreamPort, feed_message, mount_response
@@ -275,7 +274,7 @@ class PartitionFeeds:
             self._last_inline[inline] = message  # built once for every feed with this limit
         return message
 
-    async def stored_headers(self, first: int, count: int) -> list[RecordHeader]:
+    async def stored_headers(self, first: int, count: int) -> Sequence[common_pb2.RecordHeader]:
         return await self._store.get_headers(first, count)
 
     async def wait_for_commit(self, after: int) -> None:
