@@ -86,7 +86,7 @@ class FeedApply:
             self.server_high_water_mark = entries[-1].transaction_id
         next_id = self.client_high_water_mark + 1  # the transaction to apply next
         intake = self._intake
-        plain, source = intake.plain(entries, next_id)
+        plain, source = intake.plain(entries, next_id, self._inline_asked > 0)
         if plain and len(plain) == len(entries):  # the catch-up case: no step of its own for any entry
             if intake.reads_data:
                 await intake.read_ahead_of(plain)
