@@ -59,9 +59,10 @@ class FeedSource(Protocol):
     @property
     def cache_first_id(self) -> int: ...
 
-    def cached_feed(self, first: int, count: int, inline: int = 0) -> server_pb2.ServerMessage | None:
-        """The feed message of [first, first + count) from the cache (shared: never change it), or None
-        when the cache no longer holds first; inline > 0: with the data of transactions up to inline bytes
+    def cached_feeds(self, first: int, count: int, inline: int = 0) -> list[server_pb2.ServerMessage] | None:
+        """The feed messages of [first, first + count) (fewer at the tail) from the cache, in order (shared: never
+        change them): the committed batches' own messages where the range takes a whole one, copies of the rest;
+        None when the cache no longer holds first; inline > 0: with the data of transactions up to inline bytes
         when the source has it (else without)."""
         ...
 
@@ -140,10 +141,10 @@ class FeedContext:
                 finally:
                     self.waiting_for = None
             elif step.source is Source.CACHE:
-                message = source.cached_feed(step.first, step.count, self.inline)
-                if message is not None and message.feed.transactions:  # None: the cache moved on; step again
-                    await self.stream.send_feed(message)
-                    cursor.sent(len(message.feed.transactions))
+                for message in source.cached_feeds(step.first, step.count, self.inline) or ():  # None: step again
+                    if message.feed.transactions:
+                        await self.stream.send_feed(message)
+                        cursor.sent(len(message.feed.transactions))
             else:
                 headers = await source.stored_headers(step.first, step.count)
                 if not headers or headers[0].transaction_id != step.first:  # between sessions: read again
