@@ -24,30 +24,10 @@ from pathlib import Path
 
 import psutil
 
-from bench.append_writers import PARTITION, CountingCallbacks
+from bench.append_bench import client_feed
 from bench.raw_client import high_water_mark, raw_stream
-from waltz_client import AsyncWaltzClient
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.testing.zookeeper import ZooKeeperProcess
-
-
-async def client_feed(cluster: LocalCluster, until: int) -> tuple[float, float]:
-    """(seconds, this process's CPU seconds) for an AsyncWaltzClient mounting at -1 to apply every transaction up to
-    until, from the mount (the client's start-up left out)."""
-    callbacks = CountingCallbacks(-1)
-    loop = asyncio.get_running_loop()
-    done = asyncio.Event()
-
-    def applied(hwm: int) -> None:
-        if hwm >= until:
-            loop.call_soon_threadsafe(done.set)
-
-    callbacks.on_apply = applied
-    async with AsyncWaltzClient(callbacks, cluster.client_config(**{"client.autoMount": False})) as client:
-        started, cpu = time.perf_counter(), time.process_time()
-        client.mount_partitions([PARTITION])
-        await done.wait()
-        return time.perf_counter() - started, time.process_time() - cpu
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,7 +56,9 @@ def main(argv: list[str] | None = None) -> None:
             rows["raw Stream"].append((seen / seconds, {**{k: (after[k] - before[k]) / seen for k in after},
                                                        "consumer": own / seen}))
             before = cpu()
-            seconds, own = asyncio.run(client_feed(cluster, last))
+            cpu_seconds: list[float] = []
+            seconds = asyncio.run(client_feed(cluster, last, cpu_seconds))
+            own = cpu_seconds[0]
             after = cpu()
             rows["AsyncWaltzClient"].append(((last + 1) / seconds, {
                 **{k: (after[k] - before[k]) / (last + 1) for k in after}, "consumer": own / (last + 1)}))
