@@ -205,8 +205,9 @@ def open_loop(cluster: LocalCluster, scale: Scale, sampler: MemorySampler,
                      _cpu_per_1000(window, [result], result.committed), OPEN_LOOP_RATE, window.batch)
 
 
-async def client_feed(cluster: LocalCluster, until: int) -> float:
-    """Seconds for an AsyncWaltzClient mounting at -1 to apply every transaction up to `until`."""
+async def client_feed(cluster: LocalCluster, until: int, cpu: list[float] | None = None) -> float:
+    """Seconds for an AsyncWaltzClient mounting at -1 to apply every transaction up to `until` (cpu: gets this
+    process's CPU seconds over the same time, from the mount: bench.feed_row)."""
     callbacks = CountingCallbacks(-1)
     config = cluster.client_config(**{"client.autoMount": False})
     loop = asyncio.get_running_loop()
@@ -218,9 +219,11 @@ async def client_feed(cluster: LocalCluster, until: int) -> float:
 
     callbacks.on_apply = applied
     async with AsyncWaltzClient(callbacks, config) as client:
-        started = time.perf_counter()
+        started, process = time.perf_counter(), time.process_time()
         client.mount_partitions([PARTITION])
         await done.wait()
+        if cpu is not None:
+            cpu.append(time.process_time() - process)
         return time.perf_counter() - started
 
 

@@ -66,15 +66,18 @@ class FeedIntake:
         self.monitor = monitor
         self.reads_data = False  # the application read another client's data: later batches' is read ahead
 
-    def plain(self, entries: Sequence[server_pb2.FeedData], next_id: int) -> tuple[list[Transaction], BatchData | None]:
+    def plain(self, entries: Sequence[server_pb2.FeedData], next_id: int,
+              inline: bool = True) -> tuple[list[Transaction], BatchData | None]:
         """The batch's leading entries that need no step of their own (plain_transactions), and the data source of
-        a batch of more than one entry (shared with the steps of the rest)."""
+        a batch of more than one entry (shared with the steps of the rest). inline: the feed was asked for inline
+        data (plain_transactions)."""
         fetch: Callable[[int, int], bytes] = self.fetch_one
         source: BatchData | None = None
         if len(entries) > 1:
             source = BatchData(fetch, self.fetch_range if self.env.fetch_range is not None else None, -1)
             fetch = source
-        plain = plain_transactions(entries, next_id, self.partition_id, self.env.client_id, fetch)
+        own = self.env.client_id if self.monitor.pending_count() else None
+        plain = plain_transactions(entries, next_id, self.partition_id, own, fetch, inline)
         if source is not None and plain:
             source.last_id = plain[-1].transaction_id
         return plain, source

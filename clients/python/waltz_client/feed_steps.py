@@ -17,19 +17,24 @@ FeedStep = tuple[int, PendingAppend | None, Transaction | None]
 the transaction to apply (None: applied already, fed again after a reconnect). A tuple: one per append."""
 
 
-def plain_transactions(entries: Sequence[Any], next_id: int, partition_id: int, client_id: int,
-                       source: Callable[[int, int], bytes]) -> list[Transaction]:
+def plain_transactions(entries: Sequence[Any], next_id: int, partition_id: int, client_id: int | None,
+                       source: Callable[[int, int], bytes], inline: bool = True) -> list[Transaction]:
     """The leading entries of a feed batch (protobuf FeedData) that need no step of their own, as the transactions
     to apply: the next ones in id order from next_id, of this partition, appended by another client (no pending
     append of this client can be among them). It stops at the first entry that is not one (that entry and the
     rest take the general steps; so does an entry with inline data, whose checksum they check). The catch-up case,
-    where every entry is one: no tuple, no monitor lookup."""
+    where every entry is one: no tuple, no monitor lookup.
+
+    client_id None: none of this client's appends is pending, so its entries need no step either (the general
+    steps would find nothing to resolve). inline False: the feed was not asked for inline data, so an entry's
+    has_data is not read (were it set, the data is fetched as without it). Each is a field read fewer per entry."""
     transactions: list[Transaction] = []
     append = transactions.append
     for index, entry in enumerate(entries):
         req_id = entry.req_id
-        if (req_id.client_id == client_id or req_id.partition_id != partition_id or entry.transaction_id != next_id
-                or entry.has_data):  # inline data: the general steps check its checksum
+        if (req_id.partition_id != partition_id or entry.transaction_id != next_id
+                or (client_id is not None and req_id.client_id == client_id)
+                or (inline and entry.has_data)):  # inline data: the general steps check its checksum
             break
         append(EntryTransaction(partition_id, next_id, entries, index, entry.header, source))
         next_id += 1

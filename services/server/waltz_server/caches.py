@@ -40,6 +40,7 @@ class FeedCache(Generic[T]):
         self._budget = budget if budget is not None else CacheBudget(UNBOUNDED)
         self._firsts: list[int] = []  # first id of each segment, ascending
         self._segments: list[Sequence[T]] = []
+        self._wholes: list[object] = []  # what each segment came in, if the caller said (spans returns it)
         self._head = 0  # segments before it are wholly below first_id (dropped in bulk now and then)
         self._last = high_water_mark
         self._count = 0
@@ -54,8 +55,9 @@ class FeedCache(Generic[T]):
         """The lowest id held (high_water_mark + 1 when empty)."""
         return self._last - self._count + 1
 
-    def append(self, first_id: int, entries: Sequence[T]) -> None:
-        """Add the entries of consecutive ids from first_id; a gap (or overlap) restarts the cache.
+    def append(self, first_id: int, entries: Sequence[T], whole: object = None) -> None:
+        """Add the entries of consecutive ids from first_id; a gap (or overlap) restarts the cache. whole: what
+        they came in (a committed batch's feed message), kept with them for spans.
 
         The cache keeps entries as it is given them: the caller must not change them afterwards.
         """
@@ -66,6 +68,7 @@ class FeedCache(Generic[T]):
             return
         self._firsts.append(first_id)
         self._segments.append(entries)
+        self._wholes.append(whole)
         self._last += n
         self._count = min(self._capacity, self._count + n)
         self._drop_below()
@@ -75,6 +78,7 @@ class FeedCache(Generic[T]):
         """Hold nothing, the next entry being high_water_mark + 1."""
         self._firsts.clear()
         self._segments.clear()
+        self._wholes.clear()
         self._head = 0
         self._count = 0
         self._last = high_water_mark
@@ -88,6 +92,7 @@ class FeedCache(Generic[T]):
         else:
             self._firsts.clear()
             self._segments.clear()
+            self._wholes.clear()
             self._head = 0
         self._account()
 
@@ -102,7 +107,7 @@ class FeedCache(Generic[T]):
         while firsts[head] + len(segments[head]) <= first:
             head += 1
         if head >= 32:  # dropped segments go soon: their memory is what the budget was told is free
-            del firsts[:head], segments[:head]
+            del firsts[:head], segments[:head], self._wholes[:head]
             head = 0
         self._head = head
 
@@ -113,6 +118,25 @@ class FeedCache(Generic[T]):
             self._budget.charge(delta)
         else:
             self._budget.release(-delta)
+
+    def spans(self, from_id: int, max_count: int) -> list[tuple[int, int, int, object]] | None:
+        """Where get(from_id, max_count) takes its entries, segment by segment: (the segment's first id, the offset
+        in it of the first entry taken, how many, what the segment came in: append's whole); None when from_id is
+        not held."""
+        if from_id < self.first_id or from_id > self._last + 1:
+            return None
+        count = min(max_count, self._last - from_id + 1)
+        i = bisect_right(self._firsts, from_id, self._head) - 1
+        out: list[tuple[int, int, int, object]] = []
+        while count > 0:
+            first = self._firsts[i]
+            offset = from_id - first
+            taken = min(count, len(self._segments[i]) - offset)
+            out.append((first, offset, taken, self._wholes[i]))
+            from_id += taken
+            count -= taken
+            i += 1
+        return out
 
     def get(self, from_id: int, max_count: int) -> list[T] | None:
         """Entries from from_id on (at most max_count, fewer at the tail); None when from_id is not held."""

@@ -23,32 +23,52 @@ EMPTY_MESSAGE = (
 _stream_ids = itertools.count(1)
 
 
-def coalesce(messages: list[server_pb2.ServerMessage], max_entries: int) -> list[server_pb2.ServerMessage]:
-    """Merge adjacent feed batches of one partition with consecutive ids (fewer, larger messages).
+Outgoing = server_pb2.ServerMessage | bytes
+"""What the Stream writes: a message, or feed batches merged by coalesce, serialized (stream_answer sends either)."""
 
-    The messages given are never changed (a feed batch is shared by every stream it goes to): a
-    merge builds a new message.
+
+def stream_answer(message: Outgoing) -> bytes:
+    """The Stream's response serializer: a ServerMessage, or the bytes of one (coalesce's merges)."""
+    return message if type(message) is bytes else message.SerializeToString()  # type: ignore[union-attr]
+
+
+def coalesce(
+    messages: list[server_pb2.ServerMessage], max_entries: int
+) -> list[tuple[Outgoing, server_pb2.ServerMessage]]:
+    """Merge adjacent feed batches of one partition with consecutive ids (fewer, larger messages): each with
+    the last message it holds (whose last entry is the last it writes).
+
+    A merge is the batches' serializations joined: protobuf merges concatenated messages, appending their
+    repeated fields, so the client reads one batch of all their entries in order, and no entry is copied
+    (copying a batch's entries into a new message cost about as much as the rest of a catch-up feed's
+    work on the server). The messages given are never changed (a feed batch is shared by every stream it
+    goes to).
     """
-    out: list[server_pb2.ServerMessage] = []
-    merged = False  # out[-1] is a message built here
+    out: list[tuple[Outgoing, server_pb2.ServerMessage]] = []
+    run: list[server_pb2.ServerMessage] = []  # adjacent feed batches that merge, none empty
+    count = 0
     for message in messages:
-        if out and message.WhichOneof("message") == "feed" and out[-1].WhichOneof("message") == "feed":
-            last, this = out[-1].feed.transactions, message.feed.transactions
-            if (
-                this
-                and last
-                and len(last) + len(this) <= max_entries
-                and last[-1].req_id.partition_id == this[0].req_id.partition_id
-                and last[-1].transaction_id + 1 == this[0].transaction_id
-            ):
-                if not merged:
-                    out[-1] = server_pb2.ServerMessage(feed=out[-1].feed)
-                    merged = True
-                out[-1].feed.transactions.extend(this)
+        entries = message.feed.transactions if message.WhichOneof("message") == "feed" else None
+        if run and entries and count + len(entries) <= max_entries:
+            last, first = run[-1].feed.transactions[-1], entries[0]
+            consecutive = last.transaction_id + 1 == first.transaction_id
+            if consecutive and last.req_id.partition_id == first.req_id.partition_id:
+                run.append(message)
+                count += len(entries)
                 continue
-        out.append(message)
-        merged = False
+        _merged(run, out)
+        run, count = ([message], len(entries)) if entries else ([], 0)
+        if not entries:
+            out.append((message, message))
+    _merged(run, out)
     return out
+
+
+def _merged(run: list[server_pb2.ServerMessage], out: list[tuple[Outgoing, server_pb2.ServerMessage]]) -> None:
+    if len(run) == 1:
+        out.append((run[0], run[0]))
+    elif run:
+        out.append((b"".join([message.SerializeToString() for message in run]), run[-1]))
 
 
 class Outbound:
@@ -157,15 +177,15 @@ class ClientStream:
 
     async def write(self, context: grpc.aio.ServicerContext) -> None:
         while True:
-            for message in coalesce(await self.outbound.take(), self._max_feed_entries):
-                await context.write(message)
+            for payload, message in coalesce(await self.outbound.take(), self._max_feed_entries):
+                await context.write(payload)
                 self._wrote(message)
 
     async def drain(self, context: grpc.aio.ServicerContext) -> None:
         """Write what is still queued (the client closed its side)."""
         while len(self.outbound):
-            for message in coalesce(await self.outbound.take(), self._max_feed_entries):
-                await context.write(message)
+            for payload, message in coalesce(await self.outbound.take(), self._max_feed_entries):
+                await context.write(payload)
                 self._wrote(message)
 
     def written(self, partition_id: int) -> int | None:

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from waltz.v1 import common_pb2, server_pb2
-from waltz_common.types import RecordHeader
 from waltz_server.feed_cursor import FeedCursor, Source
 from waltz_server.store.api import StoreUnavailable
 
@@ -60,29 +59,29 @@ class FeedSource(Protocol):
     @property
     def cache_first_id(self) -> int: ...
 
-    def cached_feed(self, first: int, count: int, inline: int = 0) -> server_pb2.ServerMessage | None:
-        """The feed message of [first, first + count) from the cache (shared: never change it), or None
-        when the cache no longer holds first; inline > 0: with the data of transactions up to inline bytes
+    def cached_feeds(self, first: int, count: int, inline: int = 0) -> list[server_pb2.ServerMessage] | None:
+        """The feed messages of [first, first + count) (fewer at the tail) from the cache, in order (shared: never
+        change them): the committed batches' own messages where the range takes a whole one, copies of the rest;
+        None when the cache no longer holds first; inline > 0: with the data of transactions up to inline bytes
         when the source has it (else without)."""
         ...
 
-    async def stored_headers(self, first: int, count: int) -> list[RecordHeader]: ...
+    async def stored_headers(self, first: int, count: int) -> Sequence[common_pb2.RecordHeader]: ...
 
     async def wait_for_commit(self, after: int) -> None: ...
 
 
-def stored_feed_message(headers: list[RecordHeader]) -> server_pb2.ServerMessage:
-    """A feed message of stored headers, built in place (a FeedData and a ReqId message per header, then
-    copying them into the batch, cost several times as much: this is the path of far-behind feeds)."""
+def stored_feed_message(headers: Sequence[common_pb2.RecordHeader]) -> server_pb2.ServerMessage:
+    """A feed message of the storage's headers, built in place (a FeedData and a ReqId message per header, then
+    copying them into the batch, cost several times as much: this is the path of far-behind feeds); each entry's
+    fields set one by one and its ReqId copied whole (add() with keywords costs a third more)."""
     message = server_pb2.ServerMessage()
     add = message.feed.transactions.add
     for h in headers:
-        q = h.req_id
-        r = add(transaction_id=h.transaction_id, header=h.header).req_id
-        r.client_id = q.client_id
-        r.generation = q.generation
-        r.partition_id = q.partition_id
-        r.seq_num = q.seq_num
+        entry = add()
+        entry.transaction_id = h.transaction_id
+        entry.header = h.header
+        entry.req_id.CopyFrom(h.req_id)
     return message
 
 
@@ -142,10 +141,10 @@ class FeedContext:
                 finally:
                     self.waiting_for = None
             elif step.source is Source.CACHE:
-                message = source.cached_feed(step.first, step.count, self.inline)
-                if message is not None and message.feed.transactions:  # None: the cache moved on; step again
-                    await self.stream.send_feed(message)
-                    cursor.sent(len(message.feed.transactions))
+                for message in source.cached_feeds(step.first, step.count, self.inline) or ():  # None: step again
+                    if message.feed.transactions:
+                        await self.stream.send_feed(message)
+                        cursor.sent(len(message.feed.transactions))
             else:
                 headers = await source.stored_headers(step.first, step.count)
                 if not headers or headers[0].transaction_id != step.first:  # between sessions: read again

@@ -8,7 +8,6 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from waltz.v1 import common_pb2, server_pb2
-from waltz_common.types import RecordHeader
 from waltz_server.cache_budget import FEED_ENTRY_BYTES, CacheBudget
 from waltz_server.caches import FeedCache
 from waltz_server.feed import FeedContext, StreamPort, feed_message, mount_response
@@ -20,6 +19,9 @@ log = logging.getLogger(__name__)
 
 INLINE_BATCHES = 5
 """Feed batches (server.feedBatchSize transactions each) whose inline data is kept for feeds slightly behind."""
+WHOLE_BATCH = 32
+"""A committed batch of at least this many transactions goes to a feed behind as its own message when the feed's
+step takes all of it (shared, not copied); smaller ones, and parts, are copied into a message of their own."""
 
 
 class PartitionClosed(Exception):
@@ -212,7 +214,7 @@ class PartitionFeeds:
         if entries and entries[0].transaction_id != first:
             for transaction_id, entry in enumerate(entries, first):
                 entry.transaction_id = transaction_id
-        self._cache.append(first, entries)
+        self._cache.append(first, entries, message if len(entries) >= WHOLE_BATCH else None)
         self._last = (first, message)
         inline = inline_feed(first, requests, self.inline_max_bytes) if self._inline_feeds else None
         if inline is not None and len(inline.feed.transactions) == len(entries):
@@ -261,6 +263,34 @@ class PartitionFeeds:
         entries = self._cache.get(first, count)
         return None if entries is None else feed_message(entries)
 
+    def cached_feeds(self, first: int, count: int, inline: int = 0) -> list[server_pb2.ServerMessage] | None:
+        last_first, last = self._last
+        if inline or (first == last_first and count == len(last.feed.transactions)):
+            message = self.cached_feed(first, count, inline)
+            return None if message is None else [message]
+        spans = self._cache.spans(first, count)
+        if spans is None:
+            return None
+        messages: list[server_pb2.ServerMessage] = []
+        copied = 0  # entries before the current span still to copy into a message of their own
+        for batch_first, offset, taken, whole in spans:
+            if offset == 0 and isinstance(whole, server_pb2.ServerMessage) and len(whole.feed.transactions) == taken:
+                if copied:
+                    messages.append(self._copied(batch_first - copied, copied))
+                    copied = 0
+                messages.append(whole)
+            else:
+                copied += taken
+        if copied:
+            batch_first, offset, taken, _ = spans[-1]
+            messages.append(self._copied(batch_first + offset + taken - copied, copied))
+        return messages
+
+    def _copied(self, first: int, count: int) -> server_pb2.ServerMessage:
+        entries = self._cache.get(first, count)
+        assert entries is not None and len(entries) == count  # spans just said the cache holds them
+        return feed_message(entries)
+
     def _inline_feed(self, first: int, count: int, inline: int, newest: bool) -> server_pb2.ServerMessage | None:
         """[first, first + count) with inline data up to inline bytes, when all of it is held (None: not)."""
         if newest:
@@ -275,7 +305,7 @@ class PartitionFeeds:
             self._last_inline[inline] = message  # built once for every feed with this limit
         return message
 
-    async def stored_headers(self, first: int, count: int) -> list[RecordHeader]:
+    async def stored_headers(self, first: int, count: int) -> Sequence[common_pb2.RecordHeader]:
         return await self._store.get_headers(first, count)
 
     async def wait_for_commit(self, after: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import NoReturn
 
 import grpc
@@ -15,7 +15,7 @@ from waltz.v1 import server_pb2, server_pb2_grpc
 from waltz_common import listen, reflection, tls
 from waltz_common.grpc_env import keepalive_options
 from waltz_common.port_guard import CallLimits, LimitSettings, PortGuard
-from waltz_server.client_stream import ClientStream, StreamAborted
+from waltz_server.client_stream import ClientStream, StreamAborted, stream_answer
 from waltz_server.config import PartitionSettings
 from waltz_server.discovery import ClusterView
 from waltz_server.identity import ClientIdentities, ClientIdentity
@@ -238,6 +238,37 @@ OPERATOR_METHODS = {
 }
 
 
+class _Registration:
+    """Stands for the gRPC server in server_pb2_grpc.add_WaltzServerServicer_to_server and passes on its handlers,
+    the Stream's with stream_answer as its serializer: coalesced feed batches are written as bytes."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_StreamAnswers(handler) for handler in handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self._server.add_registered_method_handlers(
+            service, {name: _stream_answers(h) if name == "Stream" else h for name, h in handlers.items()})
+
+
+class _StreamAnswers(grpc.GenericRpcHandler):
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self._inner = inner
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = self._inner.service(handler_call_details)
+        if handler is None or handler_call_details.method != f"/{SERVICE_NAME}/Stream":
+            return handler
+        return _stream_answers(handler)
+
+
+def _stream_answers(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    return grpc.stream_stream_rpc_method_handler(
+        handler.stream_stream, request_deserializer=handler.request_deserializer, response_serializer=stream_answer)
+
+
 async def start_grpc_server(
     service: WaltzServerService,
     host: str,
@@ -266,7 +297,7 @@ async def start_grpc_server(
         limits,
     )
     server = grpc.aio.server(options=options, interceptors=[guard])
-    server_pb2_grpc.add_WaltzServerServicer_to_server(service, server)
+    server_pb2_grpc.add_WaltzServerServicer_to_server(service, _Registration(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):

@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from waltz.v1 import common_pb2
-from waltz_common.types import Record, RecordHeader
+from waltz_common.types import Record
+from waltz_common.wire import header_to_proto
 from waltz_server.identity import ClientIdentity
 from waltz_server.store.api import AppendFailed, PendingRecord, StoreStatus, StoreUnavailable
 from waltz_server.validation import req_id_of
@@ -147,9 +148,9 @@ class FakeStore:
         self.record_reads += 1
         return [record_to_proto(r) for r in self.records[transaction_id : transaction_id + max_records]]
 
-    async def get_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
+    async def get_headers(self, transaction_id: int, max_records: int) -> list[common_pb2.RecordHeader]:
         self.header_reads.append((transaction_id, max_records))
-        return [r.record_header for r in self.records[transaction_id : transaction_id + max_records]]
+        return [header_to_proto(r.record_header) for r in self.records[transaction_id : transaction_id + max_records]]
 
     def status(self) -> StoreStatus:
         healthy = self._ready.is_set() and not self._closed

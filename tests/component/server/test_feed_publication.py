@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from waltz.v1 import server_pb2
 from waltz_server.feed_cursor import FeedCursor
-from waltz_server.partition_feeds import PartitionFeeds, prepared_feed
+from waltz_server.partition_feeds import WHOLE_BATCH, PartitionFeeds, prepared_feed
 
 from .fakes import FakeStore, FakeStream
 from .harness import mounted_client, run, settle
@@ -107,3 +110,28 @@ def test_the_batch_at_the_store_is_fed_with_its_ids_and_a_flush_waits_for_the_co
         await partition.close()
 
     run(scenario)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.sampled_from((1, 5, WHOLE_BATCH - 1, WHOLE_BATCH, WHOLE_BATCH + 7)), min_size=1, max_size=12),
+       start=st.integers(0, 300), count=st.integers(1, 200), cache_size=st.sampled_from((40, 150, 1000)))
+def test_cached_feeds_are_the_cached_entries_in_order_with_whole_batches_shared_not_copied(sizes, start, count,
+                                                                                             cache_size):
+    feeds = PartitionFeeds(0, FakeStore(0), cache_size=cache_size, batch_size=10, fetch_size=100)
+    feeds.reset(-1)
+    published, first = {}, 0
+    for size in sizes:
+        published[first] = prepared_feed(first, requests(size))
+        feeds.publish(first, published[first])
+        first += size
+    got = feeds.cached_feeds(start, count)
+    whole = feeds.cached_feed(start, count)  # one message of every entry, as before
+    assert (got is None) == (whole is None)
+    if got is None:
+        return
+    assert [e for m in got for e in m.feed.transactions] == list(whole.feed.transactions)
+    for message in got:  # a batch taken whole (WHOLE_BATCH or more) is the published message itself
+        batch = published.get(message.feed.transactions[0].transaction_id)
+        if batch is not None and len(batch.feed.transactions) >= WHOLE_BATCH and len(message.feed.transactions) == len(
+                batch.feed.transactions):
+            assert message is batch

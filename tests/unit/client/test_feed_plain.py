@@ -7,6 +7,9 @@ import gc
 from types import SimpleNamespace
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from waltz.v1 import common_pb2, server_pb2
 from waltz_client.api import PartialApplyError, Transaction, TransactionContext, WaltzClientCallbacks
 from waltz_client.config import ClientConfig
@@ -15,7 +18,7 @@ from waltz_client.partition import ClientPartition, _Verdict
 from waltz_client.partition_env import PartitionEnv, PendingAppend
 from waltz_client.tasks import LoopCallbacks
 from waltz_common.topology import Ownership
-from waltz_common.types import ReqId
+from waltz_common.types import ReqId, crc32
 
 ME, OTHER = 1, 2
 
@@ -190,3 +193,75 @@ async def _quick_retries(main: Any) -> None:
         await main()
     finally:
         asyncio.sleep = sleep
+
+
+# A feed batch as a server could send it: (kind, id offset) per entry. Kinds: another client's append, one of this
+# client's (pending or not), another partition's, and another client's with inline data (its checksum holding or
+# not); the offset moves the id off the next one (0: in order; else a gap, or an entry fed again).
+ENTRY_KINDS = ("other", "mine", "mine", "foreign", "inline", "damaged")
+BATCHES = st.lists(st.lists(st.tuples(st.sampled_from(ENTRY_KINDS), st.sampled_from((0, 0, 0, 0, 1, -1))),
+                            min_size=1, max_size=12), min_size=1, max_size=4)
+
+
+def _data(txn_id: int) -> bytes:
+    return b"data %d" % txn_id
+
+
+def _feed_batch(spec: list[tuple[str, int]], first: int, mine_seqs: list[int]) -> list[Any]:
+    entries, txn_id = [], first
+    for kind, offset in spec:
+        txn_id = max(0, txn_id + offset)
+        if kind == "mine":
+            made = entry(txn_id, client_id=ME, seq_num=mine_seqs.pop(0) if mine_seqs else 1000 + txn_id)
+        else:
+            made = entry(txn_id, partition_id=5 if kind == "foreign" else 0)
+            if kind in ("inline", "damaged"):
+                data = _data(txn_id)
+                made.has_data, made.data = True, data if kind == "inline" else b"damaged"
+                made.checksum = crc32(data)
+        entries.append(made)
+        txn_id += 1
+    return entries
+
+
+class _Reading(Applying):
+    def apply_transaction(self, transaction: Transaction) -> None:
+        super().apply_transaction(transaction)
+        self.read = getattr(self, "read", [])
+        self.read.append((transaction.transaction_id, transaction.req_id, transaction.header, transaction.data()))
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches=BATCHES, pending=st.integers(0, 4), inline_asked=st.booleans())
+def test_the_plain_path_applies_and_settles_exactly_what_the_general_steps_alone_do(
+        batches: list[list[tuple[str, int]]], pending: int, inline_asked: bool) -> None:
+    """Each feed batch through _on_feed as it is (the plain path first) and with the plain path switched off (every
+    entry through FeedIntake.steps, the feed's original path): the same transactions applied, in the same order, with
+    the same ids, ReqIds, headers and data; the same appends committed with the same ids; the same high-water mark
+    and the same verdicts (a gap remounts)."""
+
+    def run(plain: bool) -> tuple[Any, ...]:
+        async def main() -> tuple[Any, ...]:
+            callbacks = _Reading()
+            p = partition(callbacks, LoopCallbacks())
+            p.env.fetch = lambda partition_id, transaction_id: _data(transaction_id)  # type: ignore[misc]
+            p._inline_asked = 4096 if inline_asked else 0
+            if not plain:
+                p._intake.plain = lambda entries, next_id, inline=True: ([], None)  # type: ignore[method-assign]
+            tokens = []
+            for seq in range(pending):
+                mine = Mine()
+                mine.client_id, mine.generation, mine.partition_id, mine.seq_num = ME, 1, 0, seq
+                mine.data = _data(seq)
+                tokens.append(mine)
+            p.monitor.register_all(tokens, 0.0)
+            verdicts, seqs = [], list(range(pending))
+            for spec in batches:
+                entries = feed(_feed_batch(spec, p.client_high_water_mark + 1, seqs)).feed.transactions
+                verdicts.append(await p._on_feed(entries))
+            return (getattr(callbacks, "read", []), [t.commits for t in tokens], p.client_high_water_mark,
+                    verdicts, p.env.stats.applied, p.env.stats.committed, p.monitor.pending_count())
+
+        return asyncio.run(main())
+
+    assert run(plain=True) == run(plain=False)

@@ -36,16 +36,22 @@ def test_feed_cache_restarts_after_a_gap_and_keeps_the_tail_of_a_huge_batch():
 def test_feed_cache_matches_a_model(capacity, batch_sizes, start, count):
     cache: FeedCache[int] = FeedCache(capacity)
     next_id = 0
+    segments = {}
     for size in batch_sizes:
-        cache.append(next_id, list(range(next_id, next_id + size)))
+        segments[next_id] = list(range(next_id, next_id + size))
+        cache.append(next_id, segments[next_id], whole=("batch", next_id))
         next_id += size
     first = max(0, next_id - capacity)
     assert cache.first_id == first
     got = cache.get(start, count)
+    spans = cache.spans(start, count)
     if first <= start <= next_id:
         assert got == list(range(start, min(next_id, start + count)))
+        assert spans is not None  # the same entries, taken segment by segment
+        assert [e for segment, offset, n, _ in spans for e in segments[segment][offset : offset + n]] == got
+        assert all(n > 0 and whole == ("batch", segment) for segment, _, n, whole in spans)
     else:
-        assert got is None
+        assert got is None and spans is None
 
 
 def test_feed_cache_stays_exact_over_many_batches():

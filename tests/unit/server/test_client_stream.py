@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from waltz.v1 import common_pb2, server_pb2
-from waltz_server.client_stream import Outbound, coalesce
+from waltz_server.client_stream import Outbound, coalesce, stream_answer
 
 
 def feed(partition_id: int, *ids: int) -> server_pb2.ServerMessage:
@@ -17,10 +17,24 @@ def flush() -> server_pb2.ServerMessage:
     return server_pb2.ServerMessage(flush=server_pb2.FlushResponse(transaction_id=1))
 
 
-def shape(messages) -> list:
+def written(coalesced) -> list[server_pb2.ServerMessage]:
+    """What the client reads from coalesce's output, each payload through the Stream's serializer (a merge's
+    last message is the one whose last entry it ends with)."""
+    out = []
+    for payload, last in coalesced:
+        message = server_pb2.ServerMessage.FromString(stream_answer(payload))
+        if message.HasField("feed"):
+            assert message.feed.transactions[-1] == last.feed.transactions[-1]
+        else:
+            assert payload is last
+        out.append(message)
+    return out
+
+
+def shape(coalesced) -> list:
     return [
         [(f.req_id.partition_id, f.transaction_id) for f in m.feed.transactions] if m.HasField("feed") else "flush"
-        for m in messages
+        for m in written(coalesced)
     ]
 
 
@@ -33,6 +47,19 @@ def test_adjacent_consecutive_batches_of_a_partition_merge_up_to_the_limit():
         [(1, 6)],
         [(1, 8), (1, 9), (1, 10)],
     ]
+
+
+def test_a_merge_reads_back_as_the_batches_entries_in_order_with_every_field():
+    # the merge is the batches' serializations joined: the client must read exactly their entries, inline data too
+    def entry(i: int) -> server_pb2.FeedData:
+        data = bytes([i]) * i
+        return server_pb2.FeedData(req_id=common_pb2.ReqId(client_id=i % 3, generation=2, partition_id=4, seq_num=i),
+                                   transaction_id=i, header=-i, has_data=i % 2 == 0, data=data, checksum=i * 7)
+
+    batches = [[entry(i) for i in range(first, first + size)] for first, size in ((0, 3), (3, 1), (4, 5))]
+    messages = [server_pb2.ServerMessage(feed=server_pb2.FeedDataBatch(transactions=b)) for b in batches]
+    (merged,) = written(coalesce(messages, 100))
+    assert list(merged.feed.transactions) == [e for b in batches for e in b]
 
 
 def test_merging_never_changes_the_messages_given():
@@ -55,7 +82,7 @@ def test_outbound_holds_feeds_back_when_full_but_never_answers():
         assert len(outbound) == 3
         assert len(await outbound.take()) == 3
         await asyncio.wait_for(waiting, 5)
-        assert shape(await outbound.take()) == [[(0, 2)]]
+        assert [[e.transaction_id for e in m.feed.transactions] for m in await outbound.take()] == [[2]]
         outbound.close()
         await asyncio.wait_for(outbound.wait_room(), 5)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from waltz.v1 import common_pb2
-from waltz_common.types import Record, RecordHeader
+from waltz_common.types import Record
 
 
 class PendingRecord(Protocol):
@@ -137,8 +137,9 @@ class StorePartition(Protocol):
         Record messages: bulk readers pass them on without converting each one."""
         ...
 
-    async def get_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
-        """Consecutive committed record headers from transaction_id."""
+    async def get_headers(self, transaction_id: int, max_records: int) -> Sequence[common_pb2.RecordHeader]:
+        """Consecutive committed record headers from transaction_id, as the storage's RecordHeader messages: a
+        far-behind feed copies them into its messages without converting each one."""
         ...
 
     def status(self) -> StoreStatus: ...

@@ -13,7 +13,7 @@ from kazoo.protocol.states import ZnodeStat
 from kazoo.recipe.watchers import DataWatch
 
 from waltz.v1 import common_pb2
-from waltz_common.types import Record, RecordHeader
+from waltz_common.types import Record
 from waltz_common.zk import ZkPaths
 from waltz_server.recovery import ReplicaState
 from waltz_server.store.api import PendingRecord, StoreStatus, StoreUnavailable
@@ -320,7 +320,7 @@ class ReplicatedStorePartition:
     async def get_records(self, transaction_id: int, max_records: int) -> Sequence[common_pb2.Record]:
         return await self._usable_session().records(transaction_id, max_records)
 
-    async def get_headers(self, transaction_id: int, max_records: int) -> list[RecordHeader]:
+    async def get_headers(self, transaction_id: int, max_records: int) -> Sequence[common_pb2.RecordHeader]:
         return await self._usable_session().headers(transaction_id, max_records)
 
     # ----------------------------------------------------------------------------------- status

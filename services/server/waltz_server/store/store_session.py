@@ -11,7 +11,6 @@ from functools import partial
 from typing import TypeVar
 
 from waltz.v1 import common_pb2
-from waltz_common.types import RecordHeader
 from waltz_server.fence_judgement import FenceJudgement, LeftOut, damage_restart
 from waltz_server.recovery import (
     CatchUp,
@@ -45,7 +44,7 @@ from waltz_server.store.session_end import (
     refused_by_replica,
 )
 from waltz_server.store.settings import Backoff, StoreSettings
-from waltz_server.store.wire import append_pending_request, header_from_proto
+from waltz_server.store.wire import append_pending_request
 from waltz_server.store.write_set import Member, WriteSet
 
 log = logging.getLogger(__name__)
@@ -574,8 +573,8 @@ class StoreSession:
     async def records(self, first: int, max_records: int) -> list[common_pb2.Record]:
         return await self._read(first, max_records, ReplicaSession.records)
 
-    async def headers(self, first: int, max_records: int) -> list[RecordHeader]:
-        return [header_from_proto(p) for p in await self._read(first, max_records, ReplicaSession.headers)]
+    async def headers(self, first: int, max_records: int) -> list[common_pb2.RecordHeader]:
+        return await self._read(first, max_records, ReplicaSession.headers)
 
     # ----------------------------------------------------------------------------------- status
 
