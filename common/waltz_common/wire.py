@@ -6,6 +6,17 @@ from waltz.v1 import common_pb2
 from waltz_common.types import Record, RecordHeader, ReqId
 
 
+def varint(value: int) -> bytes:
+    """value in protobuf's varint encoding (a negative int64 as its 64-bit two's complement, 10 bytes)."""
+    value &= 0xFFFF_FFFF_FFFF_FFFF
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def req_id_to_proto(r: ReqId) -> common_pb2.ReqId:
     return common_pb2.ReqId(
         client_id=r.client_id, generation=r.generation, partition_id=r.partition_id, seq_num=r.seq_num

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterable
 import grpc
 
 from waltz.v1 import common_pb2, server_pb2
+from waltz_common.wire import varint
 from waltz_server.feed import mount_response
 from waltz_server.identity import BindingUnavailable, ClientIdentities, ClientIdentity
 from waltz_server.ownership import PartitionManager
@@ -21,6 +22,7 @@ EMPTY_MESSAGE = (
     "the stream is ended"
 )
 _stream_ids = itertools.count(1)
+_FEED_TAG = varint(server_pb2.ServerMessage.DESCRIPTOR.fields_by_name["feed"].number << 3 | 2)  # length-delimited
 
 
 Outgoing = server_pb2.ServerMessage | bytes
@@ -38,11 +40,14 @@ def coalesce(
     """Merge adjacent feed batches of one partition with consecutive ids (fewer, larger messages): each with
     the last message it holds (whose last entry is the last it writes).
 
-    A merge is the batches' serializations joined: protobuf merges concatenated messages, appending their
-    repeated fields, so the client reads one batch of all their entries in order, and no entry is copied
-    (copying a batch's entries into a new message cost about as much as the rest of a catch-up feed's
-    work on the server). The messages given are never changed (a feed batch is shared by every stream it
-    goes to).
+    A merge is one ServerMessage whose one `feed` field holds the batches' FeedDataBatch serializations
+    joined: a repeated field's elements may come in any number of runs, which every protobuf parser
+    appends, so the client reads one batch of all their entries in order, and no entry is copied (copying a
+    batch's entries into a new message cost about as much as the rest of a catch-up feed's work on the
+    server). Not the ServerMessages joined: that repeats the singular `feed` field, which protobuf says to
+    merge but widely used parsers replace (protobufjs 7, under @grpc/proto-loader, keeps only the last
+    occurrence), so such a client would lose every batch but the last. The messages given are never
+    changed (a feed batch is shared by every stream it goes to).
     """
     out: list[tuple[Outgoing, server_pb2.ServerMessage]] = []
     run: list[server_pb2.ServerMessage] = []  # adjacent feed batches that merge, none empty
@@ -68,7 +73,8 @@ def _merged(run: list[server_pb2.ServerMessage], out: list[tuple[Outgoing, serve
     if len(run) == 1:
         out.append((run[0], run[0]))
     elif run:
-        out.append((b"".join([message.SerializeToString() for message in run]), run[-1]))
+        body = b"".join([message.feed.SerializeToString() for message in run])
+        out.append((_FEED_TAG + varint(len(body)) + body, run[-1]))
 
 
 class Outbound:

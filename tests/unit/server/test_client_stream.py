@@ -62,6 +62,40 @@ def test_a_merge_reads_back_as_the_batches_entries_in_order_with_every_field():
     assert list(merged.feed.transactions) == [e for b in batches for e in b]
 
 
+def last_occurrence_wins(payload: bytes) -> server_pb2.ServerMessage:
+    """payload parsed as a parser that keeps only the last occurrence of a singular message field (protobufjs 7,
+    protobuf-c) reads it: one ServerMessage per top-level field, the last one read."""
+    message, pos = server_pb2.ServerMessage(), 0
+    while pos < len(payload):
+        start = pos
+        tag, pos = _read_varint(payload, pos)
+        assert tag & 7 == 2, "every ServerMessage field is a message"
+        length, pos = _read_varint(payload, pos)
+        pos += length
+        message = server_pb2.ServerMessage.FromString(payload[start:pos])
+    return message
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, pos
+
+
+def test_a_merge_reads_back_whole_in_a_parser_where_the_last_occurrence_of_a_message_field_wins():
+    # joining whole ServerMessages repeats its singular feed field: protobufjs 7 (the Node client's) kept only the
+    # last batch of a merge, losing the others' transactions without a sign
+    messages = [feed(0, 1, 2), feed(0, 3), feed(0, 4, 5, 6)]
+    ((payload, _last),) = coalesce(messages, 10)
+    read = last_occurrence_wins(stream_answer(payload))
+    assert [f.transaction_id for f in read.feed.transactions] == [1, 2, 3, 4, 5, 6]
+
+
 def test_merging_never_changes_the_messages_given():
     # a realtime feed batch is one message shared by every stream it goes to
     messages = [feed(0, 1, 2), feed(0, 3), feed(0, 4), flush(), feed(0, 5), feed(0, 6)]
