@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -15,12 +15,19 @@ from waltz_common import tls
 from waltz_storage import protocol, rules
 from waltz_storage.dispatch import StreamRequest
 from waltz_storage.errors import InvalidRequest, StorageError
-from waltz_storage.node import StorageNode, StreamReader
+from waltz_storage.node import MessageSource, StorageNode, StreamReader
 
 PARTITION_QUEUE_SIZE = 100  # requests of one partition waiting for their answer; then the stream is not read
 RESPONSE_QUEUE_SIZE = 1000  # answers waiting to be written to one stream; then the stream is not read
 
 log = logging.getLogger(__name__)
+
+
+class SessionContext(MessageSource, Protocol):
+    """The two ends of a Session stream StorageConnection uses: a grpc.aio.ServicerContext, or a framed
+    connection (session_port.FramedStream)."""
+
+    async def write(self, message: storage_pb2.StorageResponse) -> None: ...
 
 
 class StorageConnection:
@@ -33,11 +40,16 @@ class StorageConnection:
     """
 
     def __init__(
-        self, node: StorageNode, context: grpc.aio.ServicerContext, caller: rules.Caller = rules.PLAINTEXT
+        self,
+        node: StorageNode,
+        context: SessionContext,
+        caller: rules.Caller = rules.PLAINTEXT,
+        session_port: int = 0,
     ) -> None:
         self.node = node
         self.context = context
         self.caller = caller
+        self.session_port = session_port  # advertised in the answer to an Open (0: none)
         self.opened = False
         self._loop = asyncio.get_running_loop()
         self._outbox: deque[storage_pb2.StorageResponse] = deque()
@@ -108,7 +120,10 @@ class StorageConnection:
             log.warning("refused an Open: %s", e)  # the message never holds a cluster key (StorageNode.check_cluster)
             return self.node.executor.failure(msg, e)
         self.opened = True
-        return protocol.success(msg.session_id, msg.seq_num, msg.partition_id)
+        response = protocol.success(msg.session_id, msg.seq_num, msg.partition_id)
+        if self.session_port:
+            response.success.session_port = self.session_port
+        return response
 
     def _fail(self, msg: Any, exc: StorageError) -> None:
         self._push(self.node.executor.failure(msg, exc))
@@ -182,6 +197,9 @@ class StorageService(storage_pb2_grpc.WaltzStorageServicer):
     def __init__(self, node: StorageNode, mutual_tls: bool = False) -> None:
         self.node = node
         self.mutual_tls = mutual_tls
+        self.session_port = 0
+        """The node's framed Session port, advertised in the answer to an Open (0: none); set once it is bound."""
 
     async def Session(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        await StorageConnection(self.node, context, caller_of(context, self.mutual_tls)).run()
+        caller = caller_of(context, self.mutual_tls)
+        await StorageConnection(self.node, context, caller, self.session_port).run()
