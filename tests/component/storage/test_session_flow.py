@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.component.storage.node_harness import KEY, BlockedPartition, NodeThread, SessionClient, records
-from waltz_storage.admin_client import StorageAdminClient
 from waltz_storage import placement
+from waltz_storage.admin_client import StorageAdminClient
 from waltz_storage.placement import PROBE_EVERY
 from waltz_storage.service import PARTITION_QUEUE_SIZE
 
