@@ -1,5 +1,5 @@
 """Length-prefixed protobuf frames over asyncio streams, with mutual TLS from the same PEM files as gRPC: the
-framing of the storage node's Session port (storage.sessionPort; docs/protocol.md, docs/security.md).
+framing of the storage node's Session port (storage.sessionPort; docs/operations.md, docs/security.md).
 
 A frame is a 4-byte big-endian length and that many bytes: one serialized message. A reader bounds the
 length it accepts (FrameTooLarge) and tells a clean end of stream (None) from one cut inside a frame

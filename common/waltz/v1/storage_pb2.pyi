@@ -883,7 +883,7 @@ class SuccessResponse(_message.Message):
     """Partition ID: the partition ID."""
     session_port: _builtins.int
     """ADDITION: in the answer to an Open, the port of the node's framed Session transport
-    (storage.sessionPort, same host; docs/protocol.md): the same stream as length-prefixed
+    (storage.sessionPort, same host; docs/operations.md): the same stream as length-prefixed
     frames over TCP. 0: the node has none (or is older); the gRPC stream serves as always.
     """
     def __init__(
