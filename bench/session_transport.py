@@ -9,18 +9,27 @@ seq_num. The parent sends one request and waits for its answer, again and again:
 (small) and of 100 records of 512 B (large, as a 100-writer batch), plaintext and mutual TLS (development
 certificates). Prints the CPU microseconds per round trip of each side (process CPU time, so a busy machine
 moves it less than the wall time) and the framed/gRPC ratio; asserts nothing.
+
+    .venv/bin/python -m bench.session_transport --cluster [--quick] [--writers 1,10,100]
+
+The same lever in a whole cluster, same code: LocalClusters (ZooKeeper, 3 storage nodes with their session
+port, 1 server, 1 partition, 512 B transactions) whose server runs with storage.useSessionPort true (framed)
+and false (the gRPC stream), alternating in two rounds; the append benchmark's closed loop on each. Prints
+committed/s, p50/p99 and CPU per 1,000 committed appends by process group, each the mean of the rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -185,14 +194,75 @@ def format_rows(rows: list[tuple[str, dict[str, tuple[float, ...]]]]) -> str:
     return "\n".join(lines)
 
 
+def _cluster_rows(writers: list[int], quick: bool) -> dict[bool, dict[int, list[Any]]]:
+    """framed -> writers -> the closed loop's WriterRow of each round."""
+    from bench.append_bench import FULL, QUICK, closed_loop
+    from bench.baselines import MemorySampler
+    from bench.tls_bench import wait_ready
+    from waltz_common.testing.local_cluster import LocalCluster
+    from waltz_common.testing.zookeeper import ZooKeeperProcess
+
+    scale = QUICK if quick else FULL
+    rows: dict[bool, dict[int, list[Any]]] = {True: {}, False: {}}
+    with tempfile.TemporaryDirectory(prefix="waltz-session-bench-") as workdir:
+        root = Path(workdir)
+        with ZooKeeperProcess(root / "zookeeper") as zookeeper, MemorySampler() as sampler:
+            for round_number, order in enumerate(((True, False), (False, True))):
+                for framed in order:
+                    name = f"{'framed' if framed else 'grpc'}-{round_number}"
+                    with LocalCluster(root / name, storage_nodes=3, servers=1, partitions=1,
+                                      zookeeper=zookeeper.connect_string, cluster_root=f"/bench/{name}",
+                                      server_overrides={"storage.useSessionPort": framed}) as cluster:
+                        wait_ready(cluster)
+                        for n in writers:
+                            rows[framed].setdefault(n, []).append(closed_loop(cluster, n, 1, scale.run_s, scale,
+                                                                              sampler))
+                        log = (cluster.workdir / "server-0" / "server.log").read_text()
+                        used = "framed session port" in log
+                        assert used == framed, f"{name}: the server's log says framed={used}"
+    return rows
+
+
+def _cpu_of(row: Any, group: str) -> float:
+    return float(row.cpu[group])
+
+
+def format_cluster(rows: dict[bool, dict[int, list[Any]]]) -> str:
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    head = f"{'':<28} {'gRPC stream':>12} {'framed':>10} {'framed/gRPC':>12}"
+    lines = ["closed loop, committed appends of 512 B; CPU seconds per 1,000 committed appends; mean of the rounds",
+             head, "-" * len(head)]
+    for n in sorted(rows[True]):
+        grpc_rows, framed_rows = rows[False][n], rows[True][n]
+        values: list[tuple[str, Callable[[Any], float]]] = [
+            ("committed/s", lambda r: r.rate), ("p50 ms", lambda r: r.p50 * 1000), ("p99 ms", lambda r: r.p99 * 1000)
+        ]
+        for group in grpc_rows[0].cpu:
+            values.append((f"CPU/1k {group}", partial(_cpu_of, group=group)))
+        for label, get in values:
+            g, f = mean([get(r) for r in grpc_rows]), mean([get(r) for r in framed_rows])
+            lines.append(f"{f'{n} writers: {label}':<28} {g:>12,.3f} {f:>10,.3f} {f / g if g else 0:>12.2f}")
+    lines.append(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.session_transport", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer round trips")
+    parser.add_argument("--quick", action="store_true", help="fewer round trips, shorter phases")
+    parser.add_argument("--cluster", action="store_true", help="a whole cluster with the session port on and off")
+    parser.add_argument("--writers", default="1,10,100", help="with --cluster: writer counts, comma-separated")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--certs", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         event_loop.run(_serve(args.certs))
+        return 0
+    if args.cluster:
+        logging.basicConfig(level=logging.WARNING)
+        logging.getLogger("kazoo").setLevel(logging.ERROR)
+        print(format_cluster(_cluster_rows([int(n) for n in args.writers.split(",")], args.quick)))
         return 0
     print(format_rows(_run(args.quick)))
     return 0

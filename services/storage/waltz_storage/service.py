@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import grpc
@@ -45,11 +46,14 @@ class StorageConnection:
         context: SessionContext,
         caller: rules.Caller = rules.PLAINTEXT,
         session_port: int = 0,
+        backlog: Callable[[], bool] | None = None,
     ) -> None:
         self.node = node
         self.context = context
         self.caller = caller
         self.session_port = session_port  # advertised in the answer to an Open (0: none)
+        # Whether more of the peer's requests have arrived already (unknown on a gRPC stream: False).
+        self._backlog = backlog if backlog is not None else _unknown
         self.opened = False
         self._loop = asyncio.get_running_loop()
         self._outbox: deque[storage_pb2.StorageResponse] = deque()
@@ -101,7 +105,9 @@ class StorageConnection:
             self._fail(msg, e)
             return None, True
         unanswered = self._unanswered.get(partition_id, 0)
-        quiet = not unanswered and not self._outbox  # everything before this request is answered
+        # Everything before this request is answered, and no later one waits: a request that arrived while an append
+        # ran on the loop shows the server pipelines (placement.AppendPlacement sends such appends to the thread).
+        quiet = not unanswered and not self._outbox and not self._backlog()
         responses = self.node.serve(StreamRequest(kind, msg, self, self.caller), stream_quiet=quiet)
         if responses is not None:  # served right here
             self._outbox.extend(responses)
@@ -181,6 +187,10 @@ class StorageConnection:
                 return
             self._writer_idle = self._loop.create_future()
             await self._writer_idle
+
+
+def _unknown() -> bool:
+    return False
 
 
 def caller_of(context: grpc.aio.ServicerContext, mutual_tls: bool) -> rules.Caller:

@@ -72,6 +72,10 @@ class FramedStream:
             self.bad = f"a frame of {len(data)} bytes is not a valid waltz.v1.StorageRequest: its bytes do not decode"
             return grpc.aio.EOF
 
+    def backlog(self) -> bool:
+        """Whether bytes of a later request are read already (it arrived while the node served this one)."""
+        return bool(self._reader._buffer)  # type: ignore[attr-defined]  # asyncio.StreamReader's read-ahead
+
     async def write(self, message: storage_pb2.StorageResponse) -> None:
         frames.write_frame(self._writer, message.SerializeToString())
         await frames.drain_if_full(self._writer)
@@ -167,7 +171,7 @@ class SessionPort:
             return
         try:
             stream = FramedStream(reader, writer, self._max_frame_bytes)
-            await StorageConnection(self.node, stream, caller, self.advertised_port).run()
+            await StorageConnection(self.node, stream, caller, self.advertised_port, stream.backlog).run()
         finally:
             self._limits.release(peer, True)
         if stream.bad is not None:

@@ -238,6 +238,11 @@ class SessionClient:
     async def write_raw(self, request: storage_pb2.StorageRequest) -> None:
         await self._call.write(request)
 
+    async def write_bytes(self, data: bytes) -> None:
+        """Bytes as they are, on a framed stream (frames made by the caller)."""
+        assert isinstance(self._call, FramedCall), "only a framed stream takes bytes"
+        await self._call.write_bytes(data)
+
     async def recv(self, timeout: float = 30) -> storage_pb2.StorageResponse:
         response = await asyncio.wait_for(self._call.read(), timeout)
         assert response is not grpc.aio.EOF, "the stream ended"

@@ -3,10 +3,10 @@ stream's StorageRequest / StorageResponse messages as length-prefixed frames on 
 with the same mutual TLS identity as the gRPC channels (tls.process_files).
 
 A node advertises the port in its answer to Open on the gRPC stream; StorageConnection then opens this one,
-and keeps the gRPC stream when it cannot (docs/operations.md, "The framed session port"). Liveness: TCP keepalive finds a host that is
-gone, and while no answer arrives for storage.keepaliveTime the connection sends a ping (an Open, answered by
-the node's event loop right away), and gives up when the ping is not answered within as long again: a frozen
-node is noticed while idle too, as gRPC's HTTP/2 pings did.
+and keeps the gRPC stream when it cannot (docs/operations.md, "The framed session port"). Liveness: TCP
+keepalive finds a host that is gone, and while no answer arrives for storage.keepaliveTime the connection
+sends a ping (an Open, answered by the node's event loop right away), and gives up when the ping is not
+answered within as long again: a frozen node is noticed while idle too, as gRPC's HTTP/2 pings did.
 """
 
 from __future__ import annotations
