@@ -127,24 +127,25 @@ async def start(
     for name in READY_NAMES:  # until the first verdicts, a moment later
         await checker.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     service = StorageService(node, mutual_tls=files is not None)
-    storage, bound = await _serve(
-        node,
-        host,
-        port,
-        STORAGE_SERVICE,
-        storage_pb2_grpc.add_WaltzStorageServicer_to_server,
-        service,
-        files,
-        STORAGE_ROLES,
-        checker,
-        limits["storage"],
-    )
-    started = [storage]
     session: SessionPort | None = None
+    if session_port is not None:  # first: every Open the storage port answers advertises it
+        session = SessionPort(node, files, STORAGE_ROLES, limits["storage"], _max_message_bytes(node))
+        service.session_port = await session.start(host, session_port, session_advertised_port)
+    started: list[grpc.aio.Server] = []
     try:
-        if session_port is not None:
-            session = SessionPort(node, files, STORAGE_ROLES, limits["storage"], _max_message_bytes(node))
-            service.session_port = await session.start(host, session_port, session_advertised_port)
+        storage, bound = await _serve(
+            node,
+            host,
+            port,
+            STORAGE_SERVICE,
+            storage_pb2_grpc.add_WaltzStorageServicer_to_server,
+            service,
+            files,
+            STORAGE_ROLES,
+            checker,
+            limits["storage"],
+        )
+        started.append(storage)
         admin, admin_bound = await _serve(
             node,
             host,

@@ -13,6 +13,7 @@ import pytest
 from waltz.v1 import storage_pb2
 from waltz_common import devcerts, frames
 from waltz_common.port_guard import LimitSettings
+from waltz_storage import server
 from waltz_storage.admin_client import StorageAdminClient
 
 from .node_harness import KEY, NodeThread, SessionClient, records
@@ -214,3 +215,20 @@ def test_requests_that_arrived_together_are_not_served_as_if_the_stream_were_qui
 
     node.call(scenario())
     assert len(seen) == 5 and not any(seen[:4]), seen
+
+
+def test_the_session_port_is_known_before_the_storage_port_serves(tmp_path, monkeypatch):
+    """A server connecting while the node starts must be told the session port in its first Open answer (it stays
+    on the gRPC stream it got otherwise, until that connection breaks)."""
+    advertised_when_started: list[int] = []
+    start_grpc = server._serve
+
+    async def recording(node, host, port, service_name, add, servicer, *rest):
+        if service_name == server.STORAGE_SERVICE:
+            advertised_when_started.append(servicer.session_port)
+        return await start_grpc(node, host, port, service_name, add, servicer, *rest)
+
+    monkeypatch.setattr(server, "_serve", recording)
+    with NodeThread(tmp_path / "storage", framed=True) as node:
+        assert node.servers.session is not None
+        assert advertised_when_started == [node.servers.session.port]
