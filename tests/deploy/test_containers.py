@@ -45,7 +45,8 @@ class Deployment:
         self.workdir, self.images = workdir, images
         self.run_id = uuid.uuid4().hex[:8]
         self.zk_port = free_port()
-        self.storage_ports = [(free_port(), free_port(), free_port()) for _ in range(MAX_STORAGE_NODES)]
+        # storage, admin, metrics and session port of each node
+        self.storage_ports = [(free_port(), free_port(), free_port(), free_port()) for _ in range(MAX_STORAGE_NODES)]
         self.server_ports = (free_port(), free_port())
         self.containers: list[str] = []
         self.volumes: list[str] = []
@@ -67,10 +68,11 @@ class Deployment:
                       for i in range(MAX_STORAGE_NODES)]
 
     def rewrite_storage(self, index: int) -> Any:
-        port, admin, metrics = self.storage_ports[index]
+        port, admin, metrics, session = self.storage_ports[index]
 
         def rewrite(text: str) -> str:
             text = re.sub(r"^storage\.port: \d+$", f"storage.port: {port}", text, flags=re.M)
+            text = re.sub(r"^storage\.sessionPort: \d+$", f"storage.sessionPort: {session}", text, flags=re.M)
             text = re.sub(r"^storage\.admin\.port: \d+$", f"storage.admin.port: {admin}", text, flags=re.M)
             return re.sub(r"^storage\.metrics\.port: \d+$", f"storage.metrics.port: {metrics}", text, flags=re.M)
 
@@ -82,7 +84,7 @@ class Deployment:
         return re.sub(r"^server\.metrics\.port: \d+$", f"server.metrics.port: {metrics}", text, flags=re.M)
 
     def rewrite_job(self, text: str) -> str:
-        for host, (port, admin, _) in zip(self.hosts, self.storage_ports, strict=True):
+        for host, (port, admin, *_) in zip(self.hosts, self.storage_ports, strict=True):
             text = re.sub(rf"{re.escape(host)}:\d+:\d+", f"{host}:{port}:{admin}", text)
         return text
 
@@ -151,7 +153,7 @@ class Deployment:
 def replica_records(deployment: Deployment, nodes: int, cluster_key: str) -> dict[int, dict[int, list[Any]]]:
     """partition -> storage node index -> its records, read through the nodes' admin ports."""
     found: dict[int, dict[int, list[Any]]] = {}
-    for index, (_, admin_port, _) in enumerate(deployment.storage_ports[:nodes]):
+    for index, (_, admin_port, *_) in enumerate(deployment.storage_ports[:nodes]):
         with StorageAdminClient("127.0.0.1", admin_port, cluster_key, PARTITIONS) as admin:
             for pid, records in node_records(admin).items():
                 found.setdefault(pid, {})[index] = records

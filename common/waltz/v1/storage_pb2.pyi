@@ -874,22 +874,29 @@ class SuccessResponse(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     SEQ_NUM_FIELD_NUMBER: _builtins.int
     PARTITION_ID_FIELD_NUMBER: _builtins.int
+    SESSION_PORT_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
     """Session ID: the store session ID."""
     seq_num: _builtins.int
     """Sequence number: the message sequence number."""
     partition_id: _builtins.int
     """Partition ID: the partition ID."""
+    session_port: _builtins.int
+    """ADDITION: in the answer to an Open, the port of the node's framed Session transport
+    (storage.sessionPort, same host; docs/operations.md): the same stream as length-prefixed
+    frames over TCP. 0: the node has none (or is older); the gRPC stream serves as always.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.int = ...,
         seq_num: _builtins.int = ...,
         partition_id: _builtins.int = ...,
+        session_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition_id", b"partition_id", "seq_num", b"seq_num", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition_id", b"partition_id", "seq_num", b"seq_num", "session_id", b"session_id", "session_port", b"session_port"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

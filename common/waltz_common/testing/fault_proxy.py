@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 import threading
 import time
@@ -27,6 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 CHUNK = 64 * 1024
+
+
+def _address(target: str) -> tuple[str, int]:
+    host, _, port = target.rpartition(":")
+    return host or "127.0.0.1", int(port)
 
 
 @dataclass(frozen=True)
@@ -44,17 +50,19 @@ class Faults:
 
 
 class FaultProxy:
-    """Listens on 127.0.0.1 (a free port unless given) and forwards every connection to target."""
+    """Listens on 127.0.0.1 (a free port unless given) and forwards every connection to target; also: more
+    (port, target) pairs forwarded the same way under the same faults (one process's several ports)."""
 
-    def __init__(self, target: str, port: int = 0, name: str = "") -> None:
-        host, _, target_port = target.rpartition(":")
-        self.target = (host or "127.0.0.1", int(target_port))
+    def __init__(self, target: str, port: int = 0, name: str = "", also: tuple[tuple[int, str], ...] = ()) -> None:
+        self.target = _address(target)
         self.name = name or f"proxy->{target}"
         self._port = port
+        self._also = [(p, _address(t)) for p, t in also]
         self._faults = Faults()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.base_events.Server | None = None
+        self._also_servers: list[asyncio.base_events.Server] = []
         self._links: set[_Link] = set()
         self._changed: asyncio.Event | None = None
         self._to_swallow = 0
@@ -173,10 +181,15 @@ class FaultProxy:
         self._changed = asyncio.Event()
         self._server = await asyncio.start_server(self._accepted, "127.0.0.1", self._port, reuse_address=True)
         self._port = self._server.sockets[0].getsockname()[1]
+        for port, target in self._also:
+            accept = functools.partial(self._accepted, target=target)
+            self._also_servers.append(await asyncio.start_server(accept, "127.0.0.1", port, reuse_address=True))
 
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
+        for server in self._also_servers:
+            server.close()
         for link in list(self._links):
             link.reset()
         for writer in self._swallowed:
@@ -186,7 +199,9 @@ class FaultProxy:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accepted(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: tuple[str, int] | None = None
+    ) -> None:
         self.connections_made += 1
         if self._faults.cut:
             _reset(writer)
@@ -196,7 +211,7 @@ class FaultProxy:
             self._swallowed.append(writer)  # held: neither read nor closed
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
+            up_reader, up_writer = await asyncio.open_connection(*(target or self.target))
         except OSError:
             _reset(writer)
             return

@@ -163,7 +163,10 @@ class StorageNode(ManagedProcess):
     """The plaintext health-only port (storage.health.port), when the cluster has health ports; else 0."""
     directory: Path = field(default_factory=Path)
     proxy: FaultProxy | None = None
-    """In front of the data port when the cluster is proxied: servers reach the node through it."""
+    """In front of the data port (and the session port) when the cluster is proxied: servers reach the node
+    through it."""
+    session_port: int = 0
+    """The framed Session port (storage.sessionPort); 0 when the cluster runs without (session_ports=False)."""
 
     @property
     def connect_string(self) -> str:
@@ -202,6 +205,8 @@ class LocalCluster:
     ``workdir/tls`` (waltz_common.devcerts) and runs every channel with mutual TLS; ``tls_files(role)``
     gives the files of a role, ``client_config()`` an application's. ``health_ports=True`` gives every
     process a plaintext health-only port too (``storage.health.port``, ``server.health.port``).
+    ``session_ports=False`` starts the storage nodes without their framed Session port (``storage.sessionPort``):
+    servers then use the gRPC stream, as with an older storage node.
     """
 
     def __init__(
@@ -220,6 +225,7 @@ class LocalCluster:
         detach: bool = False,
         tls: bool = False,
         health_ports: bool = False,
+        session_ports: bool = True,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -232,6 +238,7 @@ class LocalCluster:
         self.storage_overrides = storage_overrides or {}
         self.proxied = proxied
         self.health_ports = health_ports
+        self.session_ports = session_ports
         self._own_zookeeper = zookeeper is None
         self.detach = detach
         self.zookeeper_process = (
@@ -352,6 +359,7 @@ class LocalCluster:
         name = f"storage-{index}"
         port, admin_port, metrics_port = self._ports(name, 3)
         health_port = free_port() if self.health_ports else 0
+        session_port = free_port() if self.session_ports else 0
         directory = self.workdir / name / "data"
         directory.mkdir(parents=True, exist_ok=True)
         config = {
@@ -362,12 +370,18 @@ class LocalCluster:
             "storage.metrics.port": metrics_port,
             "storage.directory": str(directory),
             **({"storage.health.port": health_port} if health_port else {}),
+            **({"storage.sessionPort": session_port} if session_port else {}),
             **self.tls_config("storage"),
-            **self.storage_overrides,
         }
+        proxy = None
+        if self.proxied:
+            also = ((free_port(), f"127.0.0.1:{session_port}"),) if session_port else ()
+            proxy = FaultProxy(f"127.0.0.1:{port}", free_port(), f"{name}-proxy", also=also).start()
+            if also:  # servers are told to reach the session port through the proxy too
+                config["storage.sessionAdvertisedPort"] = also[0][0]
+        config.update(self.storage_overrides)
         config_path = self.workdir / name / "storage.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        proxy = FaultProxy(f"127.0.0.1:{port}", free_port(), f"{name}-proxy").start() if self.proxied else None
         return StorageNode(
             name=name,
             command=[str(BIN / "waltz-storage")],
@@ -381,6 +395,7 @@ class LocalCluster:
             health_port=health_port,
             directory=directory,
             proxy=proxy,
+            session_port=session_port,
         )
 
     def _server_node(self, index: int) -> ServerNode:

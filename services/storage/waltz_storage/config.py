@@ -28,6 +28,22 @@ STORAGE_KEYS: tuple[Key, ...] = (
     ),
     Key("storage.port", PORT_OR_ZERO, doc="port of the storage protocol (WaltzStorage); 0 picks a free port (tests)"),
     Key("storage.admin.port", PORT_OR_ZERO, doc="port of the admin protocol (WaltzStorageAdmin); 0 picks a free port"),
+    Key(
+        "storage.sessionPort",
+        PORT_OR_ZERO,
+        0,
+        "port of the framed Session transport: the storage protocol's Session stream as length-prefixed protobuf "
+        "frames on TCP, under the same TLS and cluster-key rules as storage.port and about a third of a gRPC "
+        "stream's CPU per message; a node advertises it in its answer to Open and servers then use it "
+        "(storage.useSessionPort). 0: off (the gRPC stream on storage.port serves, as always)",
+    ),
+    Key(
+        "storage.sessionAdvertisedPort",
+        PORT_OR_ZERO,
+        0,
+        "the port servers are told to reach storage.sessionPort at, on the host of the node's connect string, when a "
+        "proxy or port mapping puts it elsewhere; 0: storage.sessionPort itself",
+    ),
     Key("storage.metrics.port", PORT_OR_ZERO, 0, "Prometheus HTTP port serving /metrics; 0 disables it"),
     Key(
         "storage.health.port",

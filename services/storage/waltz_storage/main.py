@@ -87,6 +87,8 @@ async def serve(config: Config, node: StorageNode, files: tls.TlsFiles | None = 
             files,
             config["storage.health.port"] or None,
             LimitSettings.from_config(config, "storage"),
+            config["storage.sessionPort"] or None,
+            config["storage.sessionAdvertisedPort"],
         )
     except OSError as e:
         await asyncio.to_thread(node.close)
@@ -105,7 +107,7 @@ async def serve(config: Config, node: StorageNode, files: tls.TlsFiles | None = 
             loop.add_signal_handler(sig, stop.set)
         print(
             f"waltz-storage ready {host}:{servers.storage_port} admin={servers.admin_port} "
-            f"metrics={metrics_port or 'off'}",
+            f"session={servers.session.port if servers.session is not None else 'off'} metrics={metrics_port or 'off'}",
             file=sys.stderr,
             flush=True,
         )

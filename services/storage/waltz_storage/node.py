@@ -303,13 +303,21 @@ class StorageNode:
         self.manager.close()
 
 
+class MessageSource(Protocol):
+    """What StreamReader reads: a grpc.aio.ServicerContext, or a framed Session connection (session_port)."""
+
+    async def read(self) -> Any:
+        """The next message, or grpc.aio.EOF at the end of the stream."""
+        ...
+
+
 class StreamReader:
     """Reads a server-side stream until EOF or stop(); stop interrupts only a read that is waiting.
 
     Must be used from the handler's task.
     """
 
-    def __init__(self, context: grpc.aio.ServicerContext, node: StorageNode) -> None:
+    def __init__(self, context: MessageSource, node: StorageNode) -> None:
         self._context = context
         self._node = node
         self._task: asyncio.Task[Any] | None = None

@@ -1,5 +1,5 @@
-"""Start and stop the storage node's two gRPC servers (storage and admin), each with health and reflection, and its
-optional plaintext health-only port."""
+"""Start and stop the storage node's two gRPC servers (storage and admin), each with health and reflection, its
+optional framed Session port, and its optional plaintext health-only port."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from waltz_storage.admin_service import StorageAdminService
 from waltz_storage.health import READY_NAMES
 from waltz_storage.node import StorageNode
 from waltz_storage.service import StorageService
+from waltz_storage.session_port import SessionPort
 
 STORAGE_SERVICE = storage_pb2.DESCRIPTOR.services_by_name["WaltzStorage"].full_name
 ADMIN_SERVICE = storage_admin_pb2.DESCRIPTOR.services_by_name["WaltzStorageAdmin"].full_name
@@ -45,6 +46,8 @@ class NodeServers:
     health_port: int = 0
     limits: dict[str, CallLimits] | None = None
     """The calls open on each port (storage, admin), for the metrics."""
+    session: SessionPort | None = None
+    """The framed Session port (storage.sessionPort), if any; its connections count in limits["storage"]."""
 
     async def stop(self, grace: float) -> None:
         """NOT_SERVING, stop reading streams (queued requests finish), stop the servers, close the files."""
@@ -54,13 +57,18 @@ class NodeServers:
         await self.health.enter_graceful_shutdown()
         self.node.begin_shutdown()
         servers = [self.storage, self.admin, *([self.health_server] if self.health_server is not None else [])]
-        await asyncio.gather(*(server.stop(grace) for server in servers))
+        session = [self.session.stop(grace)] if self.session is not None else []
+        await asyncio.gather(*(server.stop(grace) for server in servers), *session)
         await asyncio.to_thread(self.node.close)
 
 
+def _max_message_bytes(node: StorageNode) -> int:
+    """Twice the batch limit, so an oversized batch still arrives and gets a clear INVALID_REQUEST."""
+    return 2 * node.limits.max_batch_bytes + _MIB
+
+
 def _message_options(node: StorageNode, limits: LimitSettings) -> list[tuple[str, int]]:
-    # Twice the batch limit, so an oversized batch still arrives and gets a clear INVALID_REQUEST.
-    size = 2 * node.limits.max_batch_bytes + _MIB
+    size = _max_message_bytes(node)
     # No SO_REUSEPORT: a second process on the same port must fail to start, not share the traffic.
     # Servers ping idle connections every storage.keepaliveTime (their key, not ours): accept pings at any rate,
     # as gRPC's default answers a ping more often than every 5 minutes without data with GOAWAY too_many_pings.
@@ -105,29 +113,39 @@ async def start(
     files: tls.TlsFiles | None = None,
     health_port: int | None = None,
     limit_settings: LimitSettings | None = None,
+    session_port: int | None = None,
+    session_advertised_port: int = 0,
 ) -> NodeServers:
     """Serve WaltzStorage on port and WaltzStorageAdmin on admin_port (0 picks a free port); mutual TLS on both
-    when files are given; grpc.health.v1 alone, plaintext, on health_port when given (0 picks one). Each port
+    when files are given; grpc.health.v1 alone, plaintext, on health_port when given (0 picks one); the framed
+    Session on session_port when given (0 picks one; its connections count with the storage port's), advertised
+    to servers as session_advertised_port when that is not 0. Each port
     has its own limits on calls and connections (limit_settings; default: LimitSettings' defaults)."""
     settings = limit_settings if limit_settings is not None else LimitSettings(prefix="storage")
     limits = {"storage": CallLimits(settings), "admin": CallLimits(settings)}
     checker = health.aio.HealthServicer()
     for name in READY_NAMES:  # until the first verdicts, a moment later
         await checker.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    storage, bound = await _serve(
-        node,
-        host,
-        port,
-        STORAGE_SERVICE,
-        storage_pb2_grpc.add_WaltzStorageServicer_to_server,
-        StorageService(node, mutual_tls=files is not None),
-        files,
-        STORAGE_ROLES,
-        checker,
-        limits["storage"],
-    )
-    started = [storage]
+    service = StorageService(node, mutual_tls=files is not None)
+    session: SessionPort | None = None
+    if session_port is not None:  # first: every Open the storage port answers advertises it
+        session = SessionPort(node, files, STORAGE_ROLES, limits["storage"], _max_message_bytes(node))
+        service.session_port = await session.start(host, session_port, session_advertised_port)
+    started: list[grpc.aio.Server] = []
     try:
+        storage, bound = await _serve(
+            node,
+            host,
+            port,
+            STORAGE_SERVICE,
+            storage_pb2_grpc.add_WaltzStorageServicer_to_server,
+            service,
+            files,
+            STORAGE_ROLES,
+            checker,
+            limits["storage"],
+        )
+        started.append(storage)
         admin, admin_bound = await _serve(
             node,
             host,
@@ -145,7 +163,9 @@ async def start(
         if health_port is not None:
             health_server, health_bound = await start_health_port(checker, host, health_port)
     except BaseException:
-        await asyncio.gather(*(server.stop(None) for server in started))
+        await asyncio.gather(*(server.stop(None) for server in started), *([session.stop(0)] if session else []))
         raise
     task = asyncio.create_task(keep_health(checker, node.health))
-    return NodeServers(node, storage, admin, checker, task, bound, admin_bound, health_server, health_bound, limits)
+    return NodeServers(
+        node, storage, admin, checker, task, bound, admin_bound, health_server, health_bound, limits, session
+    )

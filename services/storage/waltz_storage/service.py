@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import grpc
 
@@ -15,12 +16,19 @@ from waltz_common import tls
 from waltz_storage import protocol, rules
 from waltz_storage.dispatch import StreamRequest
 from waltz_storage.errors import InvalidRequest, StorageError
-from waltz_storage.node import StorageNode, StreamReader
+from waltz_storage.node import MessageSource, StorageNode, StreamReader
 
 PARTITION_QUEUE_SIZE = 100  # requests of one partition waiting for their answer; then the stream is not read
 RESPONSE_QUEUE_SIZE = 1000  # answers waiting to be written to one stream; then the stream is not read
 
 log = logging.getLogger(__name__)
+
+
+class SessionContext(MessageSource, Protocol):
+    """The two ends of a Session stream StorageConnection uses: a grpc.aio.ServicerContext, or a framed
+    connection (session_port.FramedStream)."""
+
+    async def write(self, message: storage_pb2.StorageResponse) -> None: ...
 
 
 class StorageConnection:
@@ -33,11 +41,19 @@ class StorageConnection:
     """
 
     def __init__(
-        self, node: StorageNode, context: grpc.aio.ServicerContext, caller: rules.Caller = rules.PLAINTEXT
+        self,
+        node: StorageNode,
+        context: SessionContext,
+        caller: rules.Caller = rules.PLAINTEXT,
+        session_port: int = 0,
+        backlog: Callable[[], bool] | None = None,
     ) -> None:
         self.node = node
         self.context = context
         self.caller = caller
+        self.session_port = session_port  # advertised in the answer to an Open (0: none)
+        # Whether more of the peer's requests have arrived already (unknown on a gRPC stream: False).
+        self._backlog = backlog if backlog is not None else _unknown
         self.opened = False
         self._loop = asyncio.get_running_loop()
         self._outbox: deque[storage_pb2.StorageResponse] = deque()
@@ -89,7 +105,9 @@ class StorageConnection:
             self._fail(msg, e)
             return None, True
         unanswered = self._unanswered.get(partition_id, 0)
-        quiet = not unanswered and not self._outbox  # everything before this request is answered
+        # Everything before this request is answered, and no later one waits: a request that arrived while an append
+        # ran on the loop shows the server pipelines (placement.AppendPlacement sends such appends to the thread).
+        quiet = not unanswered and not self._outbox and not self._backlog()
         responses = self.node.serve(StreamRequest(kind, msg, self, self.caller), stream_quiet=quiet)
         if responses is not None:  # served right here
             self._outbox.extend(responses)
@@ -108,7 +126,10 @@ class StorageConnection:
             log.warning("refused an Open: %s", e)  # the message never holds a cluster key (StorageNode.check_cluster)
             return self.node.executor.failure(msg, e)
         self.opened = True
-        return protocol.success(msg.session_id, msg.seq_num, msg.partition_id)
+        response = protocol.success(msg.session_id, msg.seq_num, msg.partition_id)
+        if self.session_port:
+            response.success.session_port = self.session_port
+        return response
 
     def _fail(self, msg: Any, exc: StorageError) -> None:
         self._push(self.node.executor.failure(msg, exc))
@@ -168,6 +189,10 @@ class StorageConnection:
             await self._writer_idle
 
 
+def _unknown() -> bool:
+    return False
+
+
 def caller_of(context: grpc.aio.ServicerContext, mutual_tls: bool) -> rules.Caller:
     """Who the peer is: its certificate's roles under mutual TLS; without TLS, whoever sent the cluster key."""
     if not mutual_tls:
@@ -182,6 +207,9 @@ class StorageService(storage_pb2_grpc.WaltzStorageServicer):
     def __init__(self, node: StorageNode, mutual_tls: bool = False) -> None:
         self.node = node
         self.mutual_tls = mutual_tls
+        self.session_port = 0
+        """The node's framed Session port, advertised in the answer to an Open (0: none); set once it is bound."""
 
     async def Session(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        await StorageConnection(self.node, context, caller_of(context, self.mutual_tls)).run()
+        caller = caller_of(context, self.mutual_tls)
+        await StorageConnection(self.node, context, caller, self.session_port).run()

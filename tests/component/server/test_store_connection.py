@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ import grpc
 import pytest
 
 from waltz.v1 import common_pb2, storage_pb2, storage_pb2_grpc
-from waltz_common import cluster_admin
+from waltz_common import cluster_admin, frames
+from waltz_common.testing.local_cluster import free_port
 from waltz_common.types import crc32
 from waltz_common.zk import ZkPaths
 from waltz_server.store.connection import (
@@ -33,6 +35,16 @@ KEY = str(uuid.UUID(int=42))
 FAST = StoreSettings(initial_retry_interval_s=0.02, max_retry_interval_s=0.2, request_timeout_s=20.0)
 
 
+@pytest.fixture(autouse=True, params=["framed", "grpc"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every test runs with nodes that have a framed session port (used) and with nodes without one (gRPC)."""
+    TRANSPORT[0] = request.param
+    return str(request.param)
+
+
+TRANSPORT = ["framed"]
+
+
 def run(test: Callable[[], Awaitable[None]]) -> None:
     async def bounded() -> None:
         async with asyncio.timeout(60):
@@ -41,14 +53,19 @@ def run(test: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(bounded())
 
 
-async def start_node(directory: Path, port: int = 0, partitions: tuple[int, ...] = (0, 1)) -> server.NodeServers:
+async def start_node(
+    directory: Path, port: int = 0, partitions: tuple[int, ...] = (0, 1), advertised_port: int = 0
+) -> server.NodeServers:
     with StorageManager(directory, uuid.UUID(KEY), 2) as manager:
         for pid in partitions:
             manager.assign(pid)
     node = StorageNode.open(
         directory, uuid.UUID(KEY), 2, limits=Limits(4 << 20, 16 << 20), segment_size_threshold=1 << 30
     )
-    return await server.start(node, "127.0.0.1", port, 0)
+    session_port = 0 if TRANSPORT[0] == "framed" else None
+    return await server.start(
+        node, "127.0.0.1", port, 0, session_port=session_port, session_advertised_port=advertised_port
+    )
 
 
 def record(transaction_id: int, size: int = 0) -> common_pb2.Record:
@@ -66,6 +83,7 @@ def test_requests_on_one_stream_are_matched_to_their_answers_across_partitions(t
             connection = pool.get(f"127.0.0.1:{node.storage_port}")
             assert pool.get(connection.connect_string) is connection
             epoch = await connection.wait_connected()
+            assert connection.transport == TRANSPORT[0]
             replicas = [ReplicaSession(connection, epoch, pid, 0) for pid in (0, 1)]
             for pid, replica in enumerate(replicas):
                 await replica.set_low_water_mark(-1)
@@ -258,5 +276,90 @@ def test_a_connection_no_session_uses_is_closed_after_the_idle_time_and_forgotte
         finally:
             await pool.close()
             await node.stop(0)
+
+    run(test)
+
+
+def test_the_grpc_stream_serves_when_the_advertised_session_port_cannot_be_reached_or_is_turned_off(
+    tmp_path: Path, transport: str
+) -> None:
+    if transport != "framed":
+        pytest.skip("about nodes with a session port")
+
+    async def test() -> None:
+        node = await start_node(tmp_path, advertised_port=free_port())  # nobody listens there (a wrong mapping)
+        pools = [StorageConnections(KEY, 2, FAST), StorageConnections(KEY, 2, replace(FAST, use_session_port=False))]
+        try:
+            for pool in pools:
+                connection = pool.get(f"127.0.0.1:{node.storage_port}")
+                epoch = await connection.wait_connected()
+                assert connection.transport == "grpc"
+                assert await ReplicaSession(connection, epoch, 0, 0).max_transaction_id() == -1
+        finally:
+            for pool in pools:
+                await pool.close()
+            await node.stop(0)
+
+    run(test)
+
+
+class FrozenAfterOpen:
+    """A framed session port that answers the first Open and then reads on, never answering (a frozen node:
+    its kernel keeps the TCP connection up)."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+        self.opens = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (data := await frames.read_frame(reader, 1 << 20)) is not None:
+            request = storage_pb2.StorageRequest.FromString(data)
+            if request.WhichOneof("request") == "open":
+                self.opens += 1
+                if self.opens == 1:
+                    answer = storage_pb2.StorageResponse(success=storage_pb2.SuccessResponse(seq_num=-1))
+                    frames.write_frame(writer, answer.SerializeToString())
+
+
+class AdvertisingStorage(storage_pb2_grpc.WaltzStorageServicer):
+    """Answers Open on gRPC with a session port (and nothing else)."""
+
+    def __init__(self, session_port: int) -> None:
+        self.session_port = session_port
+
+    async def Session(self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        async for request in request_iterator:
+            if request.WhichOneof("request") == "open":
+                yield storage_pb2.StorageResponse(
+                    success=storage_pb2.SuccessResponse(seq_num=-1, session_port=self.session_port)
+                )
+
+
+def test_a_framed_node_that_stops_answering_is_noticed_by_the_keepalive_ping_while_idle(transport: str) -> None:
+    if transport != "framed":
+        pytest.skip("about the framed transport")
+
+    async def test() -> None:
+        frozen = FrozenAfterOpen()
+        listener = await asyncio.start_server(frozen.serve, "127.0.0.1", 0)
+        grpc_server = grpc.aio.server()
+        storage_pb2_grpc.add_WaltzStorageServicer_to_server(
+            AdvertisingStorage(listener.sockets[0].getsockname()[1]), grpc_server
+        )
+        port = grpc_server.add_insecure_port("127.0.0.1:0")
+        await grpc_server.start()
+        pool = StorageConnections(KEY, 2, replace(FAST, keepalive_time_s=0.2, request_timeout_s=30.0))
+        try:
+            connection = pool.get(f"127.0.0.1:{port}")
+            epoch = await connection.wait_connected()
+            assert connection.transport == "framed"
+            started = asyncio.get_running_loop().time()
+            await asyncio.wait_for(connection.wait_lost(epoch), 5)
+            assert asyncio.get_running_loop().time() - started < 2  # two keepalive periods, not the request timeout
+            assert frozen.opens >= 2  # the Open of the connection, then the unanswered ping
+        finally:
+            await pool.close()
+            await grpc_server.stop(None)
+            listener.close()
 
     run(test)

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import grpc
 
 from waltz.v1 import common_pb2, storage_pb2, storage_pb2_grpc
-from waltz_common import tls
+from waltz_common import frames, tls
 from waltz_common.port_guard import LimitSettings
 from waltz_common.tls import TlsFiles
 from waltz_common.types import crc32
@@ -38,8 +38,10 @@ class NodeThread:
         segment_size_threshold: int = 1_000_000_000,
         limit_settings: LimitSettings | None = None,
         tls_dir: Path | None = None,
+        framed: bool = False,
     ) -> None:
         self.directory = directory
+        self.framed = framed  # session_client() speaks to the framed session port instead of the gRPC stream
         self._limit_settings = limit_settings
         self.tls_dir = tls_dir  # mutual TLS with waltz-dev-certs files written there (devcerts.write)
         self.key = key
@@ -62,6 +64,17 @@ class NodeThread:
     def address(self) -> str:
         return f"127.0.0.1:{self.servers.storage_port}"
 
+    @property
+    def session_address(self) -> str:
+        """The framed session port (storage.sessionPort)."""
+        assert self.servers.session is not None
+        return f"127.0.0.1:{self.servers.session.port}"
+
+    def session_client(self, session_id: int = 1, role: str = "server") -> SessionClient:
+        """A Session stream of a caller with role's certificate (under TLS), over the transport of self.framed."""
+        address = self.session_address if self.framed else self.address
+        return SessionClient(address, session_id, self.tls_files(role), framed=self.framed)
+
     def tls_files(self, role: str) -> TlsFiles | None:
         """A role's development certificate files; None without TLS."""
         if self.tls_dir is None:
@@ -78,7 +91,7 @@ class NodeThread:
             self.directory, self.key, self.num_partitions, limits=limits, segment_size_threshold=threshold
         )
         self._servers = await server.start(
-            node, "127.0.0.1", 0, 0, self.tls_files("storage"), limit_settings=self._limit_settings
+            node, "127.0.0.1", 0, 0, self.tls_files("storage"), limit_settings=self._limit_settings, session_port=0
         )
 
     def start(self) -> NodeThread:
@@ -144,12 +157,65 @@ def records(start: int, n: int, size: int = 16) -> list[common_pb2.Record]:
     return [record(t, size) for t in range(start, start + n)]
 
 
-class SessionClient:
-    """One Session stream; requests get increasing sequence numbers, answers are read in order of arrival."""
+class FramedCall:
+    """A framed session port connection used as a gRPC Session call (write, read, done_writing, cancel)."""
 
-    def __init__(self, address: str, session_id: int = 1, tls_files: TlsFiles | None = None) -> None:
+    def __init__(self, address: str, tls_files: TlsFiles | None) -> None:
+        self._host, _, port = address.rpartition(":")
+        self._port = int(port)
+        self._context = frames.client_context(tls_files) if tls_files is not None else None
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def _connected(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._streams is None:
+            self._streams = await asyncio.open_connection(self._host, self._port, ssl=self._context)
+        return self._streams
+
+    async def write_bytes(self, data: bytes) -> None:
+        """data as it is (no frame header added)."""
+        _, writer = await self._connected()
+        writer.write(data)
+        await writer.drain()
+
+    async def write(self, request: storage_pb2.StorageRequest) -> None:
+        _, writer = await self._connected()
+        frames.write_frame(writer, request.SerializeToString())
+        await writer.drain()
+
+    async def read(self) -> Any:
+        reader, _ = await self._connected()
+        data = await frames.read_frame(reader, 1 << 30)
+        return grpc.aio.EOF if data is None else storage_pb2.StorageResponse.FromString(data)
+
+    async def done_writing(self) -> None:
+        _, writer = await self._connected()
+        writer.write_eof()
+
+    def cancel(self) -> None:
+        if self._streams is not None:
+            self._streams[1].transport.abort()
+
+
+class _NoChannel:
+    async def close(self) -> None:
+        pass
+
+
+class SessionClient:
+    """One Session stream; requests get increasing sequence numbers, answers are read in order of arrival.
+    framed: over the node's framed session port at address (storage.sessionPort), not a gRPC stream."""
+
+    def __init__(
+        self, address: str, session_id: int = 1, tls_files: TlsFiles | None = None, framed: bool = False
+    ) -> None:
         self.session_id = session_id
         options = [("grpc.max_receive_message_length", -1)]
+        self._channel: Any
+        self._call: Any
+        if framed:
+            self._channel, self._call = _NoChannel(), FramedCall(address, tls_files)
+            self._seq = 0
+            return
         self._channel = (
             grpc.aio.insecure_channel(address, options=options)
             if tls_files is None
@@ -171,6 +237,11 @@ class SessionClient:
 
     async def write_raw(self, request: storage_pb2.StorageRequest) -> None:
         await self._call.write(request)
+
+    async def write_bytes(self, data: bytes) -> None:
+        """Bytes as they are, on a framed stream (frames made by the caller)."""
+        assert isinstance(self._call, FramedCall), "only a framed stream takes bytes"
+        await self._call.write_bytes(data)
 
     async def recv(self, timeout: float = 30) -> storage_pb2.StorageResponse:
         response = await asyncio.wait_for(self._call.read(), timeout)

@@ -11,16 +11,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.component.storage.node_harness import KEY, BlockedPartition, NodeThread, SessionClient, records
+from tests.component.storage.node_harness import KEY, BlockedPartition, NodeThread, records
 from waltz_storage import placement
 from waltz_storage.admin_client import StorageAdminClient
 from waltz_storage.placement import PROBE_EVERY
 from waltz_storage.service import PARTITION_QUEUE_SIZE
 
 
-@pytest.fixture
-def node(tmp_path) -> Iterator[NodeThread]:
-    with NodeThread(tmp_path / "storage") as running:
+@pytest.fixture(params=[False, True], ids=["grpc", "framed"])
+def node(request, tmp_path) -> Iterator[NodeThread]:
+    """A node whose Session stream the tests use over gRPC, and over the framed session port."""
+    with NodeThread(tmp_path / "storage", framed=request.param) as running:
         with StorageAdminClient("127.0.0.1", running.servers.admin_port, str(KEY), 3) as admin:
             admin.assign(0)
             admin.assign(1)
@@ -33,7 +34,7 @@ def fsyncs(node: NodeThread) -> float:
 
 def test_a_partition_with_a_full_queue_stops_the_stream_being_read_until_it_drains(node):
     async def scenario():
-        async with SessionClient(node.address) as c:
+        async with node.session_client() as c:
             await c.open()
             async with BlockedPartition(node, 0):
                 for txn in range(PARTITION_QUEUE_SIZE):
@@ -68,7 +69,7 @@ def test_appends_one_at_a_time_run_on_the_loop_unless_partitions_take_turns(node
     monkeypatch.setattr(placement, "SLOW_APPEND_S", float("inf"))
 
     async def scenario():
-        async with SessionClient(node.address) as c:
+        async with node.session_client() as c:
             await c.open()
             for i in range(2 * PROBE_EVERY):
                 assert (await c.append(0, records(2 * i, 2)))[0] == "success"
@@ -87,7 +88,7 @@ def test_appends_one_at_a_time_run_on_the_loop_unless_partitions_take_turns(node
 
 def test_appends_one_at_a_time_and_requests_on_the_thread_between_them_keep_their_order(node):
     async def scenario():
-        async with SessionClient(node.address) as c:
+        async with node.session_client() as c:
             await c.open()
             for txn in range(0, 3 * PROBE_EVERY, 3):
                 assert (await c.append(0, records(txn, 3)))[0] == "success"
@@ -111,7 +112,7 @@ def test_pipelined_appends_come_to_share_fdatasyncs_even_after_a_run_of_appends_
         time.sleep(0.003)
 
     async def scenario():
-        async with SessionClient(node.address) as c:
+        async with node.session_client() as c:
             await c.open()
             first = PROBE_EVERY // 2
             for txn in range(first):

@@ -24,13 +24,18 @@ Code = storage_pb2.StorageRpcException.ErrorCode
 HUGE = 10**12
 
 
-@pytest.fixture(params=[False, True], ids=["plaintext", "tls"])
+@pytest.fixture(
+    params=[(False, False), (True, False), (False, True), (True, True)],
+    ids=["plaintext", "tls", "plaintext-framed", "tls-framed"],
+)
 def node(request, tmp_path) -> Iterator[NodeThread]:
+    """A node with and without TLS; its Session stream over gRPC, and over the framed session port."""
+    secure, framed = request.param
     tls_dir = None
-    if request.param:
+    if secure:
         tls_dir = tmp_path / "tls"
         devcerts.write(tls_dir)
-    with NodeThread(tmp_path / "storage", tls_dir=tls_dir) as running:
+    with NodeThread(tmp_path / "storage", tls_dir=tls_dir, framed=framed) as running:
         with admin(running) as a:
             a.assign(0)
             a.assign(1)
@@ -43,11 +48,11 @@ def admin(node: NodeThread) -> StorageAdminClient:
 
 def server(node: NodeThread, session_id: int) -> SessionClient:
     """A caller with the server role (without TLS: anyone with the cluster key)."""
-    return SessionClient(node.address, session_id, node.tls_files("server"))
+    return node.session_client(session_id, "server")
 
 
 def operator(node: NodeThread, session_id: int) -> SessionClient:
-    return SessionClient(node.address, session_id, node.tls_files("operator"))
+    return node.session_client(session_id, "operator")
 
 
 def refused(answer, code: int, match: str = "") -> str:

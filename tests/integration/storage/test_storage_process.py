@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -39,22 +40,38 @@ def make_record(txn: int) -> common_pb2.Record:
 
 
 class SyncSession:
-    """A blocking Session stream: send requests, receive answers with a timeout."""
+    """A blocking Session stream: send requests, receive answers with a timeout. framed: over the node's framed
+    session port (address is then host:storage.sessionPort), plaintext."""
 
-    def __init__(self, address: str, cluster_key: str, num_partitions: int, session_id: int = 1) -> None:
-        self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", -1)])
+    def __init__(
+        self, address: str, cluster_key: str, num_partitions: int, session_id: int = 1, framed: bool = False
+    ) -> None:
         self.session_id = session_id
         self._out: queue.Queue[Any] = queue.Queue()
         self._in: queue.Queue[Any] = queue.Queue()
-        self._call = storage_pb2_grpc.WaltzStorageStub(self.channel).Session(iter(self._out.get, _END))
-        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._socket: socket.socket | None = None
+        if framed:
+            host, _, port = address.rpartition(":")
+            self._socket = socket.create_connection((host, int(port)), timeout=60)
+            self._reader = threading.Thread(target=self._read_frames, daemon=True)
+        else:
+            self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", -1)])
+            self._call = storage_pb2_grpc.WaltzStorageStub(self.channel).Session(iter(self._out.get, _END))
+            self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self._seq = 0
         open_request = storage_pb2.OpenRequest(
             session_id=-1, seq_num=-1, partition_id=-1, cluster_key=cluster_key, num_partitions=num_partitions
         )
-        self._out.put(storage_pb2.StorageRequest(open=open_request))
+        self._put(storage_pb2.StorageRequest(open=open_request))
         assert self.recv().WhichOneof("response") == "success"
+
+    def _put(self, request: storage_pb2.StorageRequest) -> None:
+        if self._socket is None:
+            self._out.put(request)
+            return
+        data = request.SerializeToString()
+        self._socket.sendall(len(data).to_bytes(4, "big") + data)
 
     def _read(self) -> None:
         try:
@@ -63,12 +80,22 @@ class SyncSession:
         except grpc.RpcError as e:
             self._in.put(e)
 
+    def _read_frames(self) -> None:
+        assert self._socket is not None
+        stream = self._socket.makefile("rb")
+        try:
+            while len(header := stream.read(4)) == 4:
+                self._in.put(storage_pb2.StorageResponse.FromString(stream.read(int.from_bytes(header, "big"))))
+            self._in.put(ConnectionError("the node closed the connection"))
+        except OSError as e:
+            self._in.put(e)
+
     def send(self, kind: str, **fields: Any) -> int:
         self._seq += 1
         fields.setdefault("session_id", self.session_id)
         fields.setdefault("partition_id", 0)
         cls = type(getattr(storage_pb2.StorageRequest(), kind))
-        self._out.put(storage_pb2.StorageRequest(**{kind: cls(seq_num=self._seq, **fields)}))
+        self._put(storage_pb2.StorageRequest(**{kind: cls(seq_num=self._seq, **fields)}))
         return self._seq
 
     def recv(self, timeout: float = 60) -> storage_pb2.StorageResponse:
@@ -91,6 +118,9 @@ class SyncSession:
                 return found
 
     def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            return
         self._out.put(_END)
         self._call.cancel()
         self.channel.close()
@@ -118,6 +148,8 @@ def extra_node(cluster: LocalCluster, name: str, **settings: Any) -> ManagedProc
     workdir.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load(cluster.storage[0].config_path.read_text())
     config.update({"storage.port": free_port(), "storage.admin.port": free_port(), "storage.metrics.port": 0})
+    if config.get("storage.sessionPort"):
+        config["storage.sessionPort"] = free_port()
     config.update(settings)
     (workdir / "storage.yaml").write_text(yaml.safe_dump(config))
     return ManagedProcess(
@@ -253,6 +285,7 @@ def test_a_taken_port_is_one_line_not_a_traceback(cluster, tmp_path):
         ("", {"storage.port": node.port}),
         (" (admin port)", {"storage.admin.port": node.admin_port}),
         (" (metrics port)", {"storage.metrics.port": node.metrics_port}),
+        (" (session port)", {"storage.sessionPort": node.session_port}),
     ):
         taken = next(iter(values.values()))
         other = extra_node(cluster, f"taken{taken}", **{"storage.directory": str(tmp_path / str(taken)), **values})

@@ -7,6 +7,7 @@ The tests share one cluster and run in order; each leaves it healthy (verify PAS
 from __future__ import annotations
 
 import asyncio
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -16,6 +17,7 @@ from tests.component.client.helpers import Ctx, MemoryCallbacks
 from tests.integration.cli.test_cli_cluster import until
 from tests.integration.storage.test_storage_process import SyncSession
 from tests.unit.cli.helpers import Run, waltz
+from waltz.v1 import storage_pb2
 from waltz_cli.errors import CliError
 from waltz_cli.storage_session import StorageSession
 from waltz_client import AsyncWaltzClient
@@ -97,8 +99,16 @@ def test_truncating_committed_transactions_is_refused_and_a_restart_keeps_them(c
         assert state(cluster, index).max_transaction_id == hwm + 1
 
 
+def session(cluster: LocalCluster, index: int, session_id: int, framed: bool) -> SyncSession:
+    """A Session stream to a storage node with the cluster key: over gRPC, or over its framed session port."""
+    node = cluster.storage[index]
+    address = f"127.0.0.1:{node.session_port}" if framed else node.connect_string
+    return SyncSession(address, cluster.cluster_key, 1, session_id=session_id, framed=framed)
+
+
+@pytest.mark.parametrize("framed", [False, True], ids=["grpc", "framed"])
 def test_a_read_with_a_huge_session_without_tls_is_a_poisoned_fence_that_verify_names_and_reset_fence_clears(
-    cluster, capsys
+    cluster, capsys, framed
 ):
     """Finding: a MaxTransactionId read with session 10^12 raised the fence; the partition looped on
     STALE_SESSION for good. Without TLS the cluster key's holder is trusted as a server, and a server's read of a
@@ -106,7 +116,7 @@ def test_a_read_with_a_huge_session_without_tls_is_a_poisoned_fence_that_verify_
     it still does; under TLS an operator's cannot (tests/component/storage/test_trust_boundaries.py). What no
     longer holds is "for good": verify names it and reset-fence clears it."""
     node = cluster.storage[1]
-    probe = SyncSession(node.connect_string, cluster.cluster_key, 1, session_id=HUGE)
+    probe = session(cluster, 1, HUGE, framed)
     try:
         assert probe.ask("max_transaction_id").transaction_id >= -1
     finally:
@@ -121,11 +131,12 @@ def test_a_read_with_a_huge_session_without_tls_is_a_poisoned_fence_that_verify_
     assert append(cluster, 5) == before + 5
 
 
-def test_reset_fence_clears_a_poisoned_fence(cluster, capsys):
+@pytest.mark.parametrize("framed", [False, True], ids=["grpc", "framed"])
+def test_reset_fence_clears_a_poisoned_fence(cluster, capsys, framed):
     """Finding: SetLowWaterMark with session 10^12 poisoned a replica, and no command reset it."""
     node = cluster.storage[2]
     top = state(cluster, 2).max_transaction_id
-    poison = SyncSession(node.connect_string, cluster.cluster_key, 1, session_id=HUGE)
+    poison = session(cluster, 2, HUGE, framed)
     try:
         answer = poison.ask("set_low_water_mark", low_water_mark=top)
         assert not hasattr(answer, "exception"), answer
@@ -178,6 +189,15 @@ def test_verify_names_a_forged_tail_and_different_records(cluster, capsys):
     assert f"replicas hold different records at transaction {at}" in found.out, found.out
 
 
+def frame_answer(port: int, request: storage_pb2.StorageRequest) -> storage_pb2.StorageResponse:
+    """The answer of a storage node's framed session port to one request on a new connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        data = request.SerializeToString()
+        sock.sendall(len(data).to_bytes(4, "big") + data)
+        stream = sock.makefile("rb")
+        return storage_pb2.StorageResponse.FromString(stream.read(int.from_bytes(stream.read(4), "big")))
+
+
 def _differs(run: Callable[..., Run], at: int) -> Run:
     """verify, as a Run whose code is 0 once it names the different records at `at` (the cluster settles)."""
     found = run("cluster", "verify")
@@ -191,6 +211,10 @@ def test_the_cluster_key_is_in_no_message_and_no_log(cluster):
         StorageSession(cluster.storage[0].connect_string, other, 1, 10, offline=False)
     assert "CLUSTER_KEY_MISMATCH" in str(refused.value) or "cluster key" in str(refused.value)
     assert cluster.cluster_key not in str(refused.value) and other not in str(refused.value)
+    framed = frame_answer(cluster.storage[0].session_port, storage_pb2.StorageRequest(open=storage_pb2.OpenRequest(
+        session_id=-1, seq_num=-1, partition_id=-1, cluster_key=other, num_partitions=1)))
+    assert framed.failure.exception.code == storage_pb2.StorageRpcException.CLUSTER_KEY_MISMATCH
+    assert cluster.cluster_key not in str(framed) and other not in str(framed)
     for node in cluster.storage:
         log = node.log_path.read_text()
         assert cluster.cluster_key not in log and other not in log

@@ -16,6 +16,7 @@ from waltz_common import zk as zkmeta
 from waltz_common.grpc_env import keepalive_options
 from waltz_common.zk import ZkPaths
 from waltz_server.store.events import first_to_end
+from waltz_server.store.framed_session import FramedCall, open_framed
 from waltz_server.store.settings import Backoff, StoreSettings
 from waltz_server.store.wire import open_request, request_body, response_body
 
@@ -140,6 +141,8 @@ class StorageConnection:
         self._closed = False
         self._last_error = "not connected yet"
         self._task: asyncio.Task[None] | None = None
+        self.transport = ""
+        """What the current stream runs on: "framed" (the node's session port), "grpc", or "" (none yet)."""
 
     @property
     def connected(self) -> bool:
@@ -286,29 +289,36 @@ class StorageConnection:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
         )
-        channel = tls.aio_channel(self.connect_string, tls.process_files(), options)
-        call = channel.stream_stream(
+        channel: grpc.aio.Channel | None = tls.aio_channel(self.connect_string, tls.process_files(), options)
+        assert channel is not None
+        call: grpc.aio.StreamStreamCall | FramedCall = channel.stream_stream(
             _SESSION_METHOD,
             request_serializer=lambda data: data,
             response_deserializer=storage_pb2.StorageResponse.FromString,
         )()
         stream: _Stream | None = None
         try:
-            async with asyncio.timeout(self._settings.request_timeout_s):
-                await call.write(open_request(self._cluster_key, self._num_partitions).SerializeToString())
-                answer = await call.read()
-            if answer is grpc.aio.EOF:
-                raise StorageConnectionLost("the stream ended before Open was answered")
-            if answer.HasField("failure"):
-                exception = answer.failure.exception
-                log.error("storage %s refused Open: %s", self.connect_string, exception.message)
-                raise StorageRpcError(exception.code, exception.message)
+            answer = await self._open(call)
+            framed = await self._framed(answer.success.session_port)
+            if framed is not None:  # the gRPC stream only told where the framed port is: end it
+                call.cancel()
+                await channel.close(grace=None)
+                channel, call = None, framed
             self._epoch += 1
             stream = self._stream = _Stream(self._epoch)
+            self.transport = "grpc" if framed is None else "framed"
             self._up.set()
-            log.info("storage %s: connected (epoch %d)", self.connect_string, stream.epoch)
+            log.info(
+                "storage %s: connected (epoch %d, %s)",
+                self.connect_string,
+                stream.epoch,
+                "gRPC stream" if framed is None else f"framed session port {answer.success.session_port}",
+            )
             # Not a TaskGroup: _run retries after an error, and must not lose close()'s cancellation meanwhile.
-            await first_to_end(self._write_loop(call, stream), self._read_loop(call, stream))
+            loops = [self._write_loop(call, stream), self._read_loop(call, stream)]
+            if framed is not None:
+                loops.append(self._keepalive(framed, stream))
+            await first_to_end(*loops)
         except BaseException as exc:
             if stream is not None:
                 stream.fail(f"{self.connect_string}: stream lost ({_describe(exc)})")
@@ -316,19 +326,75 @@ class StorageConnection:
         finally:
             if stream is not None and self._stream is stream:
                 self._stream = None
-            call.cancel()
-            await channel.close(grace=None)
+            if isinstance(call, FramedCall):
+                await call.close()
+            else:
+                call.cancel()
+            if channel is not None:
+                await channel.close(grace=None)
+
+    async def _open(self, call: grpc.aio.StreamStreamCall | FramedCall) -> storage_pb2.StorageResponse:
+        """Send Open on a new stream; its successful answer, else StorageConnectionLost or StorageRpcError."""
+        async with asyncio.timeout(self._settings.request_timeout_s):
+            await call.write(open_request(self._cluster_key, self._num_partitions).SerializeToString())
+            answer = await call.read()
+        if answer is grpc.aio.EOF:
+            raise StorageConnectionLost("the stream ended before Open was answered")
+        assert isinstance(answer, storage_pb2.StorageResponse)
+        if answer.HasField("failure"):
+            exception = answer.failure.exception
+            log.error("storage %s refused Open: %s", self.connect_string, exception.message)
+            raise StorageRpcError(exception.code, exception.message)
+        return answer
+
+    async def _framed(self, port: int) -> FramedCall | None:
+        """The framed Session connection to port on the node's host, opened; None when the node advertises none,
+        storage.useSessionPort is off, or it fails (logged: the gRPC stream serves instead)."""
+        if not port or not self._settings.use_session_port:
+            return None
+        host = self.connect_string.rpartition(":")[0]
+        call: FramedCall | None = None
+        try:
+            async with asyncio.timeout(self._settings.request_timeout_s):
+                call = await open_framed(host, port, tls.process_files(), self._settings.keepalive_time_s)
+            await self._open(call)
+            return call
+        except Exception as exc:
+            log.warning(
+                "storage %s: its framed session port %s:%d failed (%s); using the gRPC stream",
+                self.connect_string, host, port, _describe(exc),
+            )
+            if call is not None:
+                await call.close()
+            return None
+
+    async def _keepalive(self, call: FramedCall, stream: _Stream) -> None:
+        """Ping (an Open) after storage.keepaliveTime without an answer; StorageConnectionLost when a ping is not
+        answered within as long again."""
+        idle = self._settings.keepalive_time_s
+        ping = open_request(self._cluster_key, self._num_partitions)
+        while True:
+            await asyncio.sleep(max(0.0, idle - call.silent_for()))
+            if call.silent_for() < idle:
+                continue
+            ping.open.seq_num = stream.next_seq  # a seq_num nobody waits for: its answer is dropped
+            stream.next_seq += 1
+            stream.outgoing.put_nowait(ping.SerializeToString())
+            await asyncio.sleep(idle)
+            if call.silent_for() >= 2 * idle:
+                raise StorageConnectionLost(f"no answer to a keepalive ping within {idle:g} s")
 
     @staticmethod
-    async def _write_loop(call: grpc.aio.StreamStreamCall, stream: _Stream) -> None:
+    async def _write_loop(call: grpc.aio.StreamStreamCall | FramedCall, stream: _Stream) -> None:
         while True:
             await call.write(await stream.outgoing.get())
 
-    async def _read_loop(self, call: grpc.aio.StreamStreamCall, stream: _Stream) -> None:
+    async def _read_loop(self, call: grpc.aio.StreamStreamCall | FramedCall, stream: _Stream) -> None:
         while True:
             response = await call.read()
             if response is grpc.aio.EOF:
                 raise StorageConnectionLost("the storage node ended the stream")
+            assert isinstance(response, storage_pb2.StorageResponse)
             future = stream.pending.pop(response_body(response).seq_num, None)
             if future is not None and not future.done():
                 future.set_result(response)

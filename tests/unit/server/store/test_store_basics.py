@@ -33,6 +33,7 @@ def test_store_keys_defaults_are_the_settings_defaults() -> None:
         "storage.replicaLagTimeout",
         "storage.keepaliveTime",
         "storage.damageCheckIntervalSeconds",
+        "storage.useSessionPort",
     }
 
 
