@@ -14,6 +14,7 @@ from waltz.v1 import storage_pb2
 from waltz_common import tls
 from waltz_common import zk as zkmeta
 from waltz_common.grpc_env import keepalive_options
+from waltz_common.wire import varint
 from waltz_common.zk import ZkPaths
 from waltz_server.store.events import first_to_end
 from waltz_server.store.framed_session import FramedCall, open_framed
@@ -54,22 +55,11 @@ class StorageTimeout(StorageError):
     """No answer within storage.requestTimeoutSeconds; the request's outcome is unknown."""
 
 
-def _varint(value: int) -> bytes:
-    """value in protobuf's varint encoding (a negative int64 as its 64-bit two's complement, 10 bytes)."""
-    value &= 0xFFFF_FFFF_FFFF_FFFF
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 _REQUEST_TAGS = {
-    field.name: _varint(field.number << 3 | 2)  # the oneof member as a length-delimited field
+    field.name: varint(field.number << 3 | 2)  # the oneof member as a length-delimited field
     for field in storage_pb2.StorageRequest.DESCRIPTOR.oneofs_by_name["request"].fields
 }
-_SEQ_NUM_TAG = _varint(2 << 3)  # seq_num, a varint field
+_SEQ_NUM_TAG = varint(2 << 3)  # seq_num, a varint field
 assert all(
     field.message_type is not None and field.message_type.fields_by_name["seq_num"].number == 2
     for field in storage_pb2.StorageRequest.DESCRIPTOR.oneofs_by_name["request"].fields
@@ -83,8 +73,8 @@ def seq_num_patch(message: storage_pb2.StorageRequest, seq: int) -> bytes:
     kind = message.WhichOneof("request")
     if kind is None:
         raise ValueError("empty storage request")
-    body = _SEQ_NUM_TAG + _varint(seq)
-    return _REQUEST_TAGS[kind] + _varint(len(body)) + body
+    body = _SEQ_NUM_TAG + varint(seq)
+    return _REQUEST_TAGS[kind] + varint(len(body)) + body
 
 
 def _describe(exc: BaseException) -> str:
