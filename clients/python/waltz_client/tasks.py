@@ -182,6 +182,10 @@ class CallbackThread:
         raise: what it raises is logged)."""
         self.schedule(_Post(fn, args))
 
+    def post_first(self, fn: Callable[..., Any], *args: Any) -> None:
+        """post(), ahead of the jobs that were not scheduled first (schedule_first)."""
+        self.schedule_first(_Post(fn, args))
+
     def queue_length(self) -> int:
         """Jobs waiting for the thread or in the batch it runs (read on the loop)."""
         return len(self._waiting) + self._running
