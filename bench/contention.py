@@ -1,7 +1,7 @@
 """Contention: several instances of a service racing on a few hot locks, each reading its own database in execute().
 
     .venv/bin/python -m bench.contention [--seconds 40] [--instances 3] [--submitters 20] [--items 4]
-        [--baseline REV | --no-baseline] [--postgres]
+        [--baseline REV | --no-baseline] [--postgres [--batch-apply]] [--in-flight N]
 
 A LocalCluster (3 storage replicas, 1 server, 1 partition) and, per row, --instances application processes
 (bench/contention_instance.py: an AsyncWaltzClient applying into its own SQLite database, or with --postgres its own
@@ -93,7 +93,8 @@ def _wait_for_all(prefixes: list[Path], suffix: str, processes: list[subprocess.
 
 
 def run_instances(workdir: Path, config: dict[str, Any], pythonpath: list[str], instances: int, submitters: int,
-                  items: int, seconds: float, postgres: list[str] | None = None) -> list[dict[str, Any]]:
+                  items: int, seconds: float, postgres: list[str] | None = None,
+                  batch_apply: bool = False) -> list[dict[str, Any]]:
     """Start the instances (each into its SQLite file, or into the PostgreSQL database of postgres[i]), wait until
     all are mounted, start them together; their results."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -107,7 +108,7 @@ def run_instances(workdir: Path, config: dict[str, Any], pythonpath: list[str], 
                    "--database", str(prefix.with_suffix(".db")), "--out", str(prefix),
                    "--submitters", str(submitters), "--items", str(items), "--seconds", str(seconds)]
         if postgres:
-            command += ["--postgres", postgres[index]]
+            command += ["--postgres", postgres[index], *(["--batch-apply"] if batch_apply else [])]
         log = prefix.with_suffix(".log").open("w")
         processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
@@ -220,16 +221,21 @@ def run(workdir: Path, args: argparse.Namespace) -> str:
         if args.baseline:
             variants.insert(0, (f"baseline {args.baseline[:10]}", "baseline", checkout(args.baseline,
                                                                                        workdir / "baseline")))
-        configs = {label: stack.enter_context(cluster_of(workdir / f"cluster-{label}", path)).client_config(**CLIENT)
+        client = {**CLIENT, "client.maxConcurrentTransactions": args.in_flight} if args.in_flight else CLIENT
+        configs = {label: stack.enter_context(cluster_of(workdir / f"cluster-{label}", path)).client_config(**client)
                    for _, label, path in variants}
         runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name, _, _ in variants}
         for round_ in range(args.rounds):  # the rows take turns: a machine whose load drifts favours neither
             for name, label, path in variants:
                 runs[name].append(run_instances(workdir / f"{label}-run{round_}", configs[label], path,
                                                 args.instances, args.submitters, args.items, args.seconds,
-                                                databases(f"{label}{round_}")))
+                                                databases(f"{label}{round_}"), args.batch_apply))
         rows = [(name, summarize(runs[name])) for name, _, _ in variants]
-    return ("PostgreSQL (AsyncPostgresClientCallbacks)" if args.postgres else "SQLite (SqliteClientCallbacks)") + \
+    database = "SQLite (SqliteClientCallbacks)"
+    if args.postgres:
+        database = "PostgreSQL (AsyncPostgresClientCallbacks" + (", a batch at once)" if args.batch_apply else ")")
+    in_flight = f"; client.maxConcurrentTransactions {args.in_flight}" if args.in_flight else ""
+    return database + in_flight + \
         f"; {args.rounds} round(s) of " + report(rows, args.seconds)
 
 
@@ -244,6 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="runs of each row, taking turns")
     parser.add_argument("--postgres", action="store_true",
                         help="apply into PostgreSQL (a throwaway server: initdb/pg_ctl) with the asyncio helper")
+    parser.add_argument("--batch-apply", action="store_true",
+                        help="with --postgres: each instance writes a feed batch at once (executemany, COPY), as the "
+                             "service of issue 31 did, instead of a few statements per transaction")
+    parser.add_argument("--in-flight", type=int, help="client.maxConcurrentTransactions of every row (default: 20)")
     parser.add_argument("--workdir", help="keep the logs and databases here (default: a temporary directory)")
     args = parser.parse_args(argv)
     if args.workdir:

@@ -5,7 +5,8 @@
 
 An application instance as a user writes one from the docs: an AsyncWaltzClient applying the log into its own
 SQLite database (SqliteClientCallbacks, batched; or, with --postgres, a PostgreSQL database with
-AsyncPostgresClientCallbacks), and many concurrent reservers. A reservation's execute() reads
+AsyncPostgresClientCallbacks, a few statements per transaction, or with --batch-apply per feed batch: executemany and
+COPY), and many concurrent reservers. A reservation's execute() reads
 the item's reserved count from the instance's own database and takes a write lock on the item; the payload says
 which count it saw, and apply() checks that it is the count the log has reached (a reservation that acted on a
 stale read is an oversell: counted in `stale`, never expected).
@@ -146,6 +147,31 @@ class PgReservations(Measured, AsyncPostgresClientCallbacks):
         return [list(row) for row in rows]
 
 
+class PgBatchReservations(PgReservations):
+    """PgReservations writing a whole feed batch at once (--batch-apply), as the service of issue 31 did: one
+    SELECT of the batch's items, the stale checks in Python, one upsert per item, the reservations with COPY."""
+
+    async def apply_batch(self, transactions: Sequence[Transaction], connection: AsyncPgGuardedConnection) -> None:
+        payloads = [json.loads(transaction.data()) for transaction in transactions]
+        items = sorted({payload["item"] for payload in payloads})
+        cursor = await connection.execute("SELECT item, reserved FROM items WHERE item = ANY(%s)", (items,))
+        counts = dict.fromkeys(items, 0)
+        counts.update({int(item): int(reserved) for item, reserved in await cursor.fetchall()})
+        rows = []
+        for transaction, payload in zip(transactions, payloads, strict=True):
+            item, seen = payload["item"], payload["seen"]
+            if seen != counts[item]:
+                self.stale += 1
+            counts[item] += 1
+            rows.append((transaction.transaction_id, item, seen, payload["by"]))
+        writer = connection.cursor()
+        await writer.executemany("INSERT INTO items (item, reserved) VALUES (%s, %s) ON CONFLICT (item) DO UPDATE "
+                                 "SET reserved = EXCLUDED.reserved", [(item, counts[item]) for item in items])
+        async with writer.copy("COPY reservations (transaction_id, item, seen, instance) FROM STDIN") as copy:
+            for row in rows:
+                await copy.write_row(row)
+
+
 class Reservation(TransactionContext):
     """Reserve one unit of an item: read its count from the database, write-lock it, append."""
 
@@ -244,7 +270,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     config = json.loads(Path(args.config).read_text())
     db: Measured
     if args.postgres:
-        db = PgReservations(args.postgres)
+        db = PgBatchReservations(args.postgres) if args.batch_apply else PgReservations(args.postgres)
         await db.open()
     else:
         db = Reservations(args.database)
@@ -288,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="the client configuration, a JSON object of dotted keys")
     parser.add_argument("--database", required=True, help="the instance's SQLite database file")
     parser.add_argument("--postgres", help="a PostgreSQL database's DSN to apply into instead (the asyncio helper)")
+    parser.add_argument("--batch-apply", action="store_true", help="with --postgres: write each feed batch at once")
     parser.add_argument("--out", required=True, help="path prefix of the .ready, .go and .json files")
     parser.add_argument("--submitters", type=int, default=20)
     parser.add_argument("--items", type=int, default=4, help="hot items (one write lock each)")
