@@ -16,7 +16,10 @@ from waltz_client import MockServer, PartitionLocalLock, TransactionBuilder
 
 
 @pytest.mark.callback_modes("thread")  # an execute() blocks the callback thread
-def test_the_lock_failure_hook_goes_ahead_of_waiting_executes() -> None:
+@pytest.mark.parametrize("waiting", ["in the next batch", "in the running batch"])
+def test_the_lock_failure_hook_goes_ahead_of_waiting_executes(waiting: str) -> None:
+    """The hook goes ahead of the execute() calls waiting for the thread, and of those of the batch the thread
+    runs (between two of its jobs): it waits for the execute() running only."""
     order: list[str] = []
     gate = threading.Event()
 
@@ -43,8 +46,10 @@ def test_the_lock_failure_hook_goes_ahead_of_waiting_executes() -> None:
             futures: list[asyncio.Future[Any]] = [await c.submit(failing)]
             await eventually(lambda: bool(failing.executed_at))
             futures.append(await c.submit(Recorded(b"blocker", result=blocks)))
-            await eventually(lambda: "execute blocker" in order)
+            if waiting == "in the next batch":
+                await eventually(lambda: "execute blocker" in order)
             futures += [await c.submit(Recorded(b"c%d" % i)) for i in range(5)]  # waiting on the thread
+            await eventually(lambda: "execute blocker" in order)
             await asyncio.sleep(0.05)
             server.force_next_lock_fail()
             server.release_requests()
@@ -54,5 +59,6 @@ def test_the_lock_failure_hook_goes_ahead_of_waiting_executes() -> None:
             assert await asyncio.gather(*futures) == [True] * 7
         after = order[order.index("execute blocker") + 1:]
         assert after[0] == "lock failure a", order  # before: after the five waiting executes
+        assert after[1:6] == [f"execute c{i}" for i in range(5)]
 
     run(main())
