@@ -11,7 +11,8 @@ The instances start together and run --seconds; the table gives, per row:
   - commits per instance and each instance's smallest share of the commits in any 10 s window (fair: 1/instances);
   - lock failures, and their answer latency p50/p99 (end of the execute() that built the append to the
     on_lock_failure hook: what the application waits for), and when the LockFailure arrived on the client's loop
-    (the rest is the wait for the callback thread);
+    (the rest, "hook wait", is the wait for the callback thread); how late the client's event loop ran a 5 ms
+    timer ("loop late": what an arrived message waits before the loop reads it);
   - the re-execution delay after the conflicting transaction was applied (p50/p99);
   - the applied lag (the server's high-water mark minus what an instance's database holds: p50, max);
   - the callback thread's CPU seconds per instance; total reservations/s; stale reads (must be 0) and whether
@@ -154,6 +155,8 @@ def summarize(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
     arrivals = [failure[2] for r in results for failure in r["lock_failures"]]
     delays = [d for r in results for d in r["reexecutions"] if d >= 0]
     lags = [lag for r in results for _, lag in r["lags"]]
+    loop_delays = [d for r in results for d in r.get("loop_delays", ())]
+    hook_waits = [failure[1] - failure[2] for r in results for failure in r["lock_failures"]]
     commits = [sum(len(run[index]["commits"]) for run in runs) for index in range(len(runs[0]))]
     return {
         "commits": commits, "per_window": per_window, "min_share": min_share,
@@ -161,6 +164,8 @@ def summarize(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
         "answer_p50": percentile(latencies, 0.5), "answer_p99": percentile(latencies, 0.99),
         "arrival_p50": percentile(arrivals, 0.5), "arrival_p99": percentile(arrivals, 0.99),
         "reexec_p50": percentile(delays, 0.5), "reexec_p99": percentile(delays, 0.99),
+        "loop_p50": percentile(loop_delays, 0.5), "loop_p99": percentile(loop_delays, 0.99),
+        "hook_p50": percentile(hook_waits, 0.5), "hook_p99": percentile(hook_waits, 0.99),
         "lag_p50": percentile([float(x) for x in lags], 0.5), "lag_max": max(lags, default=0),
         "callback_cpu": [round(sum(run[index]["callback_cpu_s"] for run in runs), 1) for index in range(len(runs[0]))],
         "rate": sum(commits) / seconds,
@@ -184,7 +189,8 @@ def _ms(seconds: float) -> str:
 
 def report(rows: list[tuple[str, dict[str, Any]]], seconds: float) -> str:
     header = ["client", "commits per instance", "min 10 s share", "lock failures", "answer p50/p99 ms",
-              "arrives p50/p99 ms", "re-exec p50/p99 ms", "lag p50/max", "callback CPU s", "reservations/s",
+              "arrives p50/p99 ms", "hook wait p50/p99 ms", "loop late p50/p99 ms",
+              "re-exec p50/p99 ms", "lag p50/max", "callback CPU s", "reservations/s",
               "x baseline", "stale", "errors", "identical"]
     base = rows[0][1]["rate"] if rows else 0.0
     lines = []
@@ -192,6 +198,7 @@ def report(rows: list[tuple[str, dict[str, Any]]], seconds: float) -> str:
         lines.append([
             name, "/".join(str(c) for c in s["commits"]), f"{s['min_share']:.0%}", s["lock_failures"],
             f"{_ms(s['answer_p50'])}/{_ms(s['answer_p99'])}", f"{_ms(s['arrival_p50'])}/{_ms(s['arrival_p99'])}",
+            f"{_ms(s['hook_p50'])}/{_ms(s['hook_p99'])}", f"{_ms(s['loop_p50'])}/{_ms(s['loop_p99'])}",
             f"{_ms(s['reexec_p50'])}/{_ms(s['reexec_p99'])}",
             f"{s['lag_p50']:.0f}/{s['lag_max']}", "/".join(str(c) for c in s["callback_cpu"]), f"{s['rate']:,.0f}",
             f"{s['rate'] / base:.2f}" if base else "", s["stale"], s["errors"], "yes" if s["identical"] else "NO",

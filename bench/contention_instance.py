@@ -212,6 +212,7 @@ class Run:
         self.lock_failures: list[tuple[float, float, float]] = []  # (when, latency, its LockFailure's arrival)
         self.reexecutions: list[float] = []  # delays after the conflicting transaction was applied
         self.lags: list[tuple[float, int]] = []
+        self.loop_delays: list[float] = []  # how late the client's event loop ran a 5 ms timer (LOOP_TICK_S)
         self.execute_s = 0.0
         self.errors: list[str] = []
 
@@ -254,6 +255,18 @@ async def _reserver(client: AsyncWaltzClient, run: Run, items: int, index: int, 
             run.commits.append(time.monotonic())
 
 
+LOOP_TICK_S = 0.005
+
+
+async def _sample_loop(run: Run, stop: asyncio.Event) -> None:
+    """How late the client's event loop (its streams, and with --postgres every database call) runs a timer: what
+    a LockFailure that has arrived waits before the client reads it."""
+    while not stop.is_set():
+        started = time.monotonic()
+        await asyncio.sleep(LOOP_TICK_S)
+        run.loop_delays.append(time.monotonic() - started - LOOP_TICK_S)
+
+
 async def _sample_lag(client: AsyncWaltzClient, run: Run, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
@@ -285,11 +298,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         cpu0, started = _thread_cpu_s("waltz-callbacks"), time.monotonic()
         tasks = [asyncio.create_task(_reserver(client, run, args.items, i, stop)) for i in range(args.submitters)]
         sampler = asyncio.create_task(_sample_lag(client, run, stop))
+        loop_sampler = asyncio.create_task(_sample_loop(run, stop))
         await asyncio.sleep(args.seconds)
         stop.set()
         cpu1, ended = _thread_cpu_s("waltz-callbacks"), time.monotonic()
         await asyncio.wait(tasks, timeout=120)
         await sampler
+        await loop_sampler
         # every instance stops before any takes its final mark: one still committing would move the mark past
         # what another had drained to
         out.with_suffix(".stopped").write_text("")
@@ -303,6 +318,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "name": run.name, "started": started, "ended": ended, "commits": run.commits,
         "lock_failures": run.lock_failures, "reexecutions": run.reexecutions, "lags": run.lags,
+        "loop_delays": run.loop_delays,
         "callback_cpu_s": cpu1 - cpu0, "execute_s": run.execute_s, "apply_s": db.apply_s,
         "errors": run.errors[:20], "error_count": len(run.errors), "stale": db.stale,
         "applied": db.applied, "final": final, "rows": rows,
