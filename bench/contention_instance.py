@@ -35,6 +35,7 @@ from typing import Any
 
 from waltz_client import AsyncWaltzClient, Transaction, TransactionBuilder, TransactionContext
 from waltz_client import monitor as monitor_module
+from waltz_client import partition as partition_module
 from waltz_client.locks import PartitionLocalLock
 from waltz_client.postgres_async import AsyncPgGuardedConnection, AsyncPostgresClientCallbacks
 from waltz_client.sqlite_callbacks import GuardedConnection, SqliteClientCallbacks
@@ -233,6 +234,20 @@ def _wrap_monitor() -> None:
     monitor_module.TransactionMonitor.on_lock_failure = on_lock_failure  # type: ignore[method-assign]
 
 
+def _wrap_deliver(fed_at: dict[int, float]) -> None:
+    """Record when each transaction id first reached the client's loop in a feed message (fed_at)."""
+    original = partition_module.ClientPartition.deliver
+
+    async def deliver(self: Any, conn: Any, message: Any) -> None:
+        if message is not None and message.WhichOneof("message") == "feed":
+            now = time.monotonic()
+            for entry in message.feed.transactions:
+                fed_at.setdefault(entry.transaction_id, now)
+        await original(self, conn, message)
+
+    partition_module.ClientPartition.deliver = deliver  # type: ignore[method-assign]
+
+
 def _thread_cpu_s(name: str) -> float:
     for thread in threading.enumerate():
         if thread.name == name and thread.ident is not None:
@@ -289,6 +304,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         db = Reservations(args.database)
     run = Run(out.name, db)
     _wrap_monitor()
+    fed_at: dict[int, float] = {}
+    _wrap_deliver(fed_at)
     async with AsyncWaltzClient(db, config) as client:
         await client.wait_mounted()
         out.with_suffix(".ready").write_text("")
@@ -321,7 +338,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "loop_delays": run.loop_delays,
         "callback_cpu_s": cpu1 - cpu0, "execute_s": run.execute_s, "apply_s": db.apply_s,
         "errors": run.errors[:20], "error_count": len(run.errors), "stale": db.stale,
-        "applied": db.applied, "final": final, "rows": rows,
+        "applied": db.applied, "final": final, "rows": rows, "applied_at": db.applied_at,
+        "fed_at": fed_at,
     }
 
 
