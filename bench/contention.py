@@ -1,7 +1,7 @@
 """Contention: several instances of a service racing on a few hot locks, each reading its own database in execute().
 
     .venv/bin/python -m bench.contention [--seconds 40] [--instances 3] [--submitters 20] [--items 4]
-        [--baseline REV | --no-baseline] [--postgres]
+        [--baseline REV | --no-baseline] [--postgres [--batch-apply]] [--in-flight N]
 
 A LocalCluster (3 storage replicas, 1 server, 1 partition) and, per row, --instances application processes
 (bench/contention_instance.py: an AsyncWaltzClient applying into its own SQLite database, or with --postgres its own
@@ -11,7 +11,8 @@ The instances start together and run --seconds; the table gives, per row:
   - commits per instance and each instance's smallest share of the commits in any 10 s window (fair: 1/instances);
   - lock failures, and their answer latency p50/p99 (end of the execute() that built the append to the
     on_lock_failure hook: what the application waits for), and when the LockFailure arrived on the client's loop
-    (the rest is the wait for the callback thread);
+    (the rest, "hook wait", is the wait for the callback thread); how late the client's event loop ran a 5 ms
+    timer ("loop late": what an arrived message waits before the loop reads it);
   - the re-execution delay after the conflicting transaction was applied (p50/p99);
   - the applied lag (the server's high-water mark minus what an instance's database holds: p50, max);
   - the callback thread's CPU seconds per instance; total reservations/s; stale reads (must be 0) and whether
@@ -93,7 +94,8 @@ def _wait_for_all(prefixes: list[Path], suffix: str, processes: list[subprocess.
 
 
 def run_instances(workdir: Path, config: dict[str, Any], pythonpath: list[str], instances: int, submitters: int,
-                  items: int, seconds: float, postgres: list[str] | None = None) -> list[dict[str, Any]]:
+                  items: int, seconds: float, postgres: list[str] | None = None,
+                  batch_apply: bool = False) -> list[dict[str, Any]]:
     """Start the instances (each into its SQLite file, or into the PostgreSQL database of postgres[i]), wait until
     all are mounted, start them together; their results."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -107,7 +109,7 @@ def run_instances(workdir: Path, config: dict[str, Any], pythonpath: list[str], 
                    "--database", str(prefix.with_suffix(".db")), "--out", str(prefix),
                    "--submitters", str(submitters), "--items", str(items), "--seconds", str(seconds)]
         if postgres:
-            command += ["--postgres", postgres[index]]
+            command += ["--postgres", postgres[index], *(["--batch-apply"] if batch_apply else [])]
         log = prefix.with_suffix(".log").open("w")
         processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
@@ -153,6 +155,8 @@ def summarize(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
     arrivals = [failure[2] for r in results for failure in r["lock_failures"]]
     delays = [d for r in results for d in r["reexecutions"] if d >= 0]
     lags = [lag for r in results for _, lag in r["lags"]]
+    loop_delays = [d for r in results for d in r.get("loop_delays", ())]
+    hook_waits = [failure[1] - failure[2] for r in results for failure in r["lock_failures"]]
     commits = [sum(len(run[index]["commits"]) for run in runs) for index in range(len(runs[0]))]
     return {
         "commits": commits, "per_window": per_window, "min_share": min_share,
@@ -160,6 +164,8 @@ def summarize(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
         "answer_p50": percentile(latencies, 0.5), "answer_p99": percentile(latencies, 0.99),
         "arrival_p50": percentile(arrivals, 0.5), "arrival_p99": percentile(arrivals, 0.99),
         "reexec_p50": percentile(delays, 0.5), "reexec_p99": percentile(delays, 0.99),
+        "loop_p50": percentile(loop_delays, 0.5), "loop_p99": percentile(loop_delays, 0.99),
+        "hook_p50": percentile(hook_waits, 0.5), "hook_p99": percentile(hook_waits, 0.99),
         "lag_p50": percentile([float(x) for x in lags], 0.5), "lag_max": max(lags, default=0),
         "callback_cpu": [round(sum(run[index]["callback_cpu_s"] for run in runs), 1) for index in range(len(runs[0]))],
         "rate": sum(commits) / seconds,
@@ -183,7 +189,8 @@ def _ms(seconds: float) -> str:
 
 def report(rows: list[tuple[str, dict[str, Any]]], seconds: float) -> str:
     header = ["client", "commits per instance", "min 10 s share", "lock failures", "answer p50/p99 ms",
-              "arrives p50/p99 ms", "re-exec p50/p99 ms", "lag p50/max", "callback CPU s", "reservations/s",
+              "arrives p50/p99 ms", "hook wait p50/p99 ms", "loop late p50/p99 ms",
+              "re-exec p50/p99 ms", "lag p50/max", "callback CPU s", "reservations/s",
               "x baseline", "stale", "errors", "identical"]
     base = rows[0][1]["rate"] if rows else 0.0
     lines = []
@@ -191,6 +198,7 @@ def report(rows: list[tuple[str, dict[str, Any]]], seconds: float) -> str:
         lines.append([
             name, "/".join(str(c) for c in s["commits"]), f"{s['min_share']:.0%}", s["lock_failures"],
             f"{_ms(s['answer_p50'])}/{_ms(s['answer_p99'])}", f"{_ms(s['arrival_p50'])}/{_ms(s['arrival_p99'])}",
+            f"{_ms(s['hook_p50'])}/{_ms(s['hook_p99'])}", f"{_ms(s['loop_p50'])}/{_ms(s['loop_p99'])}",
             f"{_ms(s['reexec_p50'])}/{_ms(s['reexec_p99'])}",
             f"{s['lag_p50']:.0f}/{s['lag_max']}", "/".join(str(c) for c in s["callback_cpu"]), f"{s['rate']:,.0f}",
             f"{s['rate'] / base:.2f}" if base else "", s["stale"], s["errors"], "yes" if s["identical"] else "NO",
@@ -220,16 +228,21 @@ def run(workdir: Path, args: argparse.Namespace) -> str:
         if args.baseline:
             variants.insert(0, (f"baseline {args.baseline[:10]}", "baseline", checkout(args.baseline,
                                                                                        workdir / "baseline")))
-        configs = {label: stack.enter_context(cluster_of(workdir / f"cluster-{label}", path)).client_config(**CLIENT)
+        client = {**CLIENT, "client.maxConcurrentTransactions": args.in_flight} if args.in_flight else CLIENT
+        configs = {label: stack.enter_context(cluster_of(workdir / f"cluster-{label}", path)).client_config(**client)
                    for _, label, path in variants}
         runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name, _, _ in variants}
         for round_ in range(args.rounds):  # the rows take turns: a machine whose load drifts favours neither
             for name, label, path in variants:
                 runs[name].append(run_instances(workdir / f"{label}-run{round_}", configs[label], path,
                                                 args.instances, args.submitters, args.items, args.seconds,
-                                                databases(f"{label}{round_}")))
+                                                databases(f"{label}{round_}"), args.batch_apply))
         rows = [(name, summarize(runs[name])) for name, _, _ in variants]
-    return ("PostgreSQL (AsyncPostgresClientCallbacks)" if args.postgres else "SQLite (SqliteClientCallbacks)") + \
+    database = "SQLite (SqliteClientCallbacks)"
+    if args.postgres:
+        database = "PostgreSQL (AsyncPostgresClientCallbacks" + (", a batch at once)" if args.batch_apply else ")")
+    in_flight = f"; client.maxConcurrentTransactions {args.in_flight}" if args.in_flight else ""
+    return database + in_flight + \
         f"; {args.rounds} round(s) of " + report(rows, args.seconds)
 
 
@@ -244,6 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="runs of each row, taking turns")
     parser.add_argument("--postgres", action="store_true",
                         help="apply into PostgreSQL (a throwaway server: initdb/pg_ctl) with the asyncio helper")
+    parser.add_argument("--batch-apply", action="store_true",
+                        help="with --postgres: each instance writes a feed batch at once (executemany, COPY), as the "
+                             "service of issue 31 did, instead of a few statements per transaction")
+    parser.add_argument("--in-flight", type=int, help="client.maxConcurrentTransactions of every row (default: 20)")
     parser.add_argument("--workdir", help="keep the logs and databases here (default: a temporary directory)")
     args = parser.parse_args(argv)
     if args.workdir:

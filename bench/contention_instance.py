@@ -5,7 +5,8 @@
 
 An application instance as a user writes one from the docs: an AsyncWaltzClient applying the log into its own
 SQLite database (SqliteClientCallbacks, batched; or, with --postgres, a PostgreSQL database with
-AsyncPostgresClientCallbacks), and many concurrent reservers. A reservation's execute() reads
+AsyncPostgresClientCallbacks, a few statements per transaction, or with --batch-apply per feed batch: executemany and
+COPY), and many concurrent reservers. A reservation's execute() reads
 the item's reserved count from the instance's own database and takes a write lock on the item; the payload says
 which count it saw, and apply() checks that it is the count the log has reached (a reservation that acted on a
 stale read is an oversell: counted in `stale`, never expected).
@@ -34,6 +35,7 @@ from typing import Any
 
 from waltz_client import AsyncWaltzClient, Transaction, TransactionBuilder, TransactionContext
 from waltz_client import monitor as monitor_module
+from waltz_client import partition as partition_module
 from waltz_client.locks import PartitionLocalLock
 from waltz_client.postgres_async import AsyncPgGuardedConnection, AsyncPostgresClientCallbacks
 from waltz_client.sqlite_callbacks import GuardedConnection, SqliteClientCallbacks
@@ -146,6 +148,31 @@ class PgReservations(Measured, AsyncPostgresClientCallbacks):
         return [list(row) for row in rows]
 
 
+class PgBatchReservations(PgReservations):
+    """PgReservations writing a whole feed batch at once (--batch-apply), as the service of issue 31 did: one
+    SELECT of the batch's items, the stale checks in Python, one upsert per item, the reservations with COPY."""
+
+    async def apply_batch(self, transactions: Sequence[Transaction], connection: AsyncPgGuardedConnection) -> None:
+        payloads = [json.loads(transaction.data()) for transaction in transactions]
+        items = sorted({payload["item"] for payload in payloads})
+        cursor = await connection.execute("SELECT item, reserved FROM items WHERE item = ANY(%s)", (items,))
+        counts = dict.fromkeys(items, 0)
+        counts.update({int(item): int(reserved) for item, reserved in await cursor.fetchall()})
+        rows = []
+        for transaction, payload in zip(transactions, payloads, strict=True):
+            item, seen = payload["item"], payload["seen"]
+            if seen != counts[item]:
+                self.stale += 1
+            counts[item] += 1
+            rows.append((transaction.transaction_id, item, seen, payload["by"]))
+        writer = connection.cursor()
+        await writer.executemany("INSERT INTO items (item, reserved) VALUES (%s, %s) ON CONFLICT (item) DO UPDATE "
+                                 "SET reserved = EXCLUDED.reserved", [(item, counts[item]) for item in items])
+        async with writer.copy("COPY reservations (transaction_id, item, seen, instance) FROM STDIN") as copy:
+            for row in rows:
+                await copy.write_row(row)
+
+
 class Reservation(TransactionContext):
     """Reserve one unit of an item: read its count from the database, write-lock it, append."""
 
@@ -186,6 +213,7 @@ class Run:
         self.lock_failures: list[tuple[float, float, float]] = []  # (when, latency, its LockFailure's arrival)
         self.reexecutions: list[float] = []  # delays after the conflicting transaction was applied
         self.lags: list[tuple[float, int]] = []
+        self.loop_delays: list[float] = []  # how late the client's event loop ran a 5 ms timer (LOOP_TICK_S)
         self.execute_s = 0.0
         self.errors: list[str] = []
 
@@ -204,6 +232,20 @@ def _wrap_monitor() -> None:
         return outcomes
 
     monitor_module.TransactionMonitor.on_lock_failure = on_lock_failure  # type: ignore[method-assign]
+
+
+def _wrap_deliver(fed_at: dict[int, float]) -> None:
+    """Record when each transaction id first reached the client's loop in a feed message (fed_at)."""
+    original = partition_module.ClientPartition.deliver
+
+    async def deliver(self: Any, conn: Any, message: Any) -> None:
+        if message is not None and message.WhichOneof("message") == "feed":
+            now = time.monotonic()
+            for entry in message.feed.transactions:
+                fed_at.setdefault(entry.transaction_id, now)
+        await original(self, conn, message)
+
+    partition_module.ClientPartition.deliver = deliver  # type: ignore[method-assign]
 
 
 def _thread_cpu_s(name: str) -> float:
@@ -228,6 +270,18 @@ async def _reserver(client: AsyncWaltzClient, run: Run, items: int, index: int, 
             run.commits.append(time.monotonic())
 
 
+LOOP_TICK_S = 0.005
+
+
+async def _sample_loop(run: Run, stop: asyncio.Event) -> None:
+    """How late the client's event loop (its streams, and with --postgres every database call) runs a timer: what
+    a LockFailure that has arrived waits before the client reads it."""
+    while not stop.is_set():
+        started = time.monotonic()
+        await asyncio.sleep(LOOP_TICK_S)
+        run.loop_delays.append(time.monotonic() - started - LOOP_TICK_S)
+
+
 async def _sample_lag(client: AsyncWaltzClient, run: Run, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
@@ -244,12 +298,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     config = json.loads(Path(args.config).read_text())
     db: Measured
     if args.postgres:
-        db = PgReservations(args.postgres)
+        db = PgBatchReservations(args.postgres) if args.batch_apply else PgReservations(args.postgres)
         await db.open()
     else:
         db = Reservations(args.database)
     run = Run(out.name, db)
     _wrap_monitor()
+    fed_at: dict[int, float] = {}
+    _wrap_deliver(fed_at)
     async with AsyncWaltzClient(db, config) as client:
         await client.wait_mounted()
         out.with_suffix(".ready").write_text("")
@@ -259,11 +315,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         cpu0, started = _thread_cpu_s("waltz-callbacks"), time.monotonic()
         tasks = [asyncio.create_task(_reserver(client, run, args.items, i, stop)) for i in range(args.submitters)]
         sampler = asyncio.create_task(_sample_lag(client, run, stop))
+        loop_sampler = asyncio.create_task(_sample_loop(run, stop))
         await asyncio.sleep(args.seconds)
         stop.set()
         cpu1, ended = _thread_cpu_s("waltz-callbacks"), time.monotonic()
         await asyncio.wait(tasks, timeout=120)
         await sampler
+        await loop_sampler
         # every instance stops before any takes its final mark: one still committing would move the mark past
         # what another had drained to
         out.with_suffix(".stopped").write_text("")
@@ -277,9 +335,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "name": run.name, "started": started, "ended": ended, "commits": run.commits,
         "lock_failures": run.lock_failures, "reexecutions": run.reexecutions, "lags": run.lags,
+        "loop_delays": run.loop_delays,
         "callback_cpu_s": cpu1 - cpu0, "execute_s": run.execute_s, "apply_s": db.apply_s,
         "errors": run.errors[:20], "error_count": len(run.errors), "stale": db.stale,
-        "applied": db.applied, "final": final, "rows": rows,
+        "applied": db.applied, "final": final, "rows": rows, "applied_at": db.applied_at,
+        "fed_at": fed_at,
     }
 
 
@@ -288,6 +348,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="the client configuration, a JSON object of dotted keys")
     parser.add_argument("--database", required=True, help="the instance's SQLite database file")
     parser.add_argument("--postgres", help="a PostgreSQL database's DSN to apply into instead (the asyncio helper)")
+    parser.add_argument("--batch-apply", action="store_true", help="with --postgres: write each feed batch at once")
     parser.add_argument("--out", required=True, help="path prefix of the .ready, .go and .json files")
     parser.add_argument("--submitters", type=int, default=20)
     parser.add_argument("--items", type=int, default=4, help="hot items (one write lock each)")

@@ -116,6 +116,7 @@ class AsyncWaltzClient:
         self._env = PartitionEnv(
             client_id=self.client_id, config=self.config, callbacks=self.callbacks, call=self._callback_thread.call,
             call_first=self._callback_thread.call_first, post=self._callback_thread.post,
+            post_first=self._callback_thread.post_first,
             lock_failure_latency=self._lock_failure_latency,
             connections=self._connections, ownership=self._topology.get, topology_changed=lambda: self._topology_event,
             fetch=self._fetch_blocking, fetch_range=self._fetch_range_blocking, read_range=self.transaction_range,

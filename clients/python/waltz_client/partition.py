@@ -479,6 +479,7 @@ class ClientPartition(FeedApply):
         """The monitor's notice, the on_lock_failure hooks queued on the callback thread (not awaited: the stream
         goes on), and the failures the applied high-water mark already allows resolved (their re-execution)."""
         sent_at = self.env.lock_failure_latency
+        post = self.env.post_first or self.env.post  # ahead of the execute() calls waiting on the callback thread
         now = _monotonic()
         outcomes = self.monitor.on_lock_failure(req_id, transaction_id)
         for token, outcome in outcomes:
@@ -486,7 +487,7 @@ class ClientPartition(FeedApply):
                 self.env.stats.lock_failures += 1
                 if sent_at is not None:
                     sent_at.observe(now - token.sent_at)
-                self.env.post(self._steps.run_hook, token.context.on_lock_failure, "on_lock_failure", -1)
+                post(self._steps.run_hook, token.context.on_lock_failure, "on_lock_failure", -1)
         self._resolve([(t, o) for t, o in outcomes if o.is_final])
 
     def recheck_owner(self) -> None:

@@ -95,4 +95,5 @@ class PartitionEnv:
     lock_failure_latency: LatencyHistogram | None = None  # from sending an append to its LockFailure arriving
     refresh_topology: Callable[[], None] = lambda: None  # a server said NOT_READY: ask where partitions are now
     high_water_mark: Callable[[str, int], Awaitable[int]] | None = None  # (endpoint, partition): a catch-up's target
+    post_first: Callable[..., None] | None = None  # post, ahead of what waits there (a lock failure's hook); None: post
     progress_interval_s: float = 5.0  # seconds between a catch-up's progress lines (INFO)

@@ -78,7 +78,7 @@ class _Submission(PendingAppend, Job):
 
     Made with a slot held, ready to execute: schedule it on the callback thread (run, then done)."""
 
-    __slots__ = ("attempts", "builder", "future", "held", "partition", "submitter")
+    __slots__ = ("attempts", "builder", "future", "partition", "submitter")
 
     def __init__(self, submitter: Submitter, context: TransactionContext, partition: ClientPartition,
                  future: asyncio.Future[bool]) -> None:
@@ -90,7 +90,6 @@ class _Submission(PendingAppend, Job):
         self.partition = partition
         self.future = future
         self.attempts = 0  # failed attempts so far
-        self.held: list[int] | None = None  # the write locks it holds in partition.own_locks (sent, not resolved)
         self.builder: TransactionBuilder | None = TransactionBuilder(
             partition.partition_id, partition.monitor.client_high_water_mark)
 
@@ -117,26 +116,26 @@ class _Submission(PendingAppend, Job):
 
     def _parks(self, builder: TransactionBuilder) -> bool:
         """Whether the append just built waits (parked, its slot held) for one of this client's own pending appends
-        that holds one of its locks (OwnLocks); if not, it holds its write locks from now on."""
+        that holds one of its locks (OwnLocks); if not, it holds its write locks from now on (and any other lock it
+        held, handed to it while parked, goes on to the next one parked behind it). Admitting again is a no-op."""
         write, read = builder._write_locks, builder._read_locks
-        if not (write or read) or self.held is not None:  # (admitted already: sent once it is mounted)
+        own_locks = self.partition.own_locks
+        if not (write or read or own_locks.holds(self)):
             return False
-        if not self.partition.own_locks.admit(self, write or (), read or ()):
-            return True
-        if write:
-            self.held = write
-        return False
+        admitted, handed = own_locks.admit(self, write or (), read or ())
+        for token in handed:
+            token.resume()
+        return not admitted
 
     def resume(self) -> None:
-        """Parked (OwnLocks): the append it waited for was resolved; execute again."""
+        """Parked (OwnLocks): handed the lock it waited for; execute again."""
         self.execute()
 
     def _release_locks(self) -> None:
-        """Resolved: its write locks are free; what was parked behind them executes again."""
-        held, self.held = self.held, None
-        if held:
-            for parked in self.partition.own_locks.release(self, held):
-                parked.resume()
+        """Ended, or about to execute again: each lock it holds goes to the first append parked behind it, which
+        executes again (OwnLocks.release). Called in every end path: one missed leaves those parked for ever."""
+        for token in self.partition.own_locks.release(self):
+            token.resume()
 
     @classmethod
     def done_all(cls, jobs: list[Job], values: list[Any]) -> None:
@@ -179,14 +178,14 @@ class _Submission(PendingAppend, Job):
                     await partition.wait_mounted()
             except BaseException:
                 partition.release_slot()
+                self._release_locks()  # (cancelled: _fail does not run)
                 raise
         except Exception as exc:
             await self._fail(exc)
 
     def commit(self, transaction_id: int) -> None:
         """The common path ends here (_set(True), inline)."""
-        if self.held:
-            self._release_locks()
+        self._release_locks()
         submitter = self.submitter
         submitter.pending -= 1
         if not submitter.pending:
@@ -197,9 +196,8 @@ class _Submission(PendingAppend, Job):
             pass
 
     def settle(self, outcome: Outcome) -> None:
-        """The append's final outcome (from the partition)."""
-        if self.held:
-            self._release_locks()
+        """The append's final outcome (from the partition): its locks go on, whether it ends or executes again."""
+        self._release_locks()
         if outcome.kind is OutcomeKind.COMMITTED:
             self._set(True)  # the common path ends here
         else:
@@ -235,8 +233,7 @@ class _Submission(PendingAppend, Job):
         self.execute()
 
     async def _fail(self, exc: Exception) -> None:
-        if self.held:  # admitted, then never sent
-            self._release_locks()
+        self._release_locks()  # (admitted, or handed a lock, then never sent)
         self.submitter.stats.errors += 1
         await self.submitter.hook(self.context.on_exception, exc)
         self.submitter.ended()
@@ -246,6 +243,7 @@ class _Submission(PendingAppend, Job):
                 self.future.exception()  # (asyncio's "Future exception was never retrieved"); awaiting it still raises
 
     def _set(self, result: bool) -> None:
+        self._release_locks()  # (declined after being handed a lock)
         self.submitter.ended()
         if not self.future.done():
             self.future.set_result(result)

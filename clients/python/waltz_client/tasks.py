@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Coroutine
 from queue import SimpleQueue
 from typing import Any, TypeVar
@@ -159,6 +160,7 @@ class CallbackThread:
         self._kind: type[Job] = Job  # the class of every waiting job, or Job when they are mixed
         self._busy = False  # a batch is queued or running, or one is about to start
         self._running = 0  # jobs in the batch queued or running
+        self._urgent: deque[_Post] = deque()  # post_first while a batch runs: run between its jobs (by the thread)
         self.busy_seconds = 0.0  # written by the thread only
         self._shut = False
         self._shut_lock = threading.Lock()  # nothing is queued after the thread's stop signal
@@ -181,6 +183,14 @@ class CallbackThread:
         """Run fn(*args) on the thread, in order with the other jobs, without waiting for it (it must not
         raise: what it raises is logged)."""
         self.schedule(_Post(fn, args))
+
+    def post_first(self, fn: Callable[..., Any], *args: Any) -> None:
+        """post(), ahead of the jobs that were not scheduled first (schedule_first); while a batch runs, between two
+        of its jobs (a lock failure's hook waits for the job running, not for the rest of its batch)."""
+        if self._running and not self._shut:
+            self._urgent.append(_Post(fn, args))  # (the thread pops them; a deque's append and popleft are atomic)
+        else:
+            self.schedule_first(_Post(fn, args))
 
     def queue_length(self) -> int:
         """Jobs waiting for the thread or in the batch it runs (read on the loop)."""
@@ -233,7 +243,7 @@ class CallbackThread:
         while (item := self._queue.get()) is not None:
             batch, kind, loop = item
             started = time.perf_counter()
-            values = [_NEVER_RAN] * len(batch) if self._shut else _run_batch(batch)
+            values = [_NEVER_RAN] * len(batch) if self._shut else _run_batch(batch, self._urgent)
             self.busy_seconds += time.perf_counter() - started
             try:
                 loop.call_soon_threadsafe(self._finish, batch, kind, values)
@@ -249,6 +259,8 @@ class CallbackThread:
                 run_kind.done_all(jobs, run_values)
             except Exception:
                 log.exception("callback-thread completion of a batch of %s failed", run_kind.__name__)
+        while self._urgent:  # posted first after the thread's last look (it is idle now): they lead the next batch
+            self.schedule_first(self._urgent.popleft())
         self._busy = False
         self._running = 0
         if self._waiting:  # scheduled while this batch ran: they go together, now
@@ -285,6 +297,7 @@ class LoopCallbacks(CallbackThread):
         self._kind = Job
         self._busy = False
         self._running = 0
+        self._urgent = deque()  # (only from a done_all: the batch's jobs run on the loop, nothing comes between)
         self.busy_seconds = 0.0
         self._shut = False
 
@@ -332,12 +345,27 @@ def _refused(count: int) -> list[Any]:
     return [_Raised(RuntimeError("the callback thread is shut down"))] * count
 
 
-def _run_batch(batch: list[Job]) -> list[Any]:
-    """On the callback thread (or the loop: LoopCallbacks): each job in order; one that raises stops no other."""
+def _run_batch(batch: list[Job], urgent: deque[_Post] | None = None) -> list[Any]:
+    """On the callback thread (or the loop: LoopCallbacks): each job in order; one that raises stops no other.
+    Before each job and after the last, the jobs in urgent (CallbackThread.post_first while the batch runs)."""
     values: list[Any] = []
     for job in batch:
+        if urgent:
+            _run_posts(urgent)
         try:
             values.append(job.run())
         except BaseException as exc:  # handed to the caller, as run_in_executor does
             values.append(_Raised(exc))
+    if urgent:
+        _run_posts(urgent)
     return values
+
+
+def _run_posts(posts: deque[_Post]) -> None:
+    """Run the posts in order, here (a post's done() only logs what it raised: written from here)."""
+    while posts:
+        post = posts.popleft()
+        try:
+            post.run()
+        except Exception as exc:
+            post.done(False, exc)

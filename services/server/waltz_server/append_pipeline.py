@@ -58,8 +58,23 @@ class Resolved(Generic[T]):
     committed: list[tuple[QueuedAppend[T], int]]
     failed: list[QueuedAppend[T]]
     lock_failures: list[tuple[QueuedAppend[T], int]]
-    """Appends that waited on the batch's locks (AppendPipeline: doomed): answer LockFailure with the id, before the
-    batch's commits are published."""
+    """Appends that waited on the batch's locks (AppendPipeline: doomed): answer LockFailure with the id, around the
+    publication of the batch's commits as answer_order() says."""
+
+    def answer_order(self) -> tuple[list[tuple[QueuedAppend[T], int]], list[tuple[QueuedAppend[T], int]]]:
+        """The lock failures to answer before the batch's commits are published, and those after. A client hears its
+        appends' outcomes in order, so a doomed append whose client has an append among the commits is answered
+        first. Any other after the feed: its client needs the failure and the conflicting commit applied before it
+        executes again, and the feed then is not one stream write behind the failure, which it was for every client
+        but the committer's (issue 31: the instance that committed read each commit 3.5 ms (p50) before the others,
+        and made 78-85% of the next commits on the same item, where a third is fair)."""
+        if not self.lock_failures:
+            return [], []
+        clients = {item.client_id for item, _ in self.committed}
+        first = [failure for failure in self.lock_failures if failure[0].client_id in clients]
+        if len(first) == len(self.lock_failures):
+            return first, []
+        return first, [failure for failure in self.lock_failures if failure[0].client_id not in clients]
 
 
 class ClientPending(Generic[T]):

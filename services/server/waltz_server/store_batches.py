@@ -142,7 +142,11 @@ class StoreBatches(Generic[T]):
         self._resolved(self._pipeline.failed(failure.first_transaction_id, committed_up_to))
 
     def _resolved(self, resolved: Resolved[T]) -> None:
-        """The doomed appends' lock failures first: a client hears them before its later appends' commits."""
-        if resolved.lock_failures:
-            self._answer_lock_failures(resolved.lock_failures)
+        """The doomed appends' lock failures around the commits' publication (Resolved.answer_order): before it for a
+        client with an append among the commits (it hears them in order), after it for the others."""
+        before, after = resolved.answer_order()
+        if before:
+            self._answer_lock_failures(before)
         self._apply(resolved)
+        if after:
+            self._answer_lock_failures(after)

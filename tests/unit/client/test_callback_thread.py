@@ -18,9 +18,9 @@ def batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sizes: list[int] = []
     original = tasks._run_batch
 
-    def counting(batch: list) -> list:
+    def counting(batch: list, *urgent: object) -> list:
         sizes.append(len(batch))
-        return original(batch)
+        return original(batch, *urgent)
 
     monkeypatch.setattr(tasks, "_run_batch", counting)
     return sizes
@@ -292,3 +292,32 @@ def test_callback_runner_picks_the_thread_or_the_loop() -> None:
     finally:
         threaded.shutdown()
     assert type(callback_runner(False, "unused")) is LoopCallbacks
+
+
+def test_a_post_first_while_a_batch_runs_runs_between_two_of_its_jobs(batches: list[int]) -> None:
+    """(A lock failure's hook: it waits for the job running, not for the rest of the batch.) One posted after the
+    thread's last look at them leads the next batch."""
+    thread = CallbackThread("test-callbacks")
+    ran: list[str] = []
+    release = threading.Event()
+
+    def blocks() -> None:
+        release.wait(10)
+        ran.append("blocker")
+
+    async def main() -> None:
+        calls = [asyncio.ensure_future(thread.call(blocks))]
+        calls += [asyncio.ensure_future(thread.call(ran.append, f"job {i}")) for i in range(3)]
+        await asyncio.sleep(0.05)  # the four run as one batch: the thread is in the first
+        thread.post_first(ran.append, "urgent")
+        release.set()
+        await asyncio.gather(*calls)
+        thread.post_first(ran.append, "later")  # nothing runs: the next batch
+        await thread.call(ran.append, "last")
+
+    try:
+        asyncio.run(main())
+    finally:
+        thread.shutdown()
+    assert ran == ["blocker", "urgent", "job 0", "job 1", "job 2", "later", "last"]
+    assert batches == [4, 2]
