@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -105,9 +106,17 @@ class SessionPort:
     async def start(self, host: str, port: int, advertised_port: int = 0) -> int:
         """Listen on host:port (0: a free port); the port to advertise (advertised_port, or the bound port when
         that is 0), or listen.ListenError."""
+        context: ssl.SSLContext | None = None
+        if self._contexts is not None:
+            # TLS from the accept on: asyncio's start_server reads at once, so a StreamWriter.start_tls in the
+            # connection's task lost a ClientHello that had come before it, and the handshake then waited for it
+            # until its timeout (the quickstart with --tls: 2 of 3 nodes fell back to gRPC after 10 s).
+            context = self._contexts.current()
+            context.sni_callback = self._fresh_context
         try:
             self._server = await asyncio.start_server(
-                self._serve, host, port, limit=READ_BUFFER_BYTES, reuse_address=True, reuse_port=False
+                self._serve, host, port, limit=READ_BUFFER_BYTES, reuse_address=True, reuse_port=False,
+                ssl=context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if context is not None else None,
             )
         except OSError as exc:
             raise listen.failure(host, port, "session port", listen.reason(exc)) from None
@@ -125,6 +134,14 @@ class SessionPort:
                 task.cancel()
             if late:
                 await asyncio.wait(late)
+
+    def _fresh_context(self, connection: ssl.SSLObject, _server_name: str | None, context: ssl.SSLContext) -> None:
+        """Each ClientHello (with or without a server name): the handshake goes on with the context of the files
+        as they are now, so a rotated certificate or CA is used from the next connection on, as on gRPC ports."""
+        assert self._contexts is not None
+        current = self._contexts.current()
+        if current is not context:
+            connection.context = current
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -151,7 +168,6 @@ class SessionPort:
         """The caller (its certificate's roles under TLS); None when refused (answered and logged here)."""
         if self._contexts is None:
             return rules.PLAINTEXT
-        await writer.start_tls(self._contexts.current(), ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
         pem = frames.peer_pem(writer)
         held = tls.roles_of(pem) if pem is not None else frozenset()
         denied = tls.refusal("storage session port", self._roles, held)

@@ -232,3 +232,30 @@ def test_the_session_port_is_known_before_the_storage_port_serves(tmp_path, monk
     with NodeThread(tmp_path / "storage", framed=True) as node:
         assert node.servers.session is not None
         assert advertised_when_started == [node.servers.session.port]
+
+
+def test_under_tls_a_client_hello_that_arrives_before_the_connection_is_served_still_gets_through(
+    tmp_path, monkeypatch
+):
+    # A busy node's loop may run the accepted connection's first step after the server's ClientHello has
+    # arrived. The stream read it as data before TLS began, and the handshake then waited for bytes already
+    # taken: the quickstart with --tls failed to mount (handshakes aborted after 10 s, 2 of 3 nodes).
+    from waltz_storage.session_port import SessionPort
+
+    serve = SessionPort._serve
+
+    async def late(self, *args):
+        await asyncio.sleep(0.3)
+        return await serve(self, *args)
+
+    monkeypatch.setattr(SessionPort, "_serve", late)
+    tls_dir = tmp_path / "tls"
+    devcerts.write(tls_dir)
+    with NodeThread(tmp_path / "storage", tls_dir=tls_dir, framed=True) as node:
+
+        async def scenario():
+            async with asyncio.timeout(8):
+                async with node.session_client(role="server") as client:
+                    assert (await client.open())[0] == "success"
+
+        node.call(scenario())
