@@ -65,6 +65,13 @@ def checkout(revision: str, into: Path) -> list[str]:
             str(into / "common")]
 
 
+def _knows_session_port(pythonpath: list[str]) -> bool:
+    """Whether the storage nodes on pythonpath (a baseline's; this checkout's when empty) know storage.sessionPort:
+    a revision from before it refuses the key, so its cluster runs without the framed session port."""
+    storage = [Path(p) for p in pythonpath if Path(p).name == "storage"]
+    return not storage or "storage.sessionPort" in (storage[0] / "waltz_storage" / "config.py").read_text()
+
+
 @contextlib.contextmanager
 def cluster_of(workdir: Path, pythonpath: list[str]) -> Iterator[LocalCluster]:
     """A LocalCluster whose processes run with pythonpath first (a baseline's server); this checkout's without."""
@@ -72,7 +79,9 @@ def cluster_of(workdir: Path, pythonpath: list[str]) -> Iterator[LocalCluster]:
     if pythonpath:
         os.environ["PYTHONPATH"] = os.pathsep.join(pythonpath)
     try:
-        cluster = LocalCluster(workdir, cluster_root="/bench/contention").__enter__()
+        cluster = LocalCluster(
+            workdir, cluster_root="/bench/contention", session_ports=_knows_session_port(pythonpath)
+        ).__enter__()
     finally:
         if saved is None:
             os.environ.pop("PYTHONPATH", None)
