@@ -109,7 +109,7 @@ class FeedIntake:
                 break
             mine = None
             if req_id.client_id == client_id:  # only this client's own appends (of this partition) are in the monitor
-                mine = commit_oldest(req_id.seq_num, req_id.generation)
+                mine = commit_oldest(req_id.seq_num)
                 if mine is None:
                     for token, outcome in on_feed(req_id, txn_id):
                         if outcome.kind is OutcomeKind.COMMITTED:
