@@ -144,6 +144,10 @@ class FeedApply:
         """steps[start:end] ran: count them, move the client high-water mark, resolve their appends."""
         applied = committed = 0
         last_applied = -1
+        ended: list[PendingAppend] = []  # the appends committed now, in feed order, and their ids: one commit_all
+        ids: list[int] = []
+        kind: type[PendingAppend] | None = None  # their class, while they are all of one
+        mixed = False
         for txn_id, mine, transaction in steps[start:end]:
             if transaction is not None:
                 applied += 1
@@ -152,7 +156,16 @@ class FeedApply:
                 committed += 1
                 if not mine.ended:
                     mine.ended = True
-                    mine.commit(txn_id)  # does not raise (settle() may: _resolve guards it)
+                    ended.append(mine)
+                    ids.append(txn_id)
+                    if type(mine) is not kind:
+                        mixed, kind = kind is not None, type(mine)
+        if ended:  # commit() and commit_all() do not raise (settle() may: _resolve guards it)
+            if mixed:
+                for token, txn_id in zip(ended, ids, strict=True):
+                    type(token).commit_all((token,), (txn_id,))
+            else:
+                type(ended[0]).commit_all(ended, ids)
         stats = self.env.stats
         stats.applied += applied
         stats.committed += committed

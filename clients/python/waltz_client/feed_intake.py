@@ -98,6 +98,7 @@ class FeedIntake:
         commit_oldest, on_feed = self.monitor.commit_oldest, self.monitor.on_feed
         latency = self.env.latency
         now = time.monotonic() if latency is not None else 0.0
+        sent_at, sent_together = 0.0, 0  # a run of own appends sent at once (one sent_at): one observation
         for entry in islice(entries, len(plain), None):
             req_id = entry.req_id  # the protobuf ReqId: none made for the lookup, nor for the Transaction
             if req_id.partition_id != pid:
@@ -109,7 +110,7 @@ class FeedIntake:
                 break
             mine = None
             if req_id.client_id == client_id:  # only this client's own appends (of this partition) are in the monitor
-                mine = commit_oldest(req_id.seq_num, req_id.generation)
+                mine = commit_oldest(req_id.seq_num)
                 if mine is None:
                     for token, outcome in on_feed(req_id, txn_id):
                         if outcome.kind is OutcomeKind.COMMITTED:
@@ -117,7 +118,12 @@ class FeedIntake:
                         else:  # older appends this commit proves lost: resolved after the apply, so retries see it
                             superseded.append((token, outcome))
                 if mine is not None and latency is not None:
-                    latency.observe(now - mine.sent_at)
+                    if mine.sent_at == sent_at:
+                        sent_together += 1
+                    else:
+                        if sent_together:
+                            latency.observe_counted(now - sent_at, sent_together)
+                        sent_at, sent_together = mine.sent_at, 1
             if txn_id == next_id:
                 next_id += 1
                 data = None if mine is None else mine.data
@@ -133,6 +139,8 @@ class FeedIntake:
                 steps.append((txn_id, mine, FedTransaction(pid, txn_id, req_id, entry.header, fetch, data)))
             elif mine is not None:
                 steps.append((txn_id, mine, None))
+        if sent_together:
+            latency.observe_counted(now - sent_at, sent_together)  # type: ignore[union-attr]  # (counted: not None)
         if source is not None:
             source.last_id = last_foreign
         return steps, superseded, gap_at, foreign, last_foreign

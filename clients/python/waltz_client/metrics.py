@@ -1,7 +1,8 @@
 """Client metrics for Prometheus: a collector that reads the client's counters and partitions at scrape time.
 
-Nothing here runs per append except LatencyHistogram.observe (a bisect and two additions, no lock, no
-label lookup): the counters are the plain integers the client keeps anyway (Stats), read when scraped.
+Nothing here runs per append: LatencyHistogram.observe_counted (a bisect and two additions, no lock, no label lookup)
+runs once per run of a feed message's own appends that were sent together, and the counters are the plain integers
+the client keeps anyway (Stats), read when scraped.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ class LatencyHistogram:
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.total += value
+
+    def observe_counted(self, value: float, count: int) -> None:
+        """observe(value) count times, in one step (appends sent together and committed in one feed message)."""
+        self.counts[bisect_left(self.bounds, value)] += count
+        self.total += value * count
 
     def cumulative(self) -> tuple[list[tuple[str, float]], float]:
         """(le, cumulative count) pairs ending with +Inf, and the sum."""

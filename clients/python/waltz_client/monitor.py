@@ -159,11 +159,12 @@ class TransactionMonitor(Generic[T]):
                 raise ValueError(f"{token}: its sequence number is already registered")
             entries[seq_num] = (token, now, token)  # type: ignore[assignment]  # a ReqIdFields
 
-    def commit_oldest(self, seq_num: int, generation: int) -> T | None:
-        """The common case of on_feed, for the shell's feed loop, given a fed ReqId's sequence number and
-        generation once the shell has checked its client and partition are those of every entry (they are
-        the shell's own appends): if it is the oldest pending entry, resolve it as committed and return its
-        token (nothing older can fail); otherwise change nothing and return None (then call on_feed)."""
+    def commit_oldest(self, seq_num: int) -> T | None:
+        """The common case of on_feed, for the shell's feed loop, given a fed ReqId's sequence number once the
+        shell has checked its client and partition are those of every entry (they are the shell's own appends;
+        the generation does not matter, as for on_feed): if it is the oldest pending entry, resolve it as
+        committed and return its token (nothing older can fail); otherwise change nothing and return None (then
+        call on_feed)."""
         entries = self._entries
         entry = entries.get(seq_num)
         if entry is None or next(iter(entries)) != seq_num:

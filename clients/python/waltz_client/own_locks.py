@@ -43,6 +43,11 @@ class OwnLocks(Generic[T]):
     def parked(self) -> int:
         return len(self._parked_on)
 
+    def idle(self) -> bool:
+        """Whether no token holds or waits for a lock: then admit() of a token without locks and release() of any
+        token change nothing, and a batch of appends without locks can skip them (one test per batch)."""
+        return not (self._held or self._parked_on)
+
     def holds(self, token: T) -> bool:
         """Whether token holds any lock (admitted, or handed one)."""
         return token in self._held

@@ -94,7 +94,8 @@ class ClientPartition(FeedApply):
     def applied_high_water_mark(self) -> int:
         """What the application's state holds, for an execute() on the callback thread: the feed steps move it
         there as soon as an apply returned, before the loop hears of it (client_high_water_mark)."""
-        return max(self.monitor.client_high_water_mark, self._steps.applied)
+        mark, applied = self.monitor._client_hwm, self._steps.applied  # (once per execute(): no calls)
+        return mark if mark > applied else applied
 
     @property
     def mounted(self) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +56,13 @@ class PendingAppend:
     def commit(self, transaction_id: int) -> None:
         """settle() with a COMMITTED outcome: the common path, which needs no Outcome. Must not raise."""
         self.settle(Outcome(OutcomeKind.COMMITTED, transaction_id))
+
+    @classmethod
+    def commit_all(cls, tokens: Sequence[PendingAppend], transaction_ids: Sequence[int]) -> None:
+        """commit() for each token (all of this class, of one partition, ended just now) with its transaction id, in
+        order; a class may do it in one pass (the feed settles a batch's own appends with one call). Must not raise."""
+        for token, transaction_id in zip(tokens, transaction_ids, strict=True):
+            token.commit(transaction_id)
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -90,12 +90,11 @@ class _Submission(PendingAppend, Job):
         self.partition = partition
         self.future = future
         self.attempts = 0  # failed attempts so far
-        self.builder: TransactionBuilder | None = TransactionBuilder(
-            partition.partition_id, partition.monitor.client_high_water_mark)
+        self.builder: TransactionBuilder | None = TransactionBuilder(partition.partition_id, -1)  # mark: run()
 
     def execute(self) -> None:
         """With a slot held: build the append on the callback thread (run, then done)."""
-        self.builder = TransactionBuilder(self.partition.partition_id, self.partition.monitor.client_high_water_mark)
+        self.builder = TransactionBuilder(self.partition.partition_id, -1)  # its mark: run()
         self.submitter.callback_thread.schedule(self)
 
     def run(self) -> Any:
@@ -144,13 +143,21 @@ class _Submission(PendingAppend, Job):
         appends: list[tuple[TransactionBuilder, _Submission]] = []
         partition: ClientPartition | None = None
         others = []
+        idle = False  # the partition's OwnLocks has no holder and nothing parked: appends without locks skip _parks
         for job, value in zip(cast(list[_Submission], jobs), values, strict=True):
             if value is True and (job.partition is partition or partition is None):
-                if job._parks(job.builder):  # type: ignore[arg-type]  # set until done
-                    job.builder = None
-                    continue
-                partition = job.partition
-                appends.append((job.builder, job))  # type: ignore[arg-type]  # set until done
+                if partition is None:
+                    partition = job.partition
+                    idle = partition.own_locks.idle()
+                builder = job.builder
+                assert builder is not None  # set until done
+                if builder._write_locks or builder._read_locks or not idle:
+                    parks = job._parks(builder)
+                    idle = partition.own_locks.idle()
+                    if parks:
+                        job.builder = None
+                        continue
+                appends.append((builder, job))
                 job.builder = None
             else:
                 others.append((job, value))
@@ -194,6 +201,24 @@ class _Submission(PendingAppend, Job):
             self.future.set_result(True)
         except asyncio.InvalidStateError:  # the application cancelled it
             pass
+
+    @classmethod
+    def commit_all(cls, tokens: Sequence[PendingAppend], transaction_ids: Sequence[int]) -> None:
+        """commit() for each (submissions of one partition, so of one client and one Submitter), in order: the
+        own-lock release only while the partition's OwnLocks is in use, the pending count once."""
+        submissions = cast(Sequence[_Submission], tokens)
+        first = submissions[0]
+        if not first.partition.own_locks.idle():
+            for submission in submissions:
+                submission._release_locks()
+        submitter = first.submitter
+        submitter.pending -= len(submissions)
+        if not submitter.pending:
+            submitter._drained.set()
+        for submission in submissions:
+            future = submission.future
+            if not future.done():  # the application may have cancelled it
+                future.set_result(True)
 
     def settle(self, outcome: Outcome) -> None:
         """The append's final outcome (from the partition): its locks go on, whether it ends or executes again."""

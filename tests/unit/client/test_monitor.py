@@ -72,12 +72,12 @@ def test_feed_entries_are_matched_on_every_req_id_field_also_as_protobuf_message
 def test_commit_oldest_is_on_feed_for_the_oldest_pending_append_and_changes_nothing_otherwise() -> None:
     monitor = monitor_with(1, 2, 3)
     for not_oldest in (rid(2), rid(9)):  # the caller matched the client and partition
-        assert monitor.commit_oldest(not_oldest.seq_num, not_oldest.generation) is None
+        assert monitor.commit_oldest(not_oldest.seq_num) is None
     assert monitor.pending_count() == 3
-    assert monitor.commit_oldest(1, 0) == "t1"
-    assert monitor.commit_oldest(1, 0) is None and monitor.pending_count() == 2
+    assert monitor.commit_oldest(1) == "t1"
+    assert monitor.commit_oldest(1) is None and monitor.pending_count() == 2
     assert monitor.on_feed(rid(3), 8) == [failed("t2", SUPERSEDED), ("t3", Outcome.committed(8))]
-    assert monitor.commit_oldest(4, 0) is None  # empty
+    assert monitor.commit_oldest(4) is None  # empty
 
 
 def test_a_remount_fails_nothing_its_pending_appends_are_sent_again() -> None:
