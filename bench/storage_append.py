@@ -11,6 +11,10 @@ step, on a real partition in DIR (default: the system's temporary directory; it 
   fdatasync, the metrics, the answer);
 - floor: os.pwrite + os.fdatasync of the same bytes to a file of its own, in DIR: what durability costs whatever
   the code.
+Worker processes of the same code differ by up to a quarter here at times (the parse, the same code on both sides,
+shows it), so the candidate's workers also run the check of both revisions in one process, request by request in
+turn (the baseline's waltz_storage/batch.py loaded from its file): the row "check, one process" is the steadier
+figure for that step.
 
 The baseline is another revision's storage package (default: where this branch left main, `git merge-base HEAD
 main`), taken from its checkout under the benchmark cache (bench.revisions, as bench.append_bench --baseline makes
@@ -23,6 +27,7 @@ kernel's share of the writes and the fdatasync included) is the figure.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -97,22 +102,52 @@ def measure(requests: list[bytes], directory: Path) -> dict[str, float]:
     return cpu
 
 
+def checks_side_by_side(requests: list[bytes], baseline_batch: Path, records: int) -> tuple[float, float]:
+    """CPU seconds of the baseline's encode_appends (loaded from baseline_batch) and of this process's, over the
+    same parsed requests, each request checked by one then the other (taking turns at going first)."""
+    from waltz.v1 import storage_pb2
+    from waltz_storage.batch import encode_appends
+
+    spec = importlib.util.spec_from_file_location("baseline_batch", baseline_batch)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sides = (module.encode_appends, encode_appends)
+    cpu = [0.0, 0.0]
+    clock = time.process_time
+    for i, raw in enumerate(requests):
+        request = storage_pb2.StorageRequest.FromString(raw).append
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            started = clock()
+            batch = sides[side]((request,), i * records, 4 << 20)
+            cpu[side] += clock() - started
+            if batch is None:
+                raise AssertionError("a request was refused")
+    return cpu[0], cpu[1]
+
+
 def worker(args: argparse.Namespace) -> None:
     requests = build_requests(args.batches, args.records, args.bytes)
     with tempfile.TemporaryDirectory(prefix="waltz-storage-append-", dir=args.dir) as directory:
         measure(requests[: max(1, len(requests) // 10)], Path(directory) / "warmup")  # imports, first files
         cpu = measure(requests, Path(directory) / "run")
+    if args.baseline_batch:
+        cpu["check (baseline, one process)"], cpu["check (candidate, one process)"] = checks_side_by_side(
+            requests, Path(args.baseline_batch), args.records
+        )
     import waltz_storage
 
     print(json.dumps({"cpu": cpu, "package": str(Path(waltz_storage.__file__).parent)}))
 
 
-def run_worker(args: argparse.Namespace, package_root: Path | None) -> dict[str, Any]:
+def run_worker(args: argparse.Namespace, package_root: Path | None, baseline_batch: Path | None) -> dict[str, Any]:
     env = dict(os.environ)
     if package_root is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_root), env.get("PYTHONPATH", "")) if p)
     command = [sys.executable, "-m", "bench.storage_append", "--worker", "--batches", str(args.batches),
                "--records", str(args.records), "--bytes", str(args.bytes)] + (["--dir", args.dir] if args.dir else [])
+    if baseline_batch is not None:
+        command += ["--baseline-batch", str(baseline_batch)]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"storage append worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -129,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bytes", type=int, default=512, help="data bytes per record")
     parser.add_argument("--dir", default=None, help="where the partition and the floor's file are (sets the disk)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline-batch", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker(args)
@@ -137,10 +173,11 @@ def main(argv: list[str] | None = None) -> None:
                                                capture_output=True, text=True, check=True).stdout.strip()
     base = checkout(revision)
     roots = {"baseline": base.path / "services" / "storage", "candidate": None}
+    base_batch = base.path / "services" / "storage" / "waltz_storage" / "batch.py"
     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "candidate": []}
     for r in range(args.rounds):
         for name in ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline"):
-            result = run_worker(args, roots[name])
+            result = run_worker(args, roots[name], None if roots[name] else base_batch)
             expected = str((roots[name] or REPO / "services" / "storage") / "waltz_storage")
             if result["package"] != expected:
                 raise RuntimeError(f"the {name} worker imported {result['package']}, not {expected}")
@@ -154,6 +191,10 @@ def main(argv: list[str] | None = None) -> None:
         old, new = (min(run[step] for run in runs[name]) * per for name in ("baseline", "candidate"))
         print(f"{step:<8} {old:>20.1f} {new:>21.1f} {old / args.records:>7.2f}/{new / args.records:<7.2f} "
               f"{new / old if old else 0.0:>6.2f}")
+    old, new = (min(run[f"check ({name}, one process)"] for run in runs["candidate"]) * per
+                for name in ("baseline", "candidate"))
+    print(f"{'check, one process':<8} {old:>10.1f} {new:>21.1f} {old / args.records:>7.2f}/{new / args.records:<7.2f} "
+          f"{new / old if old else 0.0:>6.2f}")
 
 
 if __name__ == "__main__":
