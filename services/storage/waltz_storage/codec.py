@@ -6,6 +6,8 @@ import struct
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import add
 from typing import NamedTuple
 
 from waltz_common.record_layout import RECORD_CRC as RECORD_CRC
@@ -230,7 +232,7 @@ def index_entry_offset(first_transaction_id: int, transaction_id: int) -> int:
 def encode_index_entries(offsets: Sequence[int], base: int = 0) -> bytes:
     """The index entries of records at these offsets, each plus base."""
     if base:
-        return struct.pack(f">{len(offsets)}q", *[base + offset for offset in offsets])
+        return struct.pack(f">{len(offsets)}q", *map(add, offsets, repeat(base)))
     return struct.pack(f">{len(offsets)}q", *offsets)
 
 

@@ -31,6 +31,10 @@ class SessionContext(MessageSource, Protocol):
     async def write(self, message: storage_pb2.StorageResponse) -> None: ...
 
 
+WriteNow = Callable[[storage_pb2.StorageResponse], bool]
+"""Writes an answer at once if the stream takes it without waiting; False when it must go through write."""
+
+
 class StorageConnection:
     """One server connection: reads requests and has the node serve each (StorageNode.serve): on its
     partition's thread, which answers it (answer, from that thread), or right away; one writer task
@@ -47,6 +51,7 @@ class StorageConnection:
         caller: rules.Caller = rules.PLAINTEXT,
         session_port: int = 0,
         backlog: Callable[[], bool] | None = None,
+        write_now: WriteNow | None = None,
     ) -> None:
         self.node = node
         self.context = context
@@ -54,6 +59,8 @@ class StorageConnection:
         self.session_port = session_port  # advertised in the answer to an Open (0: none)
         # Whether more of the peer's requests have arrived already (unknown on a gRPC stream: False).
         self._backlog = backlog if backlog is not None else _unknown
+        # An answer made on the loop goes straight out through it while nothing waits before it (framed streams).
+        self._write_now = write_now
         self.opened = False
         self._loop = asyncio.get_running_loop()
         self._outbox: deque[storage_pb2.StorageResponse] = deque()
@@ -110,6 +117,11 @@ class StorageConnection:
         quiet = not unanswered and not self._outbox and not self._backlog()
         responses = self.node.serve(StreamRequest(kind, msg, self, self.caller), stream_quiet=quiet)
         if responses is not None:  # served right here
+            write_now = self._write_now
+            if write_now is not None and not self._outbox and len(responses) == 1 and write_now(responses[0]):
+                # Nothing waited to be written before it: sent already, with no hop through the writer task,
+                # and nothing for it to do before the next request is read.
+                return partition_id, False
             self._outbox.extend(responses)
             self._wake_writer()
             return partition_id, True

@@ -81,6 +81,18 @@ class FramedStream:
         frames.write_frame(self._writer, message.SerializeToString())
         await frames.drain_if_full(self._writer)
 
+    def write_now(self, message: storage_pb2.StorageResponse) -> bool:
+        """Write an answer at once, when the transport takes it without a wait (write would not drain); False
+        when it must go through write instead (the peer does not read, or the connection is closing)."""
+        transport = self._writer.transport
+        if transport.is_closing() or transport.get_write_buffer_size() > frames.WRITE_HIGH_WATER_BYTES:
+            return False
+        try:
+            frames.write_frame(self._writer, message.SerializeToString())
+        except Exception:  # the connection broke meanwhile: write finds it so too, and says so
+            return False
+        return True
+
 
 class SessionPort:
     """The listener of storage.sessionPort and its connections (each served by a StorageConnection)."""
@@ -187,7 +199,9 @@ class SessionPort:
             return
         try:
             stream = FramedStream(reader, writer, self._max_frame_bytes)
-            await StorageConnection(self.node, stream, caller, self.advertised_port, stream.backlog).run()
+            await StorageConnection(
+                self.node, stream, caller, self.advertised_port, stream.backlog, stream.write_now
+            ).run()
         finally:
             self._limits.release(peer, True)
         if stream.bad is not None:

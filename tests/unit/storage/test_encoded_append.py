@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from waltz.v1 import storage_pb2
@@ -14,8 +14,8 @@ from waltz_common.types import Record, ReqId, crc32
 from waltz_common.wire import record_to_proto, req_id_to_proto
 from waltz_server.store.api import NewRecord
 from waltz_server.store.wire import encode_pending
-from waltz_storage.batch import encode_appends, encode_records
-from waltz_storage.codec import RECORD_OVERHEAD, RECORD_PREFIX_SIZE
+from waltz_storage.batch import _encoded_offsets, encode_appends, encode_records
+from waltz_storage.codec import RECORD_OVERHEAD, RECORD_PREFIX, RECORD_PREFIX_SIZE
 from waltz_storage.errors import InvalidRequest
 from waltz_storage.protocol import records_from_append
 
@@ -144,3 +144,84 @@ def test_records_and_encoded_records_together_are_refused():
     assert encode_appends([request], 5, 10) is None
     with pytest.raises(InvalidRequest, match=r"both records \(1\) and encoded_records \(50 bytes\)"):
         records_from_append(request)
+
+
+def one_by_one_offsets(encoded: bytes, count: int, first: int, max_record_size: int) -> list[int] | None:
+    """The check of encoded records as it was before the hot path's loop was cut down (e4db9d1), kept as the
+    reference: every test spelled out, record by record."""
+    size = len(encoded)
+    offsets: list[int] = []
+    txn = first
+    start = 0
+    for _ in range(count):
+        if start + RECORD_OVERHEAD > size:
+            return None
+        t, _c, _g, _p, _s, _h, length, checksum = RECORD_PREFIX.unpack_from(encoded, start)
+        data_start = start + RECORD_PREFIX_SIZE
+        end = data_start + length
+        if (
+            t != txn
+            or not 0 <= length <= max_record_size
+            or end + 4 > size
+            or crc32(encoded[data_start:end]) != checksum
+            or crc32(encoded[start:end]) != struct.unpack_from(">i", encoded, end)[0]
+        ):
+            return None
+        offsets.append(start)
+        start = end + 4
+        txn += 1
+    return offsets if start == size else None
+
+
+def resealed(encoded: bytes) -> bytes:
+    """reseal for bytes that may be damaged anywhere: each record's CRC made right again as far as the lengths
+    lead (a length pointing back or past the end stops it)."""
+    raw = bytearray(encoded)
+    offset = 0
+    while offset + RECORD_PREFIX_SIZE <= len(raw):
+        (length,) = struct.unpack_from(">i", raw, offset + RECORD_PREFIX_SIZE - 8)
+        end = offset + RECORD_OVERHEAD + length
+        if not offset < end <= len(raw) or length < 0:
+            break
+        struct.pack_into(">i", raw, end - 4, crc32(bytes(raw[offset : end - 4])))
+        offset = end
+    return bytes(raw)
+
+
+@settings(max_examples=300)
+@example([b"abc", b"de"], None, [(1, 9, b"\x01")], 0, 100, False)  # a ReqId byte: only the record CRC sees it
+@example([b"abc", b"de"], None, [(1, 32, b"\x01")], 0, 100, True)  # the data checksum, the record CRC made right
+@given(
+    st.lists(st.binary(max_size=300), max_size=6),
+    st.one_of(st.none(), st.integers(-1, 8)),
+    st.lists(
+        st.tuples(
+            st.integers(0, 5),
+            st.one_of(st.integers(RECORD_PREFIX_SIZE - 8, RECORD_PREFIX_SIZE), st.integers(0, RECORD_OVERHEAD + 4)),
+            st.binary(min_size=1, max_size=4),
+        ),
+        max_size=2,
+    ),
+    st.one_of(st.just(0), st.integers(1, 3)),
+    st.sampled_from([0, 1, 100, 300]),
+    st.booleans(),
+)
+def test_the_hot_paths_check_agrees_with_the_record_by_record_one(datas, count, patches, cut, limit, reseal_them):
+    """Random batches, damaged at random (bytes overwritten, their CRCs made right again or not, a cut, a wrong
+    count or limit): the hot path's check finds exactly what the record-by-record reference finds, and where
+    both take the batch, the same offsets."""
+    records = [good(7 + i, data) for i, data in enumerate(datas)]
+    raw = bytearray(encoded_request(7, records).encoded_records)
+    starts = [sum(RECORD_OVERHEAD + len(d) for d in datas[:i]) for i in range(len(datas) + 1)]
+    for i, at, value in patches:  # at: a place in record i's prefix, or its first data bytes, or its CRC if short
+        place = starts[min(i, len(datas))] + at
+        raw[place : place + len(value)] = value
+    encoded = bytes(raw[: max(0, len(raw) - cut)])
+    if reseal_them:
+        encoded = resealed(encoded)
+    n = len(records) if count is None else count
+    expected = one_by_one_offsets(encoded, n, 7, limit)
+    assert _encoded_offsets(encoded, n, 7, limit) == expected
+    whole = encoded == encoded_request(7, records).encoded_records and n == len(records)
+    if whole and max(map(len, datas), default=0) <= limit:
+        assert expected == starts[:-1]
