@@ -72,6 +72,13 @@ def build_messages(count: int, batch_size: int, locks: bool) -> list[bytes]:
     return messages
 
 
+def _storage_request() -> Any:
+    """The function the revision's store session builds an append's storage request with."""
+    from waltz_server.store import store_session, wire
+
+    return getattr(store_session, "storage_append_request", wire.append_pending_request)
+
+
 class _MemoryStore:
     """A StorePartition in memory: each batch is encoded and serialized as the store session sends it to its
     replicas, and commits on the next turn of the loop."""
@@ -94,10 +101,8 @@ class _MemoryStore:
         pass
 
     async def begin_append(self, records: Any) -> asyncio.Future[int]:
-        from waltz_server.store.wire import append_pending_request
-
         first, self._next = self._next, self._next + len(records)
-        request = append_pending_request(7, PARTITION, first, records, self.high_water_mark)
+        request = _storage_request()(7, PARTITION, first, records, self.high_water_mark)
         self.encoded_bytes += len(request.SerializeToString())
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from waltz.v1 import common_pb2, server_pb2
 from waltz_server.cache_budget import FEED_ENTRY_BYTES, CacheBudget
@@ -28,7 +29,17 @@ class PartitionClosed(Exception):
     """The partition was closed (it moved to another server, or the server is stopping)."""
 
 
-def prepared_feed(first: int, requests: Iterable[server_pb2.AppendRequest]) -> server_pb2.ServerMessage:
+class FeedEntrySource(Protocol):
+    """What a feed entry is made of: an AppendRequest, or the partition's queued append (which read them once)."""
+
+    @property
+    def req_id(self) -> common_pb2.ReqId: ...
+
+    @property
+    def header(self) -> int: ...
+
+
+def prepared_feed(first: int, requests: Iterable[FeedEntrySource]) -> server_pb2.ServerMessage:
     """The feed message of a batch of appends as transactions first.., built in place before the batch
     commits (while the replicas write it); should it commit with other ids, publish renumbers it."""
     message = server_pb2.ServerMessage()
