@@ -267,7 +267,7 @@ class AppendPipeline(Generic[A]):
                     continue
                 item.checked = version
             if locked and holders:
-                held = next((h for h in (*item.locks.write, *item.locks.read) if h in holders), None)
+                held = next((h for h in item.locks.checked if h in holders), None)
                 if held is not None:  # doomed: the holder's commit fails it, also behind a blocking append
                     self._doomed.setdefault(held, []).append(item)
                     self._doomed_count += 1
@@ -301,7 +301,7 @@ class AppendPipeline(Generic[A]):
         holders = self._holders
         for item in batch:
             if item.locks.any:
-                for h in (*item.locks.write, *item.locks.append):
+                for h in item.locks.recorded:
                     holders[h] = item
         self._in_flight.append(batch)
         self._in_flight_count += len(batch)
@@ -329,7 +329,7 @@ class AppendPipeline(Generic[A]):
                     self._locks.commit(item.locks, first_transaction_id + offset)
                 self._locks.end(item.locks)
                 conflict = first_transaction_id + offset if offset < kept else committed_up_to
-                for h in (*item.locks.write, *item.locks.append):
+                for h in item.locks.recorded:
                     if holders.get(h) is item:
                         del holders[h]
                         for waiter in doomed.pop(h, ()):
