@@ -45,10 +45,10 @@ class _Message:
 
 class _Append(QueuedAppend[_Message]):
     """A queued append with the fields the partition read from its request when it took it, so that nothing after
-    reads them again: its ReqId (the feed entry's), sequence number, header and its record for the store (all but
-    the transaction id: pending_batch)."""
+    reads them again: its ReqId's generation and sequence number, its header (the feed entry's fields, with the
+    partition's id) and its record for the store (all but the transaction id: pending_batch)."""
 
-    __slots__ = ("header", "record", "req_id", "request", "seq_num")
+    __slots__ = ("generation", "header", "record", "request", "seq_num")
 
     def __init__(
         self,
@@ -59,7 +59,7 @@ class _Append(QueuedAppend[_Message]):
         origin: _Message,
         ticket: int,
         request: server_pb2.AppendRequest,
-        req_id: common_pb2.ReqId,
+        generation: int,
         seq_num: int,
         header: int,
         record: bytes,
@@ -72,7 +72,7 @@ class _Append(QueuedAppend[_Message]):
         self.ticket = ticket
         self.checked = -1
         self.request = request
-        self.req_id = req_id
+        self.generation = generation
         self.seq_num = seq_num
         self.header = header
         self.record = record
@@ -178,7 +178,7 @@ class Partition(MountedRequests):
         if self._pipeline is not None:
             message = f"partition {self.partition_id} was closed"
             for item in self._pipeline.drop(lambda _: True):
-                self._reject(item.origin.stream, item.req_id, Reason.PARTITION_NOT_READY, message)
+                self._reject(item.origin.stream, item.request.req_id, Reason.PARTITION_NOT_READY, message)
         self._pending.drop_waiters()
         self._room.set()
         self.feeds.close()
@@ -214,7 +214,7 @@ class Partition(MountedRequests):
             self.metrics.generation.set(generation)
         await self.store.set_generation(generation)
         if self._pipeline is not None:
-            stale = self._pipeline.drop(lambda item: item.req_id.generation != generation)
+            stale = self._pipeline.drop(lambda item: item.generation != generation)
             for item in stale:
                 self._resolve_unsent(item, Reason.WRONG_GENERATION, self._generation_message(generation))
 
@@ -342,12 +342,9 @@ class Partition(MountedRequests):
                 continue
             header = request.header
             record = pack(client_id, generation, partition_id, seq_num, header, size, checksum) + data
-            offer(
-                _Append(
-                    client_id, client_hwm, locks, size, origin, offered(client_id), request, req_id, seq_num, header,
-                    record,
-                )
-            )
+            ticket = offered(client_id)
+            offer(_Append(client_id, client_hwm, locks, size, origin, ticket, request, generation, seq_num, header,
+                          record))
 
     def _client_mark_problem(self, client_hwm: int, hwm: int) -> str:
         """An append's client high-water mark outside -1 .. the partition's: its lock check would be meaningless
@@ -465,7 +462,7 @@ class Partition(MountedRequests):
         if prepared:
             previous = prepared[-1][1].feed.transactions
             first = previous[0].transaction_id + len(previous)
-        prepared.append((batch[0], prepared_feed(first, batch)))
+        prepared.append((batch[0], prepared_feed(first, self.partition_id, batch)))
 
     def _apply(self, resolved: Resolved[_Append]) -> None:
         """Publish committed appends to the feeds at once; the rest (data cache, metrics, flushes waiting for
@@ -478,7 +475,7 @@ class Partition(MountedRequests):
             message = self._prepared.popleft()[1]
         if committed:
             if message is None or len(message.feed.transactions) != len(committed):  # part of a failed batch
-                message = prepared_feed(committed[0][1], [item for item, _ in committed])
+                message = prepared_feed(committed[0][1], self.partition_id, [item for item, _ in committed])
             self.feeds.publish(committed[0][1], message, (item.request for item, _ in committed))
         asyncio.get_running_loop().call_soon(self._settle, resolved, now)
 
@@ -521,7 +518,7 @@ class Partition(MountedRequests):
 
     def _answer_lock_failures(self, failures: list[tuple[_Append, int]]) -> None:
         for item, transaction_id in failures:
-            failure = server_pb2.LockFailure(req_id=item.req_id, transaction_id=transaction_id)
+            failure = server_pb2.LockFailure(req_id=item.request.req_id, transaction_id=transaction_id)
             item.origin.stream.send_control(server_pb2.ServerMessage(lock_failure=failure))
             if self.metrics is not None:
                 self.metrics.appends["lock_failure"].inc()
@@ -535,7 +532,7 @@ class Partition(MountedRequests):
             self.metrics.appends["rejected"].inc()
 
     def _resolve_unsent(self, item: _Append, reason: Reason.ValueType, message: str) -> None:
-        self._reject(item.origin.stream, item.req_id, reason, message)
+        self._reject(item.origin.stream, item.request.req_id, reason, message)
         self._resolved(item)
 
     def _generation_message(self, generation: int) -> str:

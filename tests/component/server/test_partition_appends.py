@@ -149,7 +149,7 @@ def test_close_refuses_queued_appends():
 def test_the_records_a_partition_hands_the_store_encode_as_its_requests_do():
     """The partition packs each append's record once, when it takes it (pending_batch): every batch's storage
     request is byte for byte the one store.wire builds from the batch's AppendRequests, whatever the clients,
-    headers, data and rejections in between."""
+    headers, data and rejections in between; and the feed carries each append's whole ReqId and header."""
     import random
 
     from waltz_server.pending_batch import storage_append_request
@@ -176,7 +176,7 @@ def test_the_records_a_partition_hands_the_store_encode_as_its_requests_do():
         for client, stream in streams.items():
             partition.mount(stream, mount(client_id=client))
         seqs = dict.fromkeys(streams, 0)
-        expected = 0
+        accepted = []
         for _ in range(30):
             client = rng.choice(list(streams))
             batch = []
@@ -187,12 +187,16 @@ def test_the_records_a_partition_hands_the_store_encode_as_its_requests_do():
                 if rng.random() < 0.1:
                     request.checksum ^= 1  # rejected: it must not shift the records after it
                 else:
-                    expected += 1
+                    accepted.append(request)
                 batch.append(request)
             await partition.submit(streams[client], batch)
         await settle(50)
-        assert partition.high_water_mark == expected - 1
+        assert partition.high_water_mark == len(accepted) - 1
         assert store.requests and all(ours == theirs for ours, theirs in store.requests)
+        fed = [f for batch in streams[1].of("feed") for f in batch.transactions]
+        assert [(f.transaction_id, f.req_id, f.header) for f in fed] == [
+            (i, r.req_id, r.header) for i, r in enumerate(accepted)
+        ]
         await partition.close()
 
     run(scenario)
