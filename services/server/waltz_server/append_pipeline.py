@@ -211,7 +211,9 @@ class AppendPipeline(Generic[A]):
         self._blocked_locks: set[int] = set()
         self._building: list[A] = []
         self._building_bytes = 0
+        self._building_locked = 0  # appends with locks in the batch being built (none: no per-append lock work)
         self._in_flight: deque[list[A]] = deque()  # oldest first
+        self._in_flight_locked: deque[int] = deque()  # of each, the appends with locks
         self._in_flight_count = 0
         self._holders: dict[int, A] = {}  # lock hash -> the in-flight append writing or appending it
         self._doomed: dict[int, list[A]] = {}  # lock hash -> appends failed by its holder's outcome
@@ -251,7 +253,7 @@ class AppendPipeline(Generic[A]):
         # the loop runs once per append: the checks of an append without locks are written out inline
         blocked_clients, blocked_locks = self._blocked_clients, self._blocked_locks
         building, max_count, max_bytes = self._building, self._max_count, self._max_bytes
-        building_bytes = self._building_bytes
+        building_bytes, building_locked = self._building_bytes, self._building_locked
         locks = self._locks
         version = locks.version
         holders = self._holders
@@ -288,7 +290,8 @@ class AppendPipeline(Generic[A]):
                 continue
             building.append(item)
             building_bytes += item.size
-        self._building_bytes = building_bytes
+            building_locked += locked
+        self._building_bytes, self._building_locked = building_bytes, building_locked
         self._waiting = kept
         self._scanned = len(kept)
         return failures
@@ -298,12 +301,15 @@ class AppendPipeline(Generic[A]):
         if len(self._in_flight) >= self._max_in_flight or not self._building:
             return None
         batch, self._building, self._building_bytes = self._building, [], 0
-        holders = self._holders
-        for item in batch:
-            if item.locks.any:
-                for h in item.locks.recorded:
-                    holders[h] = item
+        locked, self._building_locked = self._building_locked, 0
+        if locked:
+            holders = self._holders
+            for item in batch:
+                if item.locks.any:
+                    for h in item.locks.recorded:
+                        holders[h] = item
         self._in_flight.append(batch)
+        self._in_flight_locked.append(locked)
         self._in_flight_count += len(batch)
         self._rescan()
         return batch
@@ -316,6 +322,7 @@ class AppendPipeline(Generic[A]):
     def failed(self, first_transaction_id: int, committed_up_to: int) -> Resolved[A]:
         """The oldest in-flight batch broke; its appends with an id at or below committed_up_to committed."""
         batch = self._in_flight.popleft() if self._in_flight else []
+        locked = self._in_flight_locked.popleft() if self._in_flight_locked else 0
         self._in_flight_count -= len(batch)
         kept = max(0, min(len(batch), committed_up_to - first_transaction_id + 1))
         ids = range(first_transaction_id, first_transaction_id + kept)
@@ -323,7 +330,7 @@ class AppendPipeline(Generic[A]):
         failed = batch[kept:]
         lock_failures: list[tuple[A, int]] = []
         holders, doomed = self._holders, self._doomed
-        for offset, item in enumerate(batch):
+        for offset, item in enumerate(batch if locked else ()):
             if item.locks.any:
                 if offset < kept:
                     self._locks.commit(item.locks, first_transaction_id + offset)
@@ -348,6 +355,7 @@ class AppendPipeline(Generic[A]):
                 self._locks.end(item.locks)
         self._building = [item for item in self._building if not which(item)]
         self._building_bytes = sum(item.size for item in self._building)
+        self._building_locked = sum(item.locks.any for item in self._building)
         doomed = [item for waiters in self._doomed.values() for item in waiters if which(item)]
         if doomed:
             for h, waiters in list(self._doomed.items()):
