@@ -258,7 +258,10 @@ class ClientStream:
             pid = requests[0].req_id.partition_id
             partition = self._manager.get(pid)
             if partition is not None:
-                requests = await partition.submit(self, requests)
+                rest = await partition.submit(self, requests)
+                if len(rest) >= len(requests):  # (it took none: a partition under another id would loop for ever)
+                    raise RuntimeError(f"partition {pid} took none of its appends")
+                requests = rest
                 continue
             if 0 <= pid < self._manager.num_partitions:
                 reason, text = Reason.PARTITION_NOT_READY, self._not_here(pid)
