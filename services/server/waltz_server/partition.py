@@ -503,8 +503,10 @@ class Partition(MountedRequests):
         self._sequences.forget_silent(self._pending.pending)
         if self.metrics is not None:
             m = self.metrics
-            m.appends["ok"].inc(len(committed))
-            m.appends["failed"].inc(len(resolved.failed))
+            if committed:
+                m.appends["ok"].inc(len(committed))
+            if resolved.failed:
+                m.appends["failed"].inc(len(resolved.failed))
         for waiter in self._pending.resolved_all(item for item, _ in committed):
             waiter()
         for waiter in self._pending.resolved_all(resolved.failed):
