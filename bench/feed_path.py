@@ -27,19 +27,16 @@ import cProfile
 import json
 import os
 import pstats
-import subprocess
-import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.revisions import CACHE, REPO, resolve
+from bench import package_baseline
 
 OTHER_CLIENT = 7  # the writer of every fed transaction: not the benchmark's client
 CLIENT_ID = 1
 PARTITION = 0
+TREE = "clients/python"
 
 
 def build_messages(count: int, batch_size: int) -> list[bytes]:
@@ -140,76 +137,27 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps({"applied": applied, "wall": wall, "cpu": cpu, "package": package}))
 
 
-def export(revision: str) -> tuple[str, Path]:
-    """The revision's client package exported once under the benchmark cache: (commit, its clients/python)."""
-    commit = resolve(revision)
-    path = CACHE / f"feed-path-{commit}"
-    if not (path / "clients" / "python" / "waltz_client").is_dir():
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile() as archive:
-            subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit, "clients/python"],
-                           stdout=archive, check=True)
-            archive.seek(0)
-            with tarfile.open(fileobj=archive) as tar:
-                tar.extractall(path, filter="data")
-    return commit, path / "clients" / "python"
-
-
-def run_worker(args: argparse.Namespace, package_root: Path | None) -> dict[str, Any]:
-    env = dict(os.environ)
-    if package_root is not None:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_root), env.get("PYTHONPATH", "")) if p)
-    command = [sys.executable, "-m", "bench.feed_path", "--worker", "--messages", str(args.messages),
-               "--batch-size", str(args.batch_size)] + (["--keep-transactions"] if args.keep_transactions else [])
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"feed worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", default=None, help="the baseline revision (default: git merge-base HEAD main)")
-    parser.add_argument("--rounds", type=int, default=5, help="worker runs per revision (alternating order)")
     parser.add_argument("--messages", type=int, default=400, help="feed messages per run")
     parser.add_argument("--batch-size", type=int, default=250, help="entries per feed message")
     parser.add_argument("--keep-transactions", action="store_true",
                         help="the application keeps the Transaction objects (not only their ids)")
-    parser.add_argument("--profile", action="store_true", help="profile the candidate under cProfile instead")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    package_baseline.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.worker or args.profile:
         worker(args)
         return
-    revision = args.baseline or subprocess.run(["git", "-C", str(REPO), "merge-base", "HEAD", "main"],
-                                               capture_output=True, text=True, check=True).stdout.strip()
-    commit, root = export(revision)
-    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "candidate": []}
-    for r in range(args.rounds):
-        order = ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline")
-        for name in order:
-            result = run_worker(args, root if name == "baseline" else None)
-            expected = str(root / "waltz_client") if name == "baseline" else str(REPO / "clients/python/waltz_client")
-            if result["package"] != expected:
-                raise RuntimeError(f"the {name} worker imported {result['package']}, not {expected}")
-            runs[name].append(result)
+    arguments = ["--messages", str(args.messages), "--batch-size", str(args.batch_size)] + (
+        ["--keep-transactions"] if args.keep_transactions else [])
+    names, runs = package_baseline.compare(args, TREE, "waltz_client", "bench.feed_path", arguments)
     entries = args.messages * args.batch_size
     kept = "Transaction objects" if args.keep_transactions else "ids"
     print(f"feed path: {args.messages} messages x {args.batch_size} entries = {entries:,} transactions per run "
           f"(the application keeps their {kept}), "
           f"{args.rounds} rounds, best; load average {os.getloadavg()[0]:.2f}")
-    print(f"baseline {revision} = {commit[:12]}; candidate = this checkout")
-    print(f"{'revision':<12} {'entries/s':>12} {'CPU us/entry':>13} {'wall s':>8}")
-    rows = {}
-    for name, results in runs.items():
-        rate = max(x["applied"] / x["wall"] for x in results)
-        cpu = min(x["cpu"] / x["applied"] * 1e6 for x in results)
-        rows[name] = (rate, cpu)
-        print(f"{name:<12} {rate:>12,.0f} {cpu:>13.2f} {min(x['wall'] for x in results):>8.3f}")
-    (base_rate, base_cpu), (rate, cpu) = rows["baseline"], rows["candidate"]
-    print(f"{'ratio':<12} {rate / base_rate:>12.2f} {cpu / base_cpu:>13.2f}   (candidate / baseline)")
-
+    print(names)
+    package_baseline.print_table(runs, "applied", "entry", "entries")
 
 if __name__ == "__main__":
     main()

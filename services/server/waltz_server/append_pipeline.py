@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from waltz_server.locks import LockRequest, LockTable
 
@@ -51,17 +51,21 @@ class QueuedAppend(Generic[T]):
         return self.locks.any
 
 
+A = TypeVar("A", bound=QueuedAppend[Any])
+"""What an AppendPipeline queues: a QueuedAppend (or a subclass with the shell's fields)."""
+
+
 @dataclass(frozen=True, slots=True)
-class Resolved(Generic[T]):
+class Resolved(Generic[A]):
     """The outcome of a batch: committed appends with their ids, and appends that failed."""
 
-    committed: list[tuple[QueuedAppend[T], int]]
-    failed: list[QueuedAppend[T]]
-    lock_failures: list[tuple[QueuedAppend[T], int]]
+    committed: list[tuple[A, int]]
+    failed: list[A]
+    lock_failures: list[tuple[A, int]]
     """Appends that waited on the batch's locks (AppendPipeline: doomed): answer LockFailure with the id, around the
     publication of the batch's commits as answer_order() says."""
 
-    def answer_order(self) -> tuple[list[tuple[QueuedAppend[T], int]], list[tuple[QueuedAppend[T], int]]]:
+    def answer_order(self) -> tuple[list[tuple[A, int]], list[tuple[A, int]]]:
         """The lock failures to answer before the batch's commits are published, and those after. A client hears its
         appends' outcomes in order, so a doomed append whose client has an append among the commits is answered
         first. Any other after the feed: its client needs the failure and the conflicting commit applied before it
@@ -174,7 +178,7 @@ class ClientPending(Generic[T]):
         return waiters
 
 
-class AppendPipeline(Generic[T]):
+class AppendPipeline(Generic[A]):
     """Queued appends -> lock check -> the next batch -> batches at the store -> resolution.
 
     An append whose locks meet an in-flight (accepted, unresolved) transaction's locks waits
@@ -201,16 +205,18 @@ class AppendPipeline(Generic[T]):
         self._max_in_flight = max_in_flight
         self._max_count = max_batch_size
         self._max_bytes = max_batch_bytes
-        self._waiting: deque[QueuedAppend[T]] = deque()
+        self._waiting: deque[A] = deque()
         self._scanned = 0  # waiting[:scanned] were examined since the last change that could free them
         self._blocked_clients: set[int] = set()
         self._blocked_locks: set[int] = set()
-        self._building: list[QueuedAppend[T]] = []
+        self._building: list[A] = []
         self._building_bytes = 0
-        self._in_flight: deque[list[QueuedAppend[T]]] = deque()  # oldest first
+        self._building_locked = 0  # appends with locks in the batch being built (none: no per-append lock work)
+        self._in_flight: deque[list[A]] = deque()  # oldest first
+        self._in_flight_locked: deque[int] = deque()  # of each, the appends with locks
         self._in_flight_count = 0
-        self._holders: dict[int, QueuedAppend[T]] = {}  # lock hash -> the in-flight append writing or appending it
-        self._doomed: dict[int, list[QueuedAppend[T]]] = {}  # lock hash -> appends failed by its holder's outcome
+        self._holders: dict[int, A] = {}  # lock hash -> the in-flight append writing or appending it
+        self._doomed: dict[int, list[A]] = {}  # lock hash -> appends failed by its holder's outcome
         self._doomed_count = 0
 
     def __len__(self) -> int:
@@ -232,22 +238,22 @@ class AppendPipeline(Generic[T]):
         """Batches taken for the store and not resolved yet."""
         return len(self._in_flight)
 
-    def offer(self, append: QueuedAppend[T]) -> None:
+    def offer(self, append: A) -> None:
         self._waiting.append(append)
 
-    def poll(self) -> list[tuple[QueuedAppend[T], int]]:
+    def poll(self) -> list[tuple[A, int]]:
         """Lock-check the waiting appends that may go now; returns the lock failures."""
-        failures: list[tuple[QueuedAppend[T], int]] = []
+        failures: list[tuple[A, int]] = []
         waiting = self._waiting
         if self._scanned == len(waiting):
             return failures  # nothing new, and nothing resolved that could free what waits
-        kept: deque[QueuedAppend[T]] = deque()
+        kept: deque[A] = deque()
         for _ in range(self._scanned):
             kept.append(waiting.popleft())
         # the loop runs once per append: the checks of an append without locks are written out inline
         blocked_clients, blocked_locks = self._blocked_clients, self._blocked_locks
         building, max_count, max_bytes = self._building, self._max_count, self._max_bytes
-        building_bytes = self._building_bytes
+        building_bytes, building_locked = self._building_bytes, self._building_locked
         locks = self._locks
         version = locks.version
         holders = self._holders
@@ -263,7 +269,7 @@ class AppendPipeline(Generic[T]):
                     continue
                 item.checked = version
             if locked and holders:
-                held = next((h for h in (*item.locks.write, *item.locks.read) if h in holders), None)
+                held = next((h for h in item.locks.checked if h in holders), None)
                 if held is not None:  # doomed: the holder's commit fails it, also behind a blocking append
                     self._doomed.setdefault(held, []).append(item)
                     self._doomed_count += 1
@@ -284,48 +290,53 @@ class AppendPipeline(Generic[T]):
                 continue
             building.append(item)
             building_bytes += item.size
-        self._building_bytes = building_bytes
+            building_locked += locked
+        self._building_bytes, self._building_locked = building_bytes, building_locked
         self._waiting = kept
         self._scanned = len(kept)
         return failures
 
-    def take_batch(self) -> list[QueuedAppend[T]] | None:
+    def take_batch(self) -> list[A] | None:
         """The next batch for the store, when one is ready and fewer than max_in_flight are out."""
         if len(self._in_flight) >= self._max_in_flight or not self._building:
             return None
         batch, self._building, self._building_bytes = self._building, [], 0
-        holders = self._holders
-        for item in batch:
-            if item.locks.any:
-                for h in (*item.locks.write, *item.locks.append):
-                    holders[h] = item
+        locked, self._building_locked = self._building_locked, 0
+        if locked:
+            holders = self._holders
+            for item in batch:
+                if item.locks.any:
+                    for h in item.locks.recorded:
+                        holders[h] = item
         self._in_flight.append(batch)
+        self._in_flight_locked.append(locked)
         self._in_flight_count += len(batch)
         self._rescan()
         return batch
 
-    def committed(self, first_transaction_id: int) -> Resolved[T]:
+    def committed(self, first_transaction_id: int) -> Resolved[A]:
         """The oldest in-flight batch committed with dense ids from first_transaction_id."""
         size = len(self._in_flight[0]) if self._in_flight else 0
         return self.failed(first_transaction_id, first_transaction_id + size - 1)
 
-    def failed(self, first_transaction_id: int, committed_up_to: int) -> Resolved[T]:
+    def failed(self, first_transaction_id: int, committed_up_to: int) -> Resolved[A]:
         """The oldest in-flight batch broke; its appends with an id at or below committed_up_to committed."""
         batch = self._in_flight.popleft() if self._in_flight else []
+        locked = self._in_flight_locked.popleft() if self._in_flight_locked else 0
         self._in_flight_count -= len(batch)
         kept = max(0, min(len(batch), committed_up_to - first_transaction_id + 1))
         ids = range(first_transaction_id, first_transaction_id + kept)
-        committed: list[tuple[QueuedAppend[T], int]] = list(zip(batch[:kept], ids, strict=True))
+        committed: list[tuple[A, int]] = list(zip(batch[:kept], ids, strict=True))
         failed = batch[kept:]
-        lock_failures: list[tuple[QueuedAppend[T], int]] = []
+        lock_failures: list[tuple[A, int]] = []
         holders, doomed = self._holders, self._doomed
-        for offset, item in enumerate(batch):
+        for offset, item in enumerate(batch if locked else ()):
             if item.locks.any:
                 if offset < kept:
                     self._locks.commit(item.locks, first_transaction_id + offset)
                 self._locks.end(item.locks)
                 conflict = first_transaction_id + offset if offset < kept else committed_up_to
-                for h in (*item.locks.write, *item.locks.append):
+                for h in item.locks.recorded:
                     if holders.get(h) is item:
                         del holders[h]
                         for waiter in doomed.pop(h, ()):
@@ -334,7 +345,7 @@ class AppendPipeline(Generic[T]):
         self._rescan()
         return Resolved(committed, failed, lock_failures)
 
-    def drop(self, which: Callable[[QueuedAppend[T]], bool]) -> list[QueuedAppend[T]]:
+    def drop(self, which: Callable[[A], bool]) -> list[A]:
         """Remove the waiting and batched (not in-flight) appends `which` selects; returns them."""
         dropped = [item for item in self._waiting if which(item)]
         self._waiting = deque(item for item in self._waiting if not which(item))
@@ -344,6 +355,7 @@ class AppendPipeline(Generic[T]):
                 self._locks.end(item.locks)
         self._building = [item for item in self._building if not which(item)]
         self._building_bytes = sum(item.size for item in self._building)
+        self._building_locked = sum(item.locks.any for item in self._building)
         doomed = [item for waiters in self._doomed.values() for item in waiters if which(item)]
         if doomed:
             for h, waiters in list(self._doomed.items()):
@@ -352,7 +364,7 @@ class AppendPipeline(Generic[T]):
         self._rescan()
         return dropped + batched + doomed
 
-    def _block(self, item: QueuedAppend[T]) -> None:
+    def _block(self, item: A) -> None:
         self._blocked_clients.add(item.client_id)
         self._blocked_locks.update(item.all_locks)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 
 import grpc
 
@@ -249,23 +249,32 @@ class ClientStream:
         else:  # nothing to answer it with (no ReqId): say so and end the stream rather than drop it unseen
             raise StreamAborted(grpc.StatusCode.INVALID_ARGUMENT, EMPTY_MESSAGE)
 
-    async def _appends(self, requests: Iterable[server_pb2.AppendRequest]) -> None:
+    async def _appends(self, requests: Sequence[server_pb2.AppendRequest]) -> None:
+        """Hand the appends to their partitions: the first one's partition takes its own and hands back the others
+        (in order), which go the same way; each append's partition is read once, by the partition that takes it."""
         if self._identities is not None:
             requests = await self._permitted(requests)
-        by_partition: dict[int, list[server_pb2.AppendRequest]] = {}
-        for request in requests:
-            by_partition.setdefault(request.req_id.partition_id, []).append(request)
-        for pid, batch in by_partition.items():
+        while requests:
+            pid = requests[0].req_id.partition_id
             partition = self._manager.get(pid)
             if partition is not None:
-                await partition.submit(self, batch)
+                rest = await partition.submit(self, requests)
+                if len(rest) >= len(requests):  # (it took none: a partition under another id would loop for ever)
+                    raise RuntimeError(f"partition {pid} took none of its appends")
+                requests = rest
                 continue
             if 0 <= pid < self._manager.num_partitions:
                 reason, text = Reason.PARTITION_NOT_READY, self._not_here(pid)
             else:
                 reason, text = Reason.INVALID, self._no_such(pid)
-            for request in batch:
-                self.send_control(rejected(request.req_id, reason, text))
+            others: list[server_pb2.AppendRequest] = []
+            for request in requests:
+                req_id = request.req_id
+                if req_id.partition_id == pid:
+                    self.send_control(rejected(req_id, reason, text))
+                else:
+                    others.append(request)
+            requests = others
 
     # client identity (mutual TLS): a client id is used only by the identity it is bound to
 

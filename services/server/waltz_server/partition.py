@@ -23,6 +23,7 @@ from waltz_server.metrics import PartitionMetrics
 from waltz_server.mounts import MountRegistry
 from waltz_server.partition_feeds import PartitionFeeds, prepared_feed
 from waltz_server.partition_requests import MountedRequests
+from waltz_server.pending_batch import RECORD_BODY, PendingBatch
 from waltz_server.sequences import SequenceWindow
 from waltz_server.store.api import StorePartition, StoreUnavailable
 from waltz_server.store_batches import StoreBatches, wait_store_ready
@@ -34,12 +35,47 @@ Reason = server_pb2.AppendRejected.Reason
 _NO_LOCKS = LockRequest()
 
 
-@dataclass(slots=True)
-class _Origin:
+@dataclass(slots=True, eq=False)
+class _Message:
+    """The client message appends came in: what their answers and their commit latency need, one per message."""
+
     stream: StreamPort
-    request: server_pb2.AppendRequest
     arrived: float
-    seq_num: int = 0
+
+
+class _Append(QueuedAppend[_Message]):
+    """A queued append with the fields the partition read from its request when it took it, so that nothing after
+    reads them again: its ReqId's generation and sequence number, its header (the feed entry's fields, with the
+    partition's id) and its record for the store (all but the transaction id: pending_batch)."""
+
+    __slots__ = ("generation", "header", "record", "request", "seq_num")
+
+    def __init__(
+        self,
+        client_id: int,
+        client_high_water_mark: int,
+        locks: LockRequest,
+        size: int,
+        origin: _Message,
+        ticket: int,
+        request: server_pb2.AppendRequest,
+        generation: int,
+        seq_num: int,
+        header: int,
+        record: bytes,
+    ) -> None:
+        self.client_id = client_id
+        self.client_high_water_mark = client_high_water_mark
+        self.locks = locks
+        self.size = size
+        self.origin = origin
+        self.ticket = ticket
+        self.checked = -1
+        self.request = request
+        self.generation = generation
+        self.seq_num = seq_num
+        self.header = header
+        self.record = record
 
 
 def rejected(
@@ -52,8 +88,8 @@ def rejected(
     )
 
 
-def _pending_records(batch: list[QueuedAppend[_Origin]]) -> list[server_pb2.AppendRequest]:
-    return [item.origin.request for item in batch]  # an AppendRequest is a PendingRecord as it is
+def _pending_records(batch: list[_Append]) -> PendingBatch:
+    return PendingBatch([item.request for item in batch], [item.record for item in batch])
 
 
 class Partition(MountedRequests):
@@ -84,8 +120,8 @@ class Partition(MountedRequests):
         self._work = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
-        self._pipeline: AppendPipeline[_Origin] | None = None
-        self._batches: StoreBatches[_Origin] | None = None
+        self._pipeline: AppendPipeline[_Append] | None = None
+        self._batches: StoreBatches[_Append] | None = None
         self._pending: ClientPending[Callable[[], None]] = ClientPending()
         self._mounts = MountRegistry()
         self._sequences = SequenceWindow(settings.resend_window)
@@ -93,7 +129,7 @@ class Partition(MountedRequests):
             partition_id, store, settings.feed_cache_size, settings.feed_batch_size, settings.feed_fetch_size, budget,
             settings.feed_inline_max_bytes,
         )
-        self._prepared: deque[tuple[QueuedAppend[_Origin], server_pb2.ServerMessage]] = deque()
+        self._prepared: deque[tuple[_Append, server_pb2.ServerMessage]] = deque()
         """The feed message of each batch at the store, oldest first, with the batch's first append."""
         self.data_cache = DataCache(settings.data_cache_bytes, budget)
         self._runner: asyncio.Task[None] | None = None
@@ -140,8 +176,9 @@ class Partition(MountedRequests):
         if self._batches is not None:
             self._batches.closed = True
         if self._pipeline is not None:
+            message = f"partition {self.partition_id} was closed"
             for item in self._pipeline.drop(lambda _: True):
-                self._reject(item.origin, Reason.PARTITION_NOT_READY, f"partition {self.partition_id} was closed")
+                self._reject(item.origin.stream, item.request.req_id, Reason.PARTITION_NOT_READY, message)
         self._pending.drop_waiters()
         self._room.set()
         self.feeds.close()
@@ -177,7 +214,7 @@ class Partition(MountedRequests):
             self.metrics.generation.set(generation)
         await self.store.set_generation(generation)
         if self._pipeline is not None:
-            stale = self._pipeline.drop(lambda item: item.origin.request.req_id.generation != generation)
+            stale = self._pipeline.drop(lambda item: item.generation != generation)
             for item in stale:
                 self._resolve_unsent(item, Reason.WRONG_GENERATION, self._generation_message(generation))
 
@@ -192,9 +229,14 @@ class Partition(MountedRequests):
 
     # client stream messages
 
-    async def submit(self, stream: StreamPort, requests: Sequence[server_pb2.AppendRequest]) -> None:
-        """Queue appends in order; waits while the append queue is full (back-pressure)."""
+    async def submit(
+        self, stream: StreamPort, requests: Sequence[server_pb2.AppendRequest]
+    ) -> list[server_pb2.AppendRequest]:
+        """Queue this partition's appends among requests in order; waits while the append queue is full
+        (back-pressure). Returns the others (of other partitions), in order: a client message's appends are read
+        once, not first sorted by partition."""
         arrived = self._clock()
+        others: list[server_pb2.AppendRequest] = []
         done, total = 0, len(requests)
         while done < total:
             if self._must_wait():
@@ -203,11 +245,12 @@ class Partition(MountedRequests):
             room = total - done  # as many as the queue takes now, without a check per append
             if self._pipeline is not None and not self._closed:
                 room = min(room, max(1, self.settings.append_queue_size - len(self._pipeline)))
-            self._submit_some(stream, requests[done : done + room] if room < total else requests, arrived)
+            self._submit_some(stream, requests[done : done + room] if room < total else requests, arrived, others)
             done += room
         if self._pipeline is not None:
             self._answer_lock_failures(self._pipeline.poll())
             self._work.set()
+        return others
 
     def _must_wait(self) -> bool:
         pipeline = self._pipeline
@@ -225,41 +268,59 @@ class Partition(MountedRequests):
             else:
                 return
 
-    def _submit_some(self, stream: StreamPort, requests: Sequence[server_pb2.AppendRequest], arrived: float) -> None:
-        """Validate and queue requests (the queue has room for them). Runs once per append: keep it lean."""
-        pipeline = self._pipeline
+    def _submit_some(
+        self,
+        stream: StreamPort,
+        requests: Sequence[server_pb2.AppendRequest],
+        arrived: float,
+        others: list[server_pb2.AppendRequest],
+    ) -> None:
+        """Validate and queue requests (the queue has room for them); those of other partitions go to others.
+
+        Runs once per append: each field of a request is read here once (a protobuf field read costs about as much
+        as the check it feeds), and what the rest of the path needs is kept on its _Append: the store's record but
+        for its id, the feed entry's ReqId and header."""
+        pipeline, partition_id = self._pipeline, self.partition_id
         if self._closed or pipeline is None:
-            message = f"partition {self.partition_id} is not ready here"
+            message = f"partition {partition_id} is not ready here"
             for request in requests:
-                self._reject(_Origin(stream, request, arrived), Reason.PARTITION_NOT_READY, message)
+                if request.req_id.partition_id != partition_id:
+                    others.append(request)
+                    continue
+                self._reject(stream, request.req_id, Reason.PARTITION_NOT_READY, message)
             return
         generation, stream_id, max_bytes = self.generation, stream.stream_id, self.settings.max_transaction_bytes
         max_locks, hwm = self.settings.max_locks_per_append, self.feeds.high_water_mark
+        origin = _Message(stream, arrived)
         mounted: dict[int, bool] = {}  # client id -> this stream holds its current mount
         offer, offered, last_seq = pipeline.offer, self._pending.offered, self._sequences.last
-        crc = crc32_unsigned
+        crc, pack = crc32_unsigned, RECORD_BODY.pack
         for request in requests:
             req_id = request.req_id
+            if req_id.partition_id != partition_id:
+                others.append(request)
+                continue
             client_id, seq_num = req_id.client_id, req_id.seq_num
-            origin = _Origin(stream, request, arrived, seq_num)
             current = mounted.get(client_id)
             if current is None:
                 current = mounted[client_id] = self._mounts.is_current(client_id, stream_id)
             if not current:
-                self._not_current(origin, client_id)
+                self._not_current(stream, req_id, client_id)
                 continue
             last = last_seq.get(client_id)  # SequenceWindow.admit, written out: it runs once per append
             if last is not None and not 0 < (seq_num - last) & 0xFFFFFFFF < 0x80000000:
-                self._resent(origin, client_id, seq_num)  # before the generation: a re-send may carry the old one
+                # before the generation: a re-send may carry the old one
+                self._resent(stream, req_id, client_id, seq_num)
                 continue
             last_seq[client_id] = seq_num
             if req_id.generation != generation:
-                self._reject(origin, Reason.WRONG_GENERATION, self._generation_message(req_id.generation))
+                self._reject(stream, req_id, Reason.WRONG_GENERATION, self._generation_message(req_id.generation))
                 continue
             data = request.data
+            checksum = request.checksum
             problem = None
             size = len(data)  # data_problem's checks, written out; it says what is wrong when one fails
-            if size > max_bytes or request.data_length != size or (request.checksum & 0xFFFFFFFF) != crc(data):
+            if size > max_bytes or request.data_length != size or (checksum & 0xFFFFFFFF) != crc(data):
                 problem = data_problem(request, data, max_bytes)
             client_hwm = request.client_high_water_mark
             if not -1 <= client_hwm <= hwm and problem is None:
@@ -277,9 +338,13 @@ class Partition(MountedRequests):
                 problem = lock_problem(request, write, read, append, max_locks)
                 locks = LockRequest(tuple(write), tuple(read), tuple(append))
             if problem is not None:
-                self._reject(origin, Reason.INVALID, f"partition {self.partition_id}: {problem}")
+                self._reject(stream, req_id, Reason.INVALID, f"partition {partition_id}: {problem}")
                 continue
-            offer(QueuedAppend(client_id, client_hwm, locks, size, origin, offered(client_id)))
+            header = request.header
+            record = pack(client_id, generation, partition_id, seq_num, header, size, checksum) + data
+            ticket = offered(client_id)
+            offer(_Append(client_id, client_hwm, locks, size, origin, ticket, request, generation, seq_num, header,
+                          record))
 
     def _client_mark_problem(self, client_hwm: int, hwm: int) -> str:
         """An append's client high-water mark outside -1 .. the partition's: its lock check would be meaningless
@@ -291,18 +356,18 @@ class Partition(MountedRequests):
             "transactions the log does not hold (a client ahead of the log: check its state, see CLIENT_AHEAD)"
         )
 
-    def _not_current(self, origin: _Origin, client_id: int) -> None:
+    def _not_current(self, stream: StreamPort, req_id: common_pb2.ReqId, client_id: int) -> None:
         if self._mounts.is_known(client_id):  # a stale network client: a newer stream of the client mounted it
             message = (
                 f"partition {self.partition_id}: a newer stream of client {client_id} mounted the partition; "
                 "this stream's appends are refused"
             )
-            self._reject(origin, Reason.SUPERSEDED, message)
+            self._reject(stream, req_id, Reason.SUPERSEDED, message)
         else:
             message = f"partition {self.partition_id} is not mounted by client {client_id}: mount it first"
-            self._reject(origin, Reason.NOT_MOUNTED, message)
+            self._reject(stream, req_id, Reason.NOT_MOUNTED, message)
 
-    def _resent(self, origin: _Origin, client_id: int, seq_num: int) -> None:
+    def _resent(self, stream: StreamPort, req_id: common_pb2.ReqId, client_id: int, seq_num: int) -> None:
         """An append whose sequence number is not after the client's last: answer it once the client's queued
         appends resolved (it may re-send one of them), with the transaction it committed as or a refusal."""
 
@@ -313,16 +378,14 @@ class Partition(MountedRequests):
                     f"partition {self.partition_id}: sequence number {seq_num} of client {client_id} already "
                     f"committed as transaction {resend.transaction_id}; not committed again"
                 )
-                origin.stream.send_control(
-                    rejected(origin.request.req_id, Reason.ALREADY_COMMITTED, message, resend.transaction_id)
-                )
+                stream.send_control(rejected(req_id, Reason.ALREADY_COMMITTED, message, resend.transaction_id))
                 return
             message = (
                 f"partition {self.partition_id}: sequence number {seq_num} is not after {resend.last_seq_num}, "
                 f"the last one client {client_id} used here; sequence numbers strictly increase per client and "
                 "partition: retry with a new one"
             )
-            self._reject(origin, Reason.SEQUENCE_NOT_INCREASING, message)
+            self._reject(stream, req_id, Reason.SEQUENCE_NOT_INCREASING, message)
 
         if self._pending.add_waiter(client_id, answer):
             answer()
@@ -348,7 +411,7 @@ class Partition(MountedRequests):
         hwm = await self._read_tail()
         self.feeds.reset(hwm)
         s = self.settings
-        pipeline: AppendPipeline[_Origin] = AppendPipeline(
+        pipeline: AppendPipeline[_Append] = AppendPipeline(
             LockTable(hwm, s.lock_table_size), s.max_batch_size, s.max_batch_bytes, s.max_batches_in_flight
         )
         self._pipeline = pipeline
@@ -391,7 +454,7 @@ class Partition(MountedRequests):
             self._sequences.rebuild(entry for entry in tail if entry[2] <= hwm)
             return hwm
 
-    def _prepare(self, batch: list[QueuedAppend[_Origin]]) -> None:
+    def _prepare(self, batch: list[_Append]) -> None:
         """The batch is at the store: build its feed message now, while the replicas write it, numbered after
         the batch before it (as it commits unless a store session ends meanwhile)."""
         prepared = self._prepared
@@ -399,9 +462,9 @@ class Partition(MountedRequests):
         if prepared:
             previous = prepared[-1][1].feed.transactions
             first = previous[0].transaction_id + len(previous)
-        prepared.append((batch[0], prepared_feed(first, (item.origin.request for item in batch))))
+        prepared.append((batch[0], prepared_feed(first, self.partition_id, batch)))
 
-    def _apply(self, resolved: Resolved[_Origin]) -> None:
+    def _apply(self, resolved: Resolved[_Append]) -> None:
         """Publish committed appends to the feeds at once; the rest (data cache, metrics, flushes waiting for
         them, queue room) follows on the next turn of the loop, after the stream writers sent the feed."""
         now = self._clock()
@@ -412,37 +475,38 @@ class Partition(MountedRequests):
             message = self._prepared.popleft()[1]
         if committed:
             if message is None or len(message.feed.transactions) != len(committed):  # part of a failed batch
-                message = prepared_feed(committed[0][1], (item.origin.request for item, _ in committed))
-            self.feeds.publish(committed[0][1], message, (item.origin.request for item, _ in committed))
+                message = prepared_feed(committed[0][1], self.partition_id, [item for item, _ in committed])
+            self.feeds.publish(committed[0][1], message, (item.request for item, _ in committed))
         asyncio.get_running_loop().call_soon(self._settle, resolved, now)
 
-    def _settle(self, resolved: Resolved[_Origin], committed_at: float) -> None:
+    def _settle(self, resolved: Resolved[_Append], committed_at: float) -> None:
         """What a resolved batch releases besides its feed."""
         committed = resolved.committed
         if committed:
             # One pass over the batch: the data cache's entries, the re-send window, the commit latencies (the
-            # appends of one client message arrived together: one observation per run of equal arrival times).
+            # appends of one client message arrived together: one observation per run of them).
             record = self._sequences.record
             entries: list[tuple[server_pb2.AppendRequest, int]] = []
             latencies: list[tuple[float, int]] = []
-            arrived, run = committed[0][0].origin.arrived, 0
+            message, run = committed[0][0].origin, 0
             for item, transaction_id in committed:
-                origin = item.origin
-                entries.append((origin.request, item.size))  # an AppendRequest has what a read needs
-                record((item.client_id, origin.seq_num, transaction_id))
-                if origin.arrived != arrived:
-                    latencies.append((committed_at - arrived, run))
-                    arrived, run = origin.arrived, 0
+                entries.append((item.request, item.size))  # an AppendRequest has what a read needs
+                record((item.client_id, item.seq_num, transaction_id))
+                if item.origin is not message:
+                    latencies.append((committed_at - message.arrived, run))
+                    message, run = item.origin, 0
                 run += 1
-            latencies.append((committed_at - arrived, run))
+            latencies.append((committed_at - message.arrived, run))
             self.data_cache.put_many(committed[0][1], entries)
             if self.metrics is not None:
                 self.metrics.commit_latency.observe_counted(latencies)
         self._sequences.forget_silent(self._pending.pending)
         if self.metrics is not None:
             m = self.metrics
-            m.appends["ok"].inc(len(committed))
-            m.appends["failed"].inc(len(resolved.failed))
+            if committed:
+                m.appends["ok"].inc(len(committed))
+            if resolved.failed:
+                m.appends["failed"].inc(len(resolved.failed))
         for waiter in self._pending.resolved_all(item for item, _ in committed):
             waiter()
         for waiter in self._pending.resolved_all(resolved.failed):
@@ -450,13 +514,13 @@ class Partition(MountedRequests):
         self._room.set()
         self._update_gauges()
 
-    def _resolved(self, item: QueuedAppend[_Origin]) -> None:
+    def _resolved(self, item: _Append) -> None:
         for waiter in self._pending.resolved(item.client_id, item.ticket):
             waiter()
 
-    def _answer_lock_failures(self, failures: list[tuple[QueuedAppend[_Origin], int]]) -> None:
+    def _answer_lock_failures(self, failures: list[tuple[_Append, int]]) -> None:
         for item, transaction_id in failures:
-            failure = server_pb2.LockFailure(req_id=item.origin.request.req_id, transaction_id=transaction_id)
+            failure = server_pb2.LockFailure(req_id=item.request.req_id, transaction_id=transaction_id)
             item.origin.stream.send_control(server_pb2.ServerMessage(lock_failure=failure))
             if self.metrics is not None:
                 self.metrics.appends["lock_failure"].inc()
@@ -464,13 +528,13 @@ class Partition(MountedRequests):
         if failures:
             self._room.set()
 
-    def _reject(self, origin: _Origin, reason: Reason.ValueType, message: str) -> None:
-        origin.stream.send_control(rejected(origin.request.req_id, reason, message))
+    def _reject(self, stream: StreamPort, req_id: common_pb2.ReqId, reason: Reason.ValueType, message: str) -> None:
+        stream.send_control(rejected(req_id, reason, message))
         if self.metrics is not None:
             self.metrics.appends["rejected"].inc()
 
-    def _resolve_unsent(self, item: QueuedAppend[_Origin], reason: Reason.ValueType, message: str) -> None:
-        self._reject(item.origin, reason, message)
+    def _resolve_unsent(self, item: _Append, reason: Reason.ValueType, message: str) -> None:
+        self._reject(item.origin.stream, item.request.req_id, reason, message)
         self._resolved(item)
 
     def _generation_message(self, generation: int) -> str:

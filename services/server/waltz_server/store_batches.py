@@ -7,16 +7,15 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Generic
 
 from prometheus_client import Histogram
 
-from waltz_server.append_pipeline import AppendPipeline, QueuedAppend, Resolved
+from waltz_server.append_pipeline import A, AppendPipeline, Resolved
 from waltz_server.store.api import AppendFailed, PendingRecord, StorePartition, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 RETRY_S = 0.05
 
 
@@ -30,7 +29,7 @@ async def wait_store_ready(store: StorePartition) -> None:
             await asyncio.sleep(RETRY_S)
 
 
-class StoreBatches(Generic[T]):
+class StoreBatches(Generic[A]):
     """Sends the batches the pipeline hands out with StorePartition.begin_append, up to the pipeline's
     bound in flight, and resolves them oldest first: a commit at once (from the store's done callback),
     a failure in run(), because its outcome is only known once the next store session has recovered.
@@ -44,11 +43,11 @@ class StoreBatches(Generic[T]):
         self,
         partition_id: int,
         store: StorePartition,
-        pipeline: AppendPipeline[T],
-        records_of: Callable[[list[QueuedAppend[T]]], Sequence[PendingRecord]],
-        apply: Callable[[Resolved[T]], None],
-        sent: Callable[[list[QueuedAppend[T]]], None],
-        answer_lock_failures: Callable[[list[tuple[QueuedAppend[T], int]]], None],
+        pipeline: AppendPipeline[A],
+        records_of: Callable[[list[A]], Sequence[PendingRecord]],
+        apply: Callable[[Resolved[A]], None],
+        sent: Callable[[list[A]], None],
+        answer_lock_failures: Callable[[list[tuple[A, int]]], None],
         work: asyncio.Event,
         batch_sizes: Histogram | None = None,
     ) -> None:
@@ -67,7 +66,7 @@ class StoreBatches(Generic[T]):
     async def run(self) -> None:
         pipeline, commits = self._pipeline, self._commits
         unsent: Sequence[PendingRecord] | None = None  # the next batch, taken from the pipeline, not yet sent
-        taken: list[QueuedAppend[T]] = []  # its appends
+        taken: list[A] = []  # its appends
         while True:
             self._resolve_commits()
             if commits and commits[0].done():  # it failed: the store session ended
@@ -141,7 +140,7 @@ class StoreBatches(Generic[T]):
         )
         self._resolved(self._pipeline.failed(failure.first_transaction_id, committed_up_to))
 
-    def _resolved(self, resolved: Resolved[T]) -> None:
+    def _resolved(self, resolved: Resolved[A]) -> None:
         """The doomed appends' lock failures around the commits' publication (Resolved.answer_order): before it for a
         client with an append among the commits (it hears them in order), after it for the others."""
         before, after = resolved.answer_order()

@@ -44,3 +44,19 @@ def mount(
     return server_pb2.MountRequest(
         req_id=req(client_id, seq, partition_id, generation), client_high_water_mark=hwm, seq_num=net_seq
     )
+
+
+def feed_of(first: int, requests):
+    """partition_feeds.prepared_feed of AppendRequests of one partition (the partition builds it from its queued
+    appends, which read these fields from their requests once)."""
+    from types import SimpleNamespace
+
+    from waltz_server.partition_feeds import prepared_feed
+
+    requests = list(requests)
+    entries = [
+        SimpleNamespace(client_id=r.req_id.client_id, generation=r.req_id.generation, seq_num=r.req_id.seq_num,
+                        header=r.header)
+        for r in requests
+    ]
+    return prepared_feed(first, requests[0].req_id.partition_id if requests else 0, entries)

@@ -8,11 +8,11 @@ import asyncio
 from waltz.v1 import server_pb2
 from waltz_common.types import crc32
 from waltz_server.feed_cursor import FeedCursor
-from waltz_server.partition_feeds import PartitionFeeds, prepared_feed
+from waltz_server.partition_feeds import PartitionFeeds
 
 from .fakes import FakeStore, FakeStream
 from .harness import run, settle
-from .helpers import append
+from .helpers import append, feed_of
 
 SIZES = (1, 100, 300)  # the server's limit below is 200: the last one is never inline
 
@@ -42,7 +42,7 @@ def test_feeds_that_ask_share_one_message_with_the_data_and_the_others_get_the_p
         plain, one, two, less = FakeStream(), FakeStream(), FakeStream(), FakeStream()
         feeds, group = await started(5, (plain, 0), (one, 4096), (two, 200), (less, 50))
         batch = requests()
-        message = prepared_feed(5, batch)
+        message = feed_of(5, batch)
         feeds.publish(5, message, iter(batch))
         assert plain.messages == [message]  # the header-only message, as without inline data
         assert one.messages[0] is two.messages[0] is not message  # capped at the server's 200: one shared message
@@ -66,7 +66,7 @@ def test_nothing_is_built_while_no_feed_asks():
             read.append(True)
             yield from requests()
 
-        feeds.publish(0, prepared_feed(0, requests()), batch())
+        feeds.publish(0, feed_of(0, requests()), batch())
         assert read == [] and feeds.cached_feed(0, 3, inline=100) is not None
         assert data_of(plain) == [None, None, None]
         feeds.close()
@@ -79,15 +79,15 @@ def test_a_feed_a_little_behind_gets_the_data_of_the_recent_batches_and_one_furt
     async def scenario():
         asker = FakeStream()
         feeds, group = await started(0, (asker, 4096))
-        feeds.publish(0, prepared_feed(0, requests(1)), iter(requests(1)))
-        feeds.publish(3, prepared_feed(3, requests(4)), iter(requests(4)))
+        feeds.publish(0, feed_of(0, requests(1)), iter(requests(1)))
+        feeds.publish(3, feed_of(3, requests(4)), iter(requests(4)))
         behind = FakeStream()
         feeds.start(behind, FeedCursor(1), None, inline_max_bytes=4096)  # two batches in one message, by its task
         await settle()
         assert data_of(behind) == [b"\x02" * 100, None, b"\x04", b"\x05" * 100, None]
         feeds.end(asker.stream_id)
         feeds.end(behind.stream_id)
-        feeds.publish(6, prepared_feed(6, requests(7)), iter(requests(7)))  # nobody asks: not kept
+        feeds.publish(6, feed_of(6, requests(7)), iter(requests(7)))  # nobody asks: not kept
         late = FakeStream()
         feeds.start(late, FeedCursor(4), None, inline_max_bytes=4096)
         await settle()
@@ -102,7 +102,7 @@ def test_a_batch_published_without_its_appends_sends_no_inline_data_and_loses_no
     async def scenario():
         asker = FakeStream()
         feeds, group = await started(0, (asker, 4096))
-        feeds.publish(0, prepared_feed(0, requests()))  # no requests given: nothing inline for this batch
+        feeds.publish(0, feed_of(0, requests()))  # no requests given: nothing inline for this batch
         await settle()
         assert [t for t, _ in asker.fed()] == [0, 1, 2] and data_of(asker) == [None] * 3
         feeds.close()

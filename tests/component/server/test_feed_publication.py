@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 from waltz.v1 import server_pb2
 from waltz_server.feed_cursor import FeedCursor
-from waltz_server.partition_feeds import WHOLE_BATCH, PartitionFeeds, prepared_feed
+from waltz_server.partition_feeds import WHOLE_BATCH, PartitionFeeds
 
 from .fakes import FakeStore, FakeStream
 from .harness import mounted_client, run, settle
-from .helpers import append, mount, req
+from .helpers import append, feed_of, mount, req
 
 
 def requests(count: int, client_id: int = 1) -> list[server_pb2.AppendRequest]:
@@ -43,7 +43,7 @@ def test_a_waiting_feed_gets_the_batch_from_the_commit_itself_and_every_feed_the
     async def scenario():
         one, two = FakeStream(), FakeStream()
         feeds, group = await feeds_with(one, two, next_id=5)
-        message = prepared_feed(5, requests(3))
+        message = feed_of(5, requests(3))
         feeds.publish(5, message)
         # no task ran in between: the commit queued the message on both streams
         assert one.messages == [message] and two.messages[0] is message
@@ -51,7 +51,7 @@ def test_a_waiting_feed_gets_the_batch_from_the_commit_itself_and_every_feed_the
         assert feeds.high_water_mark == 7 and feeds.cached_feed(5, 3) is message
         await settle()  # the feeds' tasks wake, find nothing more to send, and wait again
         assert len(one.messages) == 1 and feeds.lag() == 0
-        feeds.publish(8, prepared_feed(8, requests(2)))
+        feeds.publish(8, feed_of(8, requests(2)))
         assert [t for t, _ in one.fed()] == [5, 6, 7, 8, 9]
         await closed(feeds, group)
 
@@ -65,7 +65,7 @@ def test_a_feed_without_room_or_elsewhere_is_left_to_its_task_and_loses_nothing(
         feeds, group = await feeds_with(full, next_id=5)
         feeds.start(behind, FeedCursor(7), None)  # waits for 7: the batch from 5 is not exactly what it needs
         await settle()
-        feeds.publish(5, prepared_feed(5, requests(3)))
+        feeds.publish(5, feed_of(5, requests(3)))
         assert full.messages == [] and behind.messages == []
         await settle()
         assert behind.fed() == [(7, 3)]  # its task sent the rest of the batch
@@ -82,7 +82,7 @@ def test_a_batch_committed_with_other_ids_than_prepared_is_renumbered():
     async def scenario():
         stream = FakeStream()
         feeds, group = await feeds_with(stream, next_id=7)
-        message = prepared_feed(5, requests(2))  # numbered before a store session ended, say
+        message = feed_of(5, requests(2))  # numbered before a store session ended, say
         feeds.publish(7, message)
         assert stream.fed() == [(7, 1), (8, 2)]
         await closed(feeds, group)
@@ -121,7 +121,7 @@ def test_cached_feeds_are_the_cached_entries_in_order_with_whole_batches_shared_
     feeds.reset(-1)
     published, first = {}, 0
     for size in sizes:
-        published[first] = prepared_feed(first, requests(size))
+        published[first] = feed_of(first, requests(size))
         feeds.publish(first, published[first])
         first += size
     got = feeds.cached_feeds(start, count)

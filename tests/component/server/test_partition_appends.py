@@ -144,3 +144,59 @@ def test_close_refuses_queued_appends():
         assert all(r.reason == Reason.PARTITION_NOT_READY for r in rejections)
 
     run(scenario)
+
+
+def test_the_records_a_partition_hands_the_store_encode_as_its_requests_do():
+    """The partition packs each append's record once, when it takes it (pending_batch): every batch's storage
+    request is byte for byte the one store.wire builds from the batch's AppendRequests, whatever the clients,
+    headers, data and rejections in between; and the feed carries each append's whole ReqId and header."""
+    import random
+
+    from waltz_server.pending_batch import storage_append_request
+    from waltz_server.store.wire import append_pending_request
+
+    from .fakes import FakeStore
+
+    class Encoding(FakeStore):
+        def __init__(self) -> None:
+            super().__init__(0)
+            self.requests: list[tuple[bytes, bytes]] = []
+
+        async def begin_append(self, records):
+            first = len(self.records)
+            ours = storage_append_request(9, 0, first, records, first - 1).SerializeToString()
+            theirs = append_pending_request(9, 0, first, list(records), first - 1).SerializeToString()
+            self.requests.append((ours, theirs))
+            return await super().begin_append(records)
+
+    async def scenario():
+        rng = random.Random(34)
+        partition, store = await opened(Encoding())
+        streams = {client: FakeStream() for client in (1, 2, 3)}
+        for client, stream in streams.items():
+            partition.mount(stream, mount(client_id=client))
+        seqs = dict.fromkeys(streams, 0)
+        accepted = []
+        for _ in range(30):
+            client = rng.choice(list(streams))
+            batch = []
+            for _ in range(rng.randrange(1, 40)):
+                seqs[client] += 1
+                data = rng.randbytes(rng.choice([0, 1, 100, 600]))
+                request = append(client_id=client, seq=seqs[client], data=data, header=rng.randint(-(2**31), 2**31 - 1))
+                if rng.random() < 0.1:
+                    request.checksum ^= 1  # rejected: it must not shift the records after it
+                else:
+                    accepted.append(request)
+                batch.append(request)
+            await partition.submit(streams[client], batch)
+        await settle(50)
+        assert partition.high_water_mark == len(accepted) - 1
+        assert store.requests and all(ours == theirs for ours, theirs in store.requests)
+        fed = [f for batch in streams[1].of("feed") for f in batch.transactions]
+        assert [(f.transaction_id, f.req_id, f.header) for f in fed] == [
+            (i, r.req_id, r.header) for i, r in enumerate(accepted)
+        ]
+        await partition.close()
+
+    run(scenario)

@@ -202,3 +202,29 @@ def test_collisions_give_false_conflicts_only(size: int, initial: int, steps: li
         else:
             in_flight.append(request)
     assert table.num_in_flight == len(in_flight)
+
+
+def test_remembered_slots_are_the_originals_past_the_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table remembers the slots of the locks and requests it saw (bounded): the answers are those computed afresh,
+    also after the memory filled up and started again, and for an equal request made anew."""
+    import random
+
+    from waltz_server import locks
+
+    monkeypatch.setattr(locks, "SLOT_CACHE_LOCKS", 5)
+    rng = random.Random(34)
+    table, fresh = LockTable(-1, 101), LockTable(-1, 101)
+    for transaction_id in range(200):
+        hashes = [rng.randint(-(2**31), 2**31 - 1) for _ in range(3)]
+        request = LockRequest(write=(hashes[0],), read=(hashes[1],), append=(hashes[2],))
+        for h in hashes:
+            assert list(table.slots(h)) == java_slots(h, 101)
+        again = LockRequest(write=(hashes[0],), read=(hashes[1],), append=(hashes[2],))
+        for t in (table, fresh):
+            t.commit(request if t is table else again, transaction_id)
+        assert table.lock_high_water_mark(again) == fresh.lock_high_water_mark(request) == transaction_id
+        assert table.begin(again) == fresh.begin(request)
+        table.end(request)
+        fresh.end(again)
+        assert table.num_in_flight == fresh.num_in_flight == 0
+    assert len(table._slot_cache) <= 5 and len(table._request_cache) <= 5

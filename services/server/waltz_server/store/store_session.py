@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from waltz.v1 import common_pb2
 from waltz_server.fence_judgement import FenceJudgement, LeftOut, damage_restart
+from waltz_server.pending_batch import storage_append_request
 from waltz_server.recovery import RecoveryManager, ReplicaFacts, ReplicaState
 from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
 from waltz_server.store.connection import (
@@ -34,7 +35,6 @@ from waltz_server.store.session_end import (
     refused_by_replica,
 )
 from waltz_server.store.settings import Backoff, StoreSettings
-from waltz_server.store.wire import append_pending_request
 from waltz_server.store.write_set import Member, WriteSet
 
 log = logging.getLogger(__name__)
@@ -369,7 +369,7 @@ class StoreSession(ReplicaCatchUp):
             # Each append tells the replicas the high-water mark: they refuse any truncation below it.
             return self._writes.send(
                 len(records),
-                lambda first: append_pending_request(
+                lambda first: storage_append_request(
                     self.session_id, self.partition_id, first, records, self.high_water_mark
                 ),
             )
