@@ -298,9 +298,9 @@ def main(argv: list[str] | None = None) -> None:
     candidate: Side = (sys.executable, REPO, None)
     candidate_name = "this checkout"
     if args.candidate:  # its client package alone, on this checkout's environment (protos and common: this one's)
-        from bench.feed_path import export
+        from bench.package_baseline import export
 
-        candidate_commit, root = export(args.candidate)
+        candidate_commit, root = export(args.candidate, "clients/python", "feed-path")
         candidate, candidate_name = (sys.executable, REPO, root), f"{args.candidate} = {candidate_commit[:12]}"
     sides: dict[str, Side] = {"baseline": (str(base.python), base.path, None), "candidate": candidate}
     if args.instructions:
