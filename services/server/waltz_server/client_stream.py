@@ -14,7 +14,7 @@ from waltz_common.wire import varint
 from waltz_server.feed import mount_response
 from waltz_server.identity import BindingUnavailable, ClientIdentities, ClientIdentity
 from waltz_server.ownership import PartitionManager
-from waltz_server.partition import rejected
+from waltz_server.partition_admission import rejected
 
 Reason = server_pb2.AppendRejected.Reason
 EMPTY_MESSAGE = (

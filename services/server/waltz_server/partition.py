@@ -1,5 +1,5 @@
-"""An owned partition: the append task over one StorePartition, its admission of appends, its feeds
-(the requests of mounted clients are in partition_requests)."""
+"""An owned partition: the append task over one StorePartition and its feeds (the admission of appends is in
+partition_admission, the requests of mounted clients in partition_requests)."""
 
 from __future__ import annotations
 
@@ -9,90 +9,32 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from waltz.v1 import common_pb2, server_pb2
-from waltz_common.types import crc32_unsigned
-from waltz_server.append_pipeline import AppendPipeline, ClientPending, QueuedAppend, Resolved
+from waltz.v1 import server_pb2
+from waltz_server.append_pipeline import AppendPipeline, ClientPending, Resolved
 from waltz_server.cache_budget import CacheBudget
 from waltz_server.caches import DataCache
 from waltz_server.config import PartitionSettings
 from waltz_server.feed import StreamPort
-from waltz_server.locks import LockRequest, LockTable
+from waltz_server.locks import LockTable
 from waltz_server.metrics import PartitionMetrics
 from waltz_server.mounts import MountRegistry
+from waltz_server.partition_admission import AdmittedAppend, AppendAdmission, Reason
 from waltz_server.partition_feeds import PartitionFeeds, prepared_feed
 from waltz_server.partition_requests import MountedRequests
-from waltz_server.pending_batch import RECORD_BODY, PendingBatch
+from waltz_server.pending_batch import PendingBatch
 from waltz_server.sequences import SequenceWindow
 from waltz_server.store.api import StorePartition, StoreUnavailable
 from waltz_server.store_batches import StoreBatches, wait_store_ready
-from waltz_server.validation import data_problem, lock_problem
 
 log = logging.getLogger(__name__)
 
-Reason = server_pb2.AppendRejected.Reason
-_NO_LOCKS = LockRequest()
 
-
-@dataclass(slots=True, eq=False)
-class _Message:
-    """The client message appends came in: what their answers and their commit latency need, one per message."""
-
-    stream: StreamPort
-    arrived: float
-
-
-class _Append(QueuedAppend[_Message]):
-    """A queued append with the fields the partition read from its request when it took it, so that nothing after
-    reads them again: its ReqId's generation and sequence number, its header (the feed entry's fields, with the
-    partition's id) and its record for the store (all but the transaction id: pending_batch)."""
-
-    __slots__ = ("generation", "header", "record", "request", "seq_num")
-
-    def __init__(
-        self,
-        client_id: int,
-        client_high_water_mark: int,
-        locks: LockRequest,
-        size: int,
-        origin: _Message,
-        ticket: int,
-        request: server_pb2.AppendRequest,
-        generation: int,
-        seq_num: int,
-        header: int,
-        record: bytes,
-    ) -> None:
-        self.client_id = client_id
-        self.client_high_water_mark = client_high_water_mark
-        self.locks = locks
-        self.size = size
-        self.origin = origin
-        self.ticket = ticket
-        self.checked = -1
-        self.request = request
-        self.generation = generation
-        self.seq_num = seq_num
-        self.header = header
-        self.record = record
-
-
-def rejected(
-    request_req_id: common_pb2.ReqId, reason: Reason.ValueType, message: str, transaction_id: int = -1
-) -> server_pb2.ServerMessage:
-    return server_pb2.ServerMessage(
-        append_rejected=server_pb2.AppendRejected(
-            req_id=request_req_id, reason=reason, message=message, transaction_id=transaction_id
-        )
-    )
-
-
-def _pending_records(batch: list[_Append]) -> PendingBatch:
+def _pending_records(batch: list[AdmittedAppend]) -> PendingBatch:
     return PendingBatch([item.request for item in batch], [item.record for item in batch])
 
 
-class Partition(MountedRequests):
+class Partition(AppendAdmission, MountedRequests):
     """One partition this server owns, with its generation, over its replicated store."""
 
     def __init__(
@@ -120,8 +62,8 @@ class Partition(MountedRequests):
         self._work = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
-        self._pipeline: AppendPipeline[_Append] | None = None
-        self._batches: StoreBatches[_Append] | None = None
+        self._pipeline: AppendPipeline[AdmittedAppend] | None = None
+        self._batches: StoreBatches[AdmittedAppend] | None = None
         self._pending: ClientPending[Callable[[], None]] = ClientPending()
         self._mounts = MountRegistry()
         self._sequences = SequenceWindow(settings.resend_window)
@@ -129,7 +71,7 @@ class Partition(MountedRequests):
             partition_id, store, settings.feed_cache_size, settings.feed_batch_size, settings.feed_fetch_size, budget,
             settings.feed_inline_max_bytes,
         )
-        self._prepared: deque[tuple[_Append, server_pb2.ServerMessage]] = deque()
+        self._prepared: deque[tuple[AdmittedAppend, server_pb2.ServerMessage]] = deque()
         """The feed message of each batch at the store, oldest first, with the batch's first append."""
         self.data_cache = DataCache(settings.data_cache_bytes, budget)
         self._runner: asyncio.Task[None] | None = None
@@ -268,128 +210,6 @@ class Partition(MountedRequests):
             else:
                 return
 
-    def _submit_some(
-        self,
-        stream: StreamPort,
-        requests: Sequence[server_pb2.AppendRequest],
-        arrived: float,
-        others: list[server_pb2.AppendRequest],
-    ) -> None:
-        """Validate and queue requests (the queue has room for them); those of other partitions go to others.
-
-        Runs once per append: each field of a request is read here once (a protobuf field read costs about as much
-        as the check it feeds), and what the rest of the path needs is kept on its _Append: the store's record but
-        for its id, the feed entry's ReqId and header."""
-        pipeline, partition_id = self._pipeline, self.partition_id
-        if self._closed or pipeline is None:
-            message = f"partition {partition_id} is not ready here"
-            for request in requests:
-                if request.req_id.partition_id != partition_id:
-                    others.append(request)
-                    continue
-                self._reject(stream, request.req_id, Reason.PARTITION_NOT_READY, message)
-            return
-        generation, stream_id, max_bytes = self.generation, stream.stream_id, self.settings.max_transaction_bytes
-        max_locks, hwm = self.settings.max_locks_per_append, self.feeds.high_water_mark
-        origin = _Message(stream, arrived)
-        mounted: dict[int, bool] = {}  # client id -> this stream holds its current mount
-        offer, offered, last_seq = pipeline.offer, self._pending.offered, self._sequences.last
-        crc, pack = crc32_unsigned, RECORD_BODY.pack
-        for request in requests:
-            req_id = request.req_id
-            if req_id.partition_id != partition_id:
-                others.append(request)
-                continue
-            client_id, seq_num = req_id.client_id, req_id.seq_num
-            current = mounted.get(client_id)
-            if current is None:
-                current = mounted[client_id] = self._mounts.is_current(client_id, stream_id)
-            if not current:
-                self._not_current(stream, req_id, client_id)
-                continue
-            last = last_seq.get(client_id)  # SequenceWindow.admit, written out: it runs once per append
-            if last is not None and not 0 < (seq_num - last) & 0xFFFFFFFF < 0x80000000:
-                # before the generation: a re-send may carry the old one
-                self._resent(stream, req_id, client_id, seq_num)
-                continue
-            last_seq[client_id] = seq_num
-            if req_id.generation != generation:
-                self._reject(stream, req_id, Reason.WRONG_GENERATION, self._generation_message(req_id.generation))
-                continue
-            data = request.data
-            checksum = request.checksum
-            problem = None
-            size = len(data)  # data_problem's checks, written out; it says what is wrong when one fails
-            if size > max_bytes or request.data_length != size or (checksum & 0xFFFFFFFF) != crc(data):
-                problem = data_problem(request, data, max_bytes)
-            client_hwm = request.client_high_water_mark
-            if not -1 <= client_hwm <= hwm and problem is None:
-                problem = self._client_mark_problem(client_hwm, hwm)
-            locks = _NO_LOCKS
-            write, read, append = request.write_locks, request.read_locks, request.append_locks
-            if problem is None and (
-                write
-                or read
-                or append
-                or request.write_lock_request_length
-                or request.read_lock_request_length
-                or request.append_lock_request_length
-            ):
-                problem = lock_problem(request, write, read, append, max_locks)
-                locks = LockRequest(tuple(write), tuple(read), tuple(append))
-            if problem is not None:
-                self._reject(stream, req_id, Reason.INVALID, f"partition {partition_id}: {problem}")
-                continue
-            header = request.header
-            record = pack(client_id, generation, partition_id, seq_num, header, size, checksum) + data
-            ticket = offered(client_id)
-            offer(_Append(client_id, client_hwm, locks, size, origin, ticket, request, generation, seq_num, header,
-                          record))
-
-    def _client_mark_problem(self, client_hwm: int, hwm: int) -> str:
-        """An append's client high-water mark outside -1 .. the partition's: its lock check would be meaningless
-        (a mark above the log passes every check), so it is refused, never committed unchecked."""
-        if client_hwm < -1:
-            return f"client_high_water_mark {client_hwm} is below -1"
-        return (
-            f"client_high_water_mark {client_hwm} is above the partition's high-water mark {hwm}: the client claims "
-            "transactions the log does not hold (a client ahead of the log: check its state, see CLIENT_AHEAD)"
-        )
-
-    def _not_current(self, stream: StreamPort, req_id: common_pb2.ReqId, client_id: int) -> None:
-        if self._mounts.is_known(client_id):  # a stale network client: a newer stream of the client mounted it
-            message = (
-                f"partition {self.partition_id}: a newer stream of client {client_id} mounted the partition; "
-                "this stream's appends are refused"
-            )
-            self._reject(stream, req_id, Reason.SUPERSEDED, message)
-        else:
-            message = f"partition {self.partition_id} is not mounted by client {client_id}: mount it first"
-            self._reject(stream, req_id, Reason.NOT_MOUNTED, message)
-
-    def _resent(self, stream: StreamPort, req_id: common_pb2.ReqId, client_id: int, seq_num: int) -> None:
-        """An append whose sequence number is not after the client's last: answer it once the client's queued
-        appends resolved (it may re-send one of them), with the transaction it committed as or a refusal."""
-
-        def answer() -> None:
-            resend = self._sequences.classify(client_id, seq_num)
-            if resend.transaction_id is not None:
-                message = (
-                    f"partition {self.partition_id}: sequence number {seq_num} of client {client_id} already "
-                    f"committed as transaction {resend.transaction_id}; not committed again"
-                )
-                stream.send_control(rejected(req_id, Reason.ALREADY_COMMITTED, message, resend.transaction_id))
-                return
-            message = (
-                f"partition {self.partition_id}: sequence number {seq_num} is not after {resend.last_seq_num}, "
-                f"the last one client {client_id} used here; sequence numbers strictly increase per client and "
-                "partition: retry with a new one"
-            )
-            self._reject(stream, req_id, Reason.SEQUENCE_NOT_INCREASING, message)
-
-        if self._pending.add_waiter(client_id, answer):
-            answer()
-
     def feed_lag(self) -> int:
         return self.feeds.lag()
 
@@ -411,7 +231,7 @@ class Partition(MountedRequests):
         hwm = await self._read_tail()
         self.feeds.reset(hwm)
         s = self.settings
-        pipeline: AppendPipeline[_Append] = AppendPipeline(
+        pipeline: AppendPipeline[AdmittedAppend] = AppendPipeline(
             LockTable(hwm, s.lock_table_size), s.max_batch_size, s.max_batch_bytes, s.max_batches_in_flight
         )
         self._pipeline = pipeline
@@ -454,7 +274,7 @@ class Partition(MountedRequests):
             self._sequences.rebuild(entry for entry in tail if entry[2] <= hwm)
             return hwm
 
-    def _prepare(self, batch: list[_Append]) -> None:
+    def _prepare(self, batch: list[AdmittedAppend]) -> None:
         """The batch is at the store: build its feed message now, while the replicas write it, numbered after
         the batch before it (as it commits unless a store session ends meanwhile)."""
         prepared = self._prepared
@@ -464,7 +284,7 @@ class Partition(MountedRequests):
             first = previous[0].transaction_id + len(previous)
         prepared.append((batch[0], prepared_feed(first, self.partition_id, batch)))
 
-    def _apply(self, resolved: Resolved[_Append]) -> None:
+    def _apply(self, resolved: Resolved[AdmittedAppend]) -> None:
         """Publish committed appends to the feeds at once; the rest (data cache, metrics, flushes waiting for
         them, queue room) follows on the next turn of the loop, after the stream writers sent the feed."""
         now = self._clock()
@@ -479,7 +299,7 @@ class Partition(MountedRequests):
             self.feeds.publish(committed[0][1], message, (item.request for item, _ in committed))
         asyncio.get_running_loop().call_soon(self._settle, resolved, now)
 
-    def _settle(self, resolved: Resolved[_Append], committed_at: float) -> None:
+    def _settle(self, resolved: Resolved[AdmittedAppend], committed_at: float) -> None:
         """What a resolved batch releases besides its feed."""
         committed = resolved.committed
         if committed:
@@ -514,11 +334,11 @@ class Partition(MountedRequests):
         self._room.set()
         self._update_gauges()
 
-    def _resolved(self, item: _Append) -> None:
+    def _resolved(self, item: AdmittedAppend) -> None:
         for waiter in self._pending.resolved(item.client_id, item.ticket):
             waiter()
 
-    def _answer_lock_failures(self, failures: list[tuple[_Append, int]]) -> None:
+    def _answer_lock_failures(self, failures: list[tuple[AdmittedAppend, int]]) -> None:
         for item, transaction_id in failures:
             failure = server_pb2.LockFailure(req_id=item.request.req_id, transaction_id=transaction_id)
             item.origin.stream.send_control(server_pb2.ServerMessage(lock_failure=failure))
@@ -528,20 +348,9 @@ class Partition(MountedRequests):
         if failures:
             self._room.set()
 
-    def _reject(self, stream: StreamPort, req_id: common_pb2.ReqId, reason: Reason.ValueType, message: str) -> None:
-        stream.send_control(rejected(req_id, reason, message))
-        if self.metrics is not None:
-            self.metrics.appends["rejected"].inc()
-
-    def _resolve_unsent(self, item: _Append, reason: Reason.ValueType, message: str) -> None:
+    def _resolve_unsent(self, item: AdmittedAppend, reason: Reason.ValueType, message: str) -> None:
         self._reject(item.origin.stream, item.request.req_id, reason, message)
         self._resolved(item)
-
-    def _generation_message(self, generation: int) -> str:
-        return (
-            f"partition {self.partition_id} is at generation {self.generation}, the append carries {generation}: "
-            "remount the partition"
-        )
 
     def _update_gauges(self) -> None:
         if self.metrics is None:
