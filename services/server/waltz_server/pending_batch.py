@@ -2,7 +2,7 @@
 its transaction id: the storage request's encoded_records is then joined from them, not re-read from protobuf.
 
 The partition reads every field of an append once, when it validates it, and encodes its record there
-(record_body); the store session asks the batch for its storage request once the ids are known
+(RECORD_BODY.pack(...) + data); the store session asks the batch for its storage request once the ids are known
 (storage_append_request). Any other sequence of PendingRecords is encoded by store.wire as before; both give the same
 bytes (tests/unit/server/test_pending_batch.py).
 """
@@ -24,15 +24,6 @@ TRANSACTION_ID = struct.Struct(RECORD_PREFIX.format[:2])
 RECORD_BODY = struct.Struct(RECORD_PREFIX.format[:1] + RECORD_PREFIX.format[2:])
 """The rest of the record prefix: client id, generation, partition id, seq num, header, data length, checksum."""
 assert TRANSACTION_ID.size + RECORD_BODY.size == RECORD_PREFIX.size
-
-
-def record_body(request: server_pb2.AppendRequest) -> bytes:
-    """An append's record without its transaction id and CRC (the partition packs it inline from the fields it read
-    anyway: RECORD_BODY.pack(...) + data)."""
-    q, data = request.req_id, request.data
-    return RECORD_BODY.pack(
-        q.client_id, q.generation, q.partition_id, q.seq_num, request.header, len(data), request.checksum
-    ) + data
 
 
 class PendingBatch(Sequence[server_pb2.AppendRequest]):

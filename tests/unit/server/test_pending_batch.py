@@ -10,10 +10,19 @@ import pytest
 from waltz.v1 import server_pb2, storage_pb2
 from waltz_common.record_layout import RECORD_CRC, RECORD_PREFIX
 from waltz_common.types import crc32, crc32_unsigned
-from waltz_server.pending_batch import PendingBatch, record_body, storage_append_request
+from waltz_server.pending_batch import RECORD_BODY, PendingBatch, storage_append_request
 from waltz_server.store.wire import append_pending_request
 
 INT32 = (-(2**31), 2**31 - 1)
+
+
+def record_body(request: server_pb2.AppendRequest) -> bytes:
+    """An append's record without its transaction id and CRC, from its request's fields (what the partition packs
+    from the fields it read anyway)."""
+    q, data = request.req_id, request.data
+    return RECORD_BODY.pack(
+        q.client_id, q.generation, q.partition_id, q.seq_num, request.header, len(data), request.checksum
+    ) + data
 
 
 def random_request(rng: random.Random) -> server_pb2.AppendRequest:
