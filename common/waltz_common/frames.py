@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import threading
+from typing import Any, Protocol
 
 from waltz_common.tls import TlsFiles
 
@@ -20,6 +21,18 @@ MAX_FRAME_LIMIT = 0xFFFF_FFFF
 _COALESCE_BYTES = 16 * 1024  # smaller frames are written as one buffer with their header; larger as two writes
 WRITE_HIGH_WATER_BYTES = 1024 * 1024
 """Bytes a writer lets the transport buffer before it waits for them to drain (writing blocks there)."""
+
+
+class Writable(Protocol):
+    """Where frames are written: an asyncio.StreamWriter or an asyncio.Transport."""
+
+    def write(self, data: bytes) -> None: ...
+
+
+class HasExtraInfo(Protocol):
+    """What the socket and the TLS peer are read from: an asyncio.StreamWriter or an asyncio.BaseTransport."""
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
 
 
 class FrameError(ConnectionError):
@@ -50,8 +63,8 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | No
         raise FrameError(f"the stream ended {len(exc.partial)} bytes into a frame of {size} bytes") from None
 
 
-def write_frame(writer: asyncio.StreamWriter, data: bytes) -> None:
-    """Queue one frame on writer (the caller drains: drain_if_full)."""
+def write_frame(writer: Writable, data: bytes) -> None:
+    """Queue one frame on writer (a StreamWriter's caller drains: drain_if_full)."""
     header = len(data).to_bytes(HEADER_BYTES, "big")
     if len(data) < _COALESCE_BYTES:
         writer.write(header + data)
@@ -68,7 +81,7 @@ async def drain_if_full(writer: asyncio.StreamWriter) -> None:
         await writer.drain()
 
 
-def set_keepalive(writer: asyncio.StreamWriter, idle_s: float) -> None:
+def set_keepalive(writer: HasExtraInfo, idle_s: float) -> None:
     """TCP keepalive on writer's socket: probes after idle_s without traffic, every idle_s/3 then, 3 probes
     unanswered and the connection is dropped (a peer that is gone, or frozen, is detected within about 2 idle_s)."""
     import socket
@@ -124,7 +137,7 @@ class ServerContexts:
             return self._context
 
 
-def peer_pem(writer: asyncio.StreamWriter) -> bytes | None:
+def peer_pem(writer: HasExtraInfo) -> bytes | None:
     """The certificate the peer presented (PEM), None on a plaintext stream."""
     ssl_object = writer.get_extra_info("ssl_object")
     if ssl_object is None:
