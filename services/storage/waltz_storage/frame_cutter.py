@@ -43,34 +43,66 @@ class FrameCutter:
         """The next chunk of the stream. Ignored once the stream is bad or has ended."""
         if self.error is not None or self.ended:
             return
-        partial = self._partial
-        if not partial:  # most chunks start a frame: cut them as they are, with one copy per frame
-            taken = self._cut(data)
-            if taken < len(data):
-                partial += memoryview(data)[taken:]
+        start = self._complete(data) if self._partial else 0
+        if start < 0:
             return
-        partial += data
-        with memoryview(partial) as view:
-            taken = self._cut(view)
-        del partial[:taken]
+        # Most chunks start a frame: cut them as they are, one copy per frame (none for a chunk that is a frame's
+        # whole body).
+        taken = self._cut(data, start)
+        if taken < len(data):
+            self._partial += memoryview(data)[taken:]
 
-    def _cut(self, data: bytes | memoryview) -> int:
-        """Queue the complete frames at the start of data; how many of its bytes they took (all of them from a
-        length above the limit on: self.error says so)."""
+    def _complete(self, data: bytes) -> int:
+        """Complete the frame begun in self._partial from the start of data: where data's next frame begins, or -1
+        when data was all taken (the frame is still incomplete, or its length is above the limit)."""
+        partial = self._partial
+        start = 0
+        if len(partial) < HEADER_BYTES:
+            start = min(HEADER_BYTES - len(partial), len(data))
+            partial += data[:start]
+            if len(partial) < HEADER_BYTES:
+                return -1
+            if self._too_large(int.from_bytes(partial, "big")):
+                partial.clear()
+                return -1
+        size = int.from_bytes(partial[:HEADER_BYTES], "big")
+        stop = start + HEADER_BYTES + size - len(partial)
+        if stop > len(data):
+            partial += memoryview(data)[start:]
+            return -1
+        if len(partial) == HEADER_BYTES:  # the length came alone (a large frame's header is written first)
+            body = data[start:stop]  # no copy when the chunk is the whole body
+        else:
+            partial += memoryview(data)[start:stop]
+            with memoryview(partial) as view:
+                body = bytes(view[HEADER_BYTES:])
+        self.frames.append(body)
+        self.queued_bytes += HEADER_BYTES + size
+        partial.clear()
+        return stop
+
+    def _too_large(self, size: int) -> bool:
+        if size <= self.max_frame_bytes:
+            return False
+        self.error = FrameTooLarge(f"a frame of {size} bytes is above the limit of {self.max_frame_bytes} bytes")
+        return True
+
+    def _cut(self, data: bytes, start: int) -> int:
+        """Queue the complete frames of data from start on; where the first incomplete one begins (len(data) from
+        a length above the limit on: self.error says so)."""
         frames = self.frames
         limit = self.max_frame_bytes
         size_of = int.from_bytes
         available = len(data)
-        start = 0
         while available - start >= HEADER_BYTES:
             size = size_of(data[start:start + HEADER_BYTES], "big")
             if size > limit:
-                self.error = FrameTooLarge(f"a frame of {size} bytes is above the limit of {limit} bytes")
+                self._too_large(size)
                 return available
             stop = start + HEADER_BYTES + size
             if stop > available:
                 break
-            frames.append(bytes(data[start + HEADER_BYTES:stop]))
+            frames.append(data[start + HEADER_BYTES:stop])
             self.queued_bytes += stop - start
             start = stop
         return start

@@ -103,3 +103,11 @@ def test_an_end_inside_a_frame_is_an_error_after_the_frames_before_it(tail, mess
     assert type(cutter.error) is frames.FrameError and str(cutter.error) == message
     assert taken(cutter) == [b"whole"]
     assert cutter.buffered_bytes == 0
+
+
+def test_a_body_that_arrives_as_one_chunk_after_its_length_is_taken_without_a_copy():
+    body = b"b" * 60_000  # a large frame whose length came alone (a writer that sent it with a write of its own)
+    cutter = cut([frame(b"before") + frame(body)[:4], body, frame(b"after")])
+    assert taken(cutter) == [b"before", body, b"after"]
+    cutter = cut([frame(body)[:4], body])
+    assert cutter.pop() is body
