@@ -16,7 +16,9 @@ moves by more than the difference. Kinds of request:
 - append 1: an append of one 512 B record, the stream quiet, so the node writes it on its loop;
 - append 100: an append of 100 records of 512 B (about 55 KB, a 100-writer round's request), a frame that
   arrives in several chunks.
-Prints the CPU us per request of each side, each round's candidate/baseline ratio and the ratio of the sums.
+Prints the node's CPU us per request of each side and the round trip's wall us as this process saw it (the
+latency of the chain), their means over the rounds, each round's candidate/baseline ratio and the ratio of the
+means.
 Asserts nothing.
 """
 
@@ -30,6 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -126,7 +129,8 @@ class Requests:
 
 
 async def measure(pid: int, ports: dict[str, int], blocks: int, block: int) -> dict[str, dict[str, float]]:
-    """CPU us of the node per request of each kind, by side (both sides' blocks alternating)."""
+    """CPU us of the node per request of each kind, and wall us per round trip ("KIND, round trip"), by side (both
+    sides' blocks alternating)."""
     from waltz.v1 import storage_pb2
 
     peers = {}
@@ -146,15 +150,18 @@ async def measure(pid: int, ports: dict[str, int], blocks: int, block: int) -> d
             for data in made.make(kind, count):
                 await peers[side].ask(data)
         spent = {side: 0 for side in SIDES}
+        waited = {side: 0 for side in SIDES}
         for b in range(blocks):
             for side in SIDES if b % 2 == 0 else SIDES[::-1]:
                 batch = made.make(kind, count)
-                started = node_cpu_ns(pid)
+                started, began = node_cpu_ns(pid), time.perf_counter_ns()
                 for data in batch:
                     await peers[side].ask(data)
+                waited[side] += time.perf_counter_ns() - began
                 spent[side] += node_cpu_ns(pid) - started
         for side in SIDES:
             cpu[side][kind] = spent[side] / (blocks * count) / 1000
+            cpu[side][f"{kind}, round trip"] = waited[side] / (blocks * count) / 1000
     for peer in peers.values():
         peer.writer.close()
     return cpu
@@ -207,11 +214,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"storage node's CPU per request on its framed session port (both ports in one node, blocks of requests "
           f"alternating), {args.rounds} rounds; load average {min(loads):.2f}-{max(loads):.2f}")
     print(f"baseline: {revision} = {base.commit[:12]}'s session_port.py; candidate: this checkout's")
-    print(f"{'request':<11} {'baseline us':>12} {'candidate us':>13} {'ratio':>6}   ratio of each round")
-    for kind in KINDS:
+    print(f"{'request':<23} {'baseline us':>12} {'candidate us':>13} {'ratio':>6}   ratio of each round")
+    for kind in [row for k in KINDS for row in (k, f"{k}, round trip")]:
         old, new = (sum(r[side][kind] for r in rounds) / len(rounds) for side in SIDES)
         each = " ".join(f"{r['candidate'][kind] / r['baseline'][kind]:.3f}" for r in rounds)
-        print(f"{kind:<11} {old:>12.1f} {new:>13.1f} {new / old if old else 0.0:>6.3f}   {each}")
+        print(f"{kind:<23} {old:>12.1f} {new:>13.1f} {new / old if old else 0.0:>6.3f}   {each}")
 
 
 if __name__ == "__main__":
