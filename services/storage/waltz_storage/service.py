@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 class SessionContext(MessageSource, Protocol):
     """The two ends of a Session stream StorageConnection uses: a grpc.aio.ServicerContext, or a framed
-    connection (session_port.FramedStream)."""
+    connection (framed_connection.FramedConnection)."""
 
     async def write(self, message: storage_pb2.StorageResponse) -> None: ...
 
