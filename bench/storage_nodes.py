@@ -1,14 +1,17 @@
-"""The storage nodes' CPU per committed append in a cluster, their code against a baseline revision's in the same run.
+"""The storage nodes' (or the server's) CPU per committed append in a cluster, their code against a baseline
+revision's in the same run.
 
-    python -m bench.storage_nodes [--baseline REV] [--rounds N] [--seconds S] [--writers W]
+    python -m bench.storage_nodes [--package storage|server] [--baseline REV] [--rounds N] [--seconds S]
+                                  [--writers W]
 
 LocalClusters (ZooKeeper, 3 storage nodes, 1 server, 1 partition, 512 B transactions, as bench.append_bench) whose
-storage nodes run either the baseline revision's storage package (its checkout under the benchmark cache, made by
-bench.revisions, put first on the nodes' PYTHONPATH) or this checkout's; everything else (the server, the writer
-processes, protos, common) is this checkout's in both. Each round runs one cluster of each, alternating which goes
-first, a closed loop of --writers writers for --seconds after a short warm-up (bench.append_bench's closed_loop),
-and prints the CPU per committed append of every process group. Only the storage nodes differ, so their row is the
-one to read, and the server's and the writers' rows show what the load did to both sides.
+storage nodes (--package storage, the default) or server (--package server) run either the baseline revision's
+package (its checkout under the benchmark cache, made by bench.revisions, put first on the cluster's PYTHONPATH) or
+this checkout's; everything else (the other service, the writer processes, protos, common) is this checkout's in
+both. Each round runs one cluster of each, alternating which goes first, a closed loop of --writers writers for
+--seconds after a short warm-up (bench.append_bench's closed_loop), and prints the CPU per committed append of every
+process group. Only the swapped package differs, so its row is the one to read, and the other rows show what the
+load did to both sides.
 """
 
 from __future__ import annotations
@@ -49,20 +52,21 @@ def first_on_pythonpath(path: Path | None) -> Iterator[None]:
             os.environ["PYTHONPATH"] = saved
 
 
-def one_cluster(workdir: Path, zookeeper: str, root: str, storage_path: Path | None, writers: int, seconds: float,
-                sampler: MemorySampler) -> tuple[float, dict[str, float]]:
-    """(committed/s, CPU us per committed append by process group) of one cluster, its storage nodes started with
-    storage_path first on their PYTHONPATH (None: this checkout's package)."""
+def one_cluster(workdir: Path, zookeeper: str, root: str, package: str, package_path: Path | None, writers: int,
+                seconds: float, sampler: MemorySampler) -> tuple[float, dict[str, float]]:
+    """(committed/s, CPU us per committed append by process group) of one cluster, started with package_path (the
+    tree holding the package of the processes named `package`: "storage" or "server") first on its processes'
+    PYTHONPATH (None: this checkout's package)."""
     with contextlib.ExitStack() as stack:
-        with first_on_pythonpath(storage_path):  # the cluster's processes start here and inherit it
+        with first_on_pythonpath(package_path):  # the cluster's processes start here and inherit it
             cluster = stack.enter_context(LocalCluster(workdir, storage_nodes=3, servers=1, partitions=1,
                                                        zookeeper=zookeeper, cluster_root=root))
-        if storage_path is not None:
-            wanted = f"PYTHONPATH={storage_path}".encode()
+        if package_path is not None:
+            wanted = f"PYTHONPATH={package_path}".encode()
             for name, pid in cluster.pids().items():
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                if name.startswith("storage") and not any(e.startswith(wanted) for e in environ):
-                    raise RuntimeError(f"{name} did not get the baseline's storage package first on its PYTHONPATH")
+                if name.startswith(package) and not any(e.startswith(wanted) for e in environ):
+                    raise RuntimeError(f"{name} did not get the baseline's {package} package first on its PYTHONPATH")
         asyncio.run(raw_stream(cluster, -1, PREFILL, 0))
         scale = Scale(0, 2.0, seconds, seconds, 0.0, 0, 0, 0, 0)
         row = closed_loop(cluster, writers, 1, seconds, scale, sampler)
@@ -71,6 +75,8 @@ def one_cluster(workdir: Path, zookeeper: str, root: str, storage_path: Path | N
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--package", choices=("storage", "server"), default="storage",
+                        help="the package swapped between the baseline and this checkout")
     parser.add_argument("--baseline", default=None, help="the baseline revision (default: git merge-base HEAD main)")
     parser.add_argument("--rounds", type=int, default=3, help="clusters per side (alternating which goes first)")
     parser.add_argument("--seconds", type=float, default=12.0, help="measured seconds of each closed loop")
@@ -81,9 +87,10 @@ def main(argv: list[str] | None = None) -> None:
     revision = args.baseline or subprocess.run(["git", "-C", str(REPO), "merge-base", "HEAD", "main"],
                                                capture_output=True, text=True, check=True).stdout.strip()
     base = checkout(revision)
-    paths = {"baseline": base.path / "services" / "storage", "candidate": None}
+    paths = {"baseline": base.path / "services" / args.package, "candidate": None}
     results: dict[str, list[tuple[float, dict[str, float]]]] = {"baseline": [], "candidate": []}
-    print(f"storage nodes of {revision} = {base.commit[:12]} (baseline) and of this checkout (candidate), "
+    what = "storage nodes" if args.package == "storage" else "server"
+    print(f"{what} of {revision} = {base.commit[:12]} (baseline) and of this checkout (candidate), "
           f"{args.writers} writers, {args.seconds:.0f} s each; CPU us per committed append")
     with tempfile.TemporaryDirectory(prefix="waltz-storage-nodes-") as workdir, \
             ZooKeeperProcess(Path(workdir) / "zookeeper") as zookeeper, MemorySampler() as sampler:
@@ -93,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                 n += 1
                 load = os.getloadavg()[0]
                 rate, cpu = one_cluster(Path(workdir) / f"cluster-{n}", zookeeper.connect_string, f"/bench/nodes{n}",
-                                        paths[name], args.writers, args.seconds, sampler)
+                                        args.package, paths[name], args.writers, args.seconds, sampler)
                 results[name].append((rate, cpu))
                 print(f"round {r + 1} {name:<9} load {load:5.2f}  committed/s {rate:>8,.0f}"
                       f"  server {cpu['server']:5.1f}  storage x3 {cpu['storage']:5.1f}"

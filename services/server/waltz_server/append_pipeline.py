@@ -228,6 +228,11 @@ class AppendPipeline(Generic[A]):
         return len(self._waiting)
 
     @property
+    def untaken(self) -> bool:
+        """Appends wait or are batched that the store has not taken yet (what a resolved batch can let go)."""
+        return bool(self._waiting or self._building)
+
+    @property
     def doomed(self) -> int:
         """Appends out of the queue, to be answered LockFailure when the in-flight append holding their lock
         resolves."""

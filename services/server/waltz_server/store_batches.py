@@ -104,8 +104,9 @@ class StoreBatches(Generic[A]):
 
     def _store_done(self, _: asyncio.Future[int]) -> None:
         if not self.closed:
-            self._resolve_commits()
-            self._work.set()  # room for another batch in flight
+            self._resolve_commits()  # (a failed head wakes run() itself)
+            if self._pipeline.untaken:
+                self._work.set()  # room for another batch in flight, and appends waiting for it
 
     def _resolve_commits(self) -> None:
         """Publish the batches at the head of the in-flight queue that committed; leave a failed head

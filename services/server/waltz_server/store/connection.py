@@ -94,6 +94,20 @@ class _Stream:
     pending: dict[int, asyncio.Future[storage_pb2.StorageResponse]] = field(default_factory=dict)
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     next_seq: int = 0
+    direct: FramedCall | None = None
+    """The framed connection, written by send() itself while nothing waits in outgoing (None: a gRPC stream,
+    which only the writer task writes)."""
+
+    def put(self, data: bytes) -> None:
+        """Send data after everything sent before it: written now when the framed connection takes it without
+        waiting and nothing is queued ahead of it, else queued for the writer task. The writer task writes a
+        frame in the same step as it takes it from the queue, so an empty queue means every earlier frame is in
+        the transport already."""
+        direct = self.direct
+        if direct is None or self.outgoing.qsize() or not direct.write_now(data):
+            # Unbounded: what is in flight on a connection is bounded by its callers (each request is awaited,
+            # and a store session holds at most MAX_OUTSTANDING_BATCHES appends per replica).
+            self.outgoing.put_nowait(data)
 
     def fail(self, reason: str) -> None:
         self.lost.set()
@@ -202,7 +216,7 @@ class StorageConnection:
     def send(
         self, message: storage_pb2.StorageRequest, *, epoch: int | None = None, serialized: bytes | None = None
     ) -> asyncio.Future[storage_pb2.StorageResponse]:
-        """Queue message for the node now (its seq_num is set here); the future gets its raw answer, or
+        """Send message to the node now (its seq_num is set here); the future gets its raw answer, or
         StorageConnectionLost when the stream ends first. answer() checks and times the answer.
 
         serialized: the message already serialized with seq_num 0 (one append goes to every replica: it is
@@ -223,9 +237,7 @@ class StorageConnection:
             data = serialized + seq_num_patch(message, seq)
         future: asyncio.Future[storage_pb2.StorageResponse] = asyncio.get_running_loop().create_future()
         stream.pending[seq] = future
-        # Unbounded: what is in flight on a connection is bounded by its callers (each request is awaited,
-        # and a store session holds at most MAX_OUTSTANDING_BATCHES appends per replica).
-        stream.outgoing.put_nowait(data)
+        stream.put(data)
         return future
 
     async def answer(
@@ -295,7 +307,7 @@ class StorageConnection:
                 await channel.close(grace=None)
                 channel, call = None, framed
             self._epoch += 1
-            stream = self._stream = _Stream(self._epoch)
+            stream = self._stream = _Stream(self._epoch, direct=framed)
             self.transport = "grpc" if framed is None else "framed"
             self._up.set()
             log.info(
@@ -369,7 +381,7 @@ class StorageConnection:
                 continue
             ping.open.seq_num = stream.next_seq  # a seq_num nobody waits for: its answer is dropped
             stream.next_seq += 1
-            stream.outgoing.put_nowait(ping.SerializeToString())
+            stream.put(ping.SerializeToString())
             await asyncio.sleep(idle)
             if call.silent_for() >= 2 * idle:
                 raise StorageConnectionLost(f"no answer to a keepalive ping within {idle:g} s")

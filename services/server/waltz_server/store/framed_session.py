@@ -22,12 +22,18 @@ from waltz_common import frames, tls
 READ_BUFFER_BYTES = 1024 * 1024
 
 
+def _parse(data: memoryview) -> storage_pb2.StorageResponse:
+    """An answer parsed where its bytes lie (protobuf's parser takes any buffer; its stubs say bytes)."""
+    return storage_pb2.StorageResponse.FromString(data)  # type: ignore[arg-type]
+
+
 class FramedCall:
     """One framed Session connection, written and read as StorageConnection does a gRPC stream call."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
+        self._buffer = bytearray()  # what was read and not yet returned as answers
         self._loop = asyncio.get_running_loop()
         self.last_read = self._loop.time()
         """When the last answer arrived (the keepalive pings after storage.keepaliveTime without one)."""
@@ -36,13 +42,40 @@ class FramedCall:
         frames.write_frame(self._writer, data)
         await frames.drain_if_full(self._writer)
 
+    def write_now(self, data: bytes) -> bool:
+        """Write data's frame at once when the transport takes it without waiting (open, and holding at most
+        frames.WRITE_HIGH_WATER_BYTES unsent); False, with nothing written, when it would have to wait."""
+        transport = self._writer.transport
+        if transport.is_closing() or transport.get_write_buffer_size() > frames.WRITE_HIGH_WATER_BYTES:
+            return False
+        frames.write_frame(self._writer, data)
+        return True
+
     async def read(self) -> storage_pb2.StorageResponse | object:
-        """The next answer, or grpc.aio.EOF when the node closed the connection between frames."""
-        data = await frames.read_frame(self._reader, frames.MAX_FRAME_LIMIT)
-        if data is None:
-            return grpc.aio.EOF
-        self.last_read = self._loop.time()
-        return storage_pb2.StorageResponse.FromString(data)
+        """The next answer, or grpc.aio.EOF when the node closed the connection between frames
+        (frames.FrameError when it closed it inside one).
+
+        Reads what the connection holds, up to READ_BUFFER_BYTES at a time, and cuts the frames out of it here:
+        one read per answer (or fewer, when answers arrive together) where frames.read_frame takes two."""
+        buffer = self._buffer
+        while True:
+            if len(buffer) >= frames.HEADER_BYTES:
+                end = frames.HEADER_BYTES + int.from_bytes(buffer[: frames.HEADER_BYTES], "big")
+                if len(buffer) >= end:
+                    with memoryview(buffer) as view:
+                        answer = _parse(view[frames.HEADER_BYTES : end])
+                    del buffer[:end]
+                    self.last_read = self._loop.time()
+                    return answer
+            data = await self._reader.read(READ_BUFFER_BYTES)
+            if not data:
+                if buffer:
+                    raise frames.FrameError(f"the stream ended inside a frame ({len(buffer)} bytes of it read)")
+                return grpc.aio.EOF
+            if not buffer and len(data) == frames.HEADER_BYTES + int.from_bytes(data[: frames.HEADER_BYTES], "big"):
+                self.last_read = self._loop.time()  # the common case, one whole answer: parsed where it lies
+                return _parse(memoryview(data)[frames.HEADER_BYTES :])
+            buffer += data
 
     def silent_for(self) -> float:
         return self._loop.time() - self.last_read

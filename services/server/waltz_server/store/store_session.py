@@ -385,7 +385,8 @@ class StoreSession(ReplicaCatchUp):
         """Every storage.checkpointInterval transactions: stop taking appends, let the replicas acknowledge
         everything sent, and end the session so that the next one recovers (and sets a new low-water mark)."""
         interval = self._settings.checkpoint_interval
-        await self._wait_until(self._progress, lambda: self.high_water_mark - self.low_water_mark >= interval)
+        await self.ready.wait()  # the low-water mark is set when the session opens
+        await self._writes.reaching(self.low_water_mark + interval)
         self._checkpointing = True
         self._on_change()
         await self.drain()

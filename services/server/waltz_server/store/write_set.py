@@ -145,6 +145,7 @@ class WriteSet:
         self.inflight: deque[Batch] = deque()
         self.high_water_mark = -1
         self.next_id = 0  # the first id of the next batch
+        self._reaching: list[tuple[int, asyncio.Future[None]]] = []  # (id, done once the mark is at it)
 
     def open(self, high_water_mark: int) -> None:
         self.high_water_mark = high_water_mark
@@ -152,6 +153,16 @@ class WriteSet:
 
     def join(self, replica: str, session: ReplicaSession, acked: int) -> None:
         self.members[replica] = Member(session, acked, self._acknowledged)
+
+    def reaching(self, transaction_id: int) -> asyncio.Future[None]:
+        """Done once the high-water mark is at transaction_id or past it: set by the commit that moves it there,
+        so a waiter for a far mark (the checkpoint) does not wake on every acknowledgement."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.high_water_mark >= transaction_id:
+            future.set_result(None)
+        else:
+            self._reaching.append((transaction_id, future))
+        return future
 
     def has_room(self) -> bool:
         return all(m.outstanding < MAX_OUTSTANDING_BATCHES for m in self.members.values())
@@ -205,5 +216,11 @@ class WriteSet:
             self.inflight.popleft()
         self.high_water_mark = max(self.high_water_mark, batch.last)
         batch.committed_at = time.monotonic()
+        if self._reaching:
+            waiting = self._reaching
+            self._reaching = [(mark, future) for mark, future in waiting if mark > self.high_water_mark]
+            for mark, future in waiting:
+                if mark <= self.high_water_mark and not future.done():
+                    future.set_result(None)
         if not batch.done.done():  # (a caller may have cancelled its wait: the batch commits all the same)
             batch.done.set_result(batch.first)
