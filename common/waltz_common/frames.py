@@ -78,11 +78,16 @@ def write_frame(writer: Writable, data: bytes) -> None:
         writer.writelines([header, data])
 
 
+def takes_now(transport: asyncio.WriteTransport) -> bool:
+    """Whether a frame written to transport now goes without a wait: it is open and holds at most
+    WRITE_HIGH_WATER_BYTES unsent."""
+    return not transport.is_closing() and transport.get_write_buffer_size() <= WRITE_HIGH_WATER_BYTES
+
+
 async def drain_if_full(writer: asyncio.StreamWriter) -> None:
     """Wait for the transport's buffer to drain when it holds more than WRITE_HIGH_WATER_BYTES (the peer does
     not read); right away otherwise."""
-    transport = writer.transport
-    if transport.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES or transport.is_closing():
+    if not takes_now(writer.transport):
         await writer.drain()
 
 

@@ -39,7 +39,7 @@ from waltz_server.ownership import PartitionManager
 from waltz_server.peers import PeerWatch
 from waltz_server.service import WaltzServerService, partition_status, start_grpc_server
 from waltz_server.store.api import StorePartition
-from waltz_server.store.connection import StorageConnections
+from waltz_server.store.connections import StorageConnections
 from waltz_server.store.settings import StoreSettings
 from waltz_server.store.store_partition import ReplicatedStorePartition
 

@@ -20,10 +20,10 @@ from waltz_common.zk import ZkPaths
 from waltz_server.store.connection import (
     Code,
     StorageConnectionLost,
-    StorageConnections,
     StorageRpcError,
     StorageTimeout,
 )
+from waltz_server.store.connections import StorageConnections
 from waltz_server.store.replica_session import ReplicaSession
 from waltz_server.store.settings import StoreSettings
 from waltz_storage import server

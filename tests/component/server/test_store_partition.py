@@ -19,7 +19,7 @@ from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.types import Record, ReqId, crc32
 from waltz_common.zk import UNRESOLVED, ZkPaths
 from waltz_server.store.api import AppendFailed, NewRecord, PendingRecord, StoreUnavailable
-from waltz_server.store.connection import StorageConnections
+from waltz_server.store.connections import StorageConnections
 from waltz_server.store.settings import StoreSettings
 from waltz_server.store.store_partition import ReplicatedStorePartition
 from waltz_server.store.wire import record_from_proto

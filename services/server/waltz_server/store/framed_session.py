@@ -45,8 +45,7 @@ class FramedCall:
     def write_now(self, data: bytes) -> bool:
         """Write data's frame at once when the transport takes it without waiting (open, and holding at most
         frames.WRITE_HIGH_WATER_BYTES unsent); False, with nothing written, when it would have to wait."""
-        transport = self._writer.transport
-        if transport.is_closing() or transport.get_write_buffer_size() > frames.WRITE_HIGH_WATER_BYTES:
+        if not frames.takes_now(self._writer.transport):
             return False
         frames.write_frame(self._writer, data)
         return True

@@ -17,7 +17,7 @@ from waltz_common.types import Record
 from waltz_common.zk import ZkPaths
 from waltz_server.recovery import ReplicaState
 from waltz_server.store.api import PendingRecord, StoreStatus, StoreUnavailable
-from waltz_server.store.connection import StorageConnections
+from waltz_server.store.connections import StorageConnections
 from waltz_server.store.events import Signal
 from waltz_server.store.metadata import (
     GenerationMismatch,

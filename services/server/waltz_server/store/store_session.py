@@ -17,10 +17,10 @@ from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
 from waltz_server.store.connection import (
     Code,
     StorageConnection,
-    StorageConnections,
     StorageError,
     StorageRpcError,
 )
+from waltz_server.store.connections import StorageConnections
 from waltz_server.store.events import Signal, first_to_end
 from waltz_server.store.metadata import SessionStart
 from waltz_server.store.replica_catch_up import ReplicaCatchUp

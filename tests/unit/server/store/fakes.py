@@ -11,10 +11,10 @@ from waltz_common.wire import record_to_proto
 from waltz_server.store.connection import (
     Code,
     StorageConnectionLost,
-    StorageConnections,
     StorageRpcError,
     seq_num_patch,
 )
+from waltz_server.store.connections import StorageConnections
 from waltz_server.store.wire import request_body
 from waltz_storage.protocol import records_from_append
 
