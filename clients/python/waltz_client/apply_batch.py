@@ -40,7 +40,8 @@ def helper_default(method: F) -> F:
     return method
 
 
-def _is_default(cls: type, name: str) -> bool:
+def is_helper_default(cls: type, name: str) -> bool:
+    """Whether cls keeps the helper's own method of that name (marked helper_default)."""
     return getattr(getattr(cls, name, None), "__waltz_helper_default__", False)
 
 
@@ -72,7 +73,7 @@ class BatchApplyCallbacks(WaltzClientCallbacks):
     skipped: int = 0  # transactions another instance had applied already
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
-        if _is_default(cls, "apply") and _is_default(cls, "apply_batch"):
+        if is_helper_default(cls, "apply") and is_helper_default(cls, "apply_batch"):
             raise TypeError(f"Can't instantiate {cls.__name__}: implement apply() (one transaction) or "
                             "apply_batch() (a batch at once), or both")
         return super().__new__(cls)

@@ -15,16 +15,31 @@ refuses that with a clear error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Self, TypeVar
 
 import psycopg
 
 from waltz_client.api import Transaction
-from waltz_client.apply_batch import BatchApplyCallbacks, check_table_name, helper_default, still_to_apply
+from waltz_client.apply_batch import (
+    BatchApplyCallbacks,
+    check_table_name,
+    helper_default,
+    is_helper_default,
+    still_to_apply,
+)
 from waltz_client.errors import WaltzError
-from waltz_client.postgres_callbacks import DatabaseUnavailableError, PgStatements, Retry, describe
+from waltz_client.postgres_callbacks import (
+    DatabaseUnavailableError,
+    PgStatements,
+    Retry,
+    connect_blocking,
+    describe,
+    retrying,
+)
 from waltz_client.sqlite_callbacks import ForbiddenCallError
 
 R = TypeVar("R")
@@ -46,11 +61,20 @@ class AsyncPgGuardedConnection:
         """A savepoint inside the helper's transaction (`async with connection.transaction():`)."""
         return self._connection.transaction()
 
+    def pipeline(self) -> AbstractAsyncContextManager[Any]:
+        """psycopg's pipeline mode (statements sent without waiting for answers) where libpq has it, else nothing."""
+        return _pipeline(self._connection)
+
     async def commit(self) -> None:
         raise ForbiddenCallError("apply() must not commit: the helper commits with the high-water mark")
 
     async def rollback(self) -> None:
         raise ForbiddenCallError("apply() must not roll back: raise an exception instead")
+
+
+def _pipeline(conn: psycopg.AsyncConnection[Any]) -> AbstractAsyncContextManager[Any]:
+    """The connection's pipeline mode where libpq has it (14 and later), else nothing."""
+    return conn.pipeline() if psycopg.Pipeline.is_supported() else contextlib.nullcontext()
 
 
 class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
@@ -68,6 +92,9 @@ class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
     serialization failure is retried as in PostgresClientCallbacks (reconnect_timeout, then
     DatabaseUnavailableError, which the client reports and retries)."""
 
+    use_pipeline = True
+    """apply_batch runs apply() in pipeline mode; False for an apply() that uses COPY (refused in that mode)."""
+
     def __init__(self, conninfo: str, table: str = "waltz_client_high_water_mark", *,
                  connect_timeout: float = 10.0, reconnect_timeout: float = 30.0) -> None:
         self.conninfo = conninfo
@@ -82,6 +109,9 @@ class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
         self._loop_thread: threading.Thread | None = None
         self._apply_conn: psycopg.AsyncConnection[Any] | None = None
         self._query_conn: psycopg.AsyncConnection[Any] | None = None
+        self._blocking = threading.local()  # query_all_blocking's connection, per calling thread
+        self._blocking_conns: list[psycopg.Connection[Any]] = []
+        self._guard = threading.Lock()
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -108,6 +138,11 @@ class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
             setattr(self, name, None)
             if conn is not None:
                 await conn.close()
+        with self._guard:
+            blocking, self._blocking_conns = self._blocking_conns, []
+        for sync_conn in blocking:
+            sync_conn.close()
+        self._blocking = threading.local()
 
     async def create_schema(self, connection: AsyncPgGuardedConnection) -> None:
         """Create the application's tables (called by open(), in the schema transaction)."""
@@ -120,9 +155,12 @@ class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
 
     @helper_default
     async def apply_batch(self, transactions: Sequence[Transaction], connection: AsyncPgGuardedConnection) -> None:
-        """Make a batch's changes: apply() for each. Override it to write a batch at once (executemany, COPY)."""
-        for transaction in transactions:
-            await self.apply(transaction, connection)
+        """Make a batch's changes: apply() for each, in psycopg's pipeline mode unless `use_pipeline` is False
+        (statements go without waiting for each answer; an apply() that reads a result waits for it then).
+        Override it to write a batch at once (executemany, COPY)."""
+        async with connection.pipeline() if self.use_pipeline else contextlib.nullcontext():
+            for transaction in transactions:
+                await self.apply(transaction, connection)
 
     # ---- what the client calls, on its callback thread --------------------------------------------
 
@@ -143,9 +181,32 @@ class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
         return self._on_loop(self._retrying(what, "_apply_conn", lambda conn: self._apply_once(conn, transactions)))
 
     def query_all_blocking(self, sql: Any, *parameters: Any) -> list[Any]:
-        """query_all from the client's callback thread (in execute(), which is not a coroutine): the rows, once
-        the query ran on the loop. It sees every batch applied before it (they commit before their apply returns)."""
-        return self._on_loop(self.query_all(sql, *parameters))
+        """Rows of a read-only query from a thread that is not the loop's: the client's callback thread, in
+        execute() (not a coroutine). It runs on a plain connection of the calling thread's own, not through the
+        loop (a hop to the loop and back cost more than the query), and sees every batch applied before it (they
+        commit before their apply returns)."""
+        if threading.current_thread() is self._loop_thread:
+            raise WaltzError("query_all_blocking waits for the database: on the event loop, await query_all()")
+        return retrying("a query", self.where, self.reconnect_timeout, self._blocking_connection,
+                        lambda conn: list(conn.execute(sql, parameters or None).fetchall()))
+
+    def _blocking_connection(self) -> psycopg.Connection[Any]:
+        """The calling thread's plain connection for query_all_blocking, (re)opened if it has none or it broke."""
+        conn: psycopg.Connection[Any] | None = getattr(self._blocking, "connection", None)
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        if conn is not None:
+            self.reconnects += 1
+            with self._guard:
+                if conn in self._blocking_conns:
+                    self._blocking_conns.remove(conn)
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+        conn = connect_blocking(self.conninfo, self.connect_timeout, self.where)
+        self._blocking.connection = conn
+        with self._guard:
+            self._blocking_conns.append(conn)
+        return conn
 
     # ---- on the loop ---------------------------------------------------------------------------
 
@@ -158,18 +219,36 @@ class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
         return await self._retrying("a query", "_query_conn", query)
 
     async def _apply_once(self, conn: psycopg.AsyncConnection[Any], transactions: list[Transaction]) -> int:
+        """Apply what the database has not yet; how many it had (another instance applied them). The helper's
+        own statements go in two round trips (BEGIN with the lock, the mark with COMMIT), whatever apply_batch
+        does between them (COPY included)."""
         pid, sql = transactions[0].partition_id, self.sql
-        async with conn.transaction():
-            row = await (await conn.execute(sql.lock, (pid,))).fetchone()
+        try:
+            async with _pipeline(conn):
+                await conn.execute("BEGIN")
+                row = await (await conn.execute(sql.lock, (pid,))).fetchone()
             if row is None:  # no row to lock yet (no get_client_high_water_mark ran): make one, then lock it
                 await conn.execute(sql.insert, (pid,))
                 row = await (await conn.execute(sql.lock, (pid,))).fetchone()
             assert row is not None
             todo = still_to_apply(transactions, int(row[0]))
-            if todo:
-                await self.apply_batch(todo, AsyncPgGuardedConnection(conn))
-                await conn.execute(sql.update, (todo[-1].transaction_id, pid))
+            guarded = AsyncPgGuardedConnection(conn)
+            pipelined = self.use_pipeline and is_helper_default(type(self), "apply_batch")
+            if todo and not pipelined:
+                await self.apply_batch(todo, guarded)  # the application's own: it may COPY, refused in a pipeline
+            async with _pipeline(conn):
+                if todo:
+                    if pipelined:  # apply() for each, and the mark with the commit: the last round trip
+                        for transaction in todo:
+                            await self.apply(transaction, guarded)
+                    await conn.execute(sql.update, (todo[-1].transaction_id, pid))
+                await conn.execute("COMMIT")
             return len(transactions) - len(todo)
+        except BaseException:
+            if not conn.closed and not conn.broken:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute("ROLLBACK")
+            raise
 
     async def _retrying(self, what: str, slot: str,
                         work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[R]]) -> R:

@@ -55,6 +55,29 @@ class Retry:
         return delay
 
 
+def connect_blocking(conninfo: str, connect_timeout: float, where: str) -> psycopg.Connection[Any]:
+    """A plain autocommit connection (the helpers open the transactions); DatabaseUnavailableError if it fails."""
+    try:
+        return psycopg.connect(conninfo, autocommit=True, connect_timeout=max(1, round(connect_timeout)))
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailableError(f"cannot connect to PostgreSQL at {where}: "
+                                       f"{str(exc).strip() or type(exc).__name__}") from exc
+
+
+def retrying(what: str, where: str, reconnect_timeout: float, connection: Callable[[], psycopg.Connection[Any]],
+             work: Callable[[psycopg.Connection[Any]], R]) -> R:
+    """work(connection()), again after a lost connection, a deadlock or a serialization failure (Retry's policy),
+    until reconnect_timeout has passed."""
+    retry = Retry(what, where, reconnect_timeout)
+    while True:
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            conn = connection()
+            return work(conn)
+        except (psycopg.OperationalError, DatabaseUnavailableError) as exc:
+            time.sleep(retry.delay_after(exc, conn is None or conn.closed or conn.broken))
+
+
 class PgGuardedConnection:
     """The connection apply() gets: statements (and savepoints) go through, commit and rollback do not."""
 
@@ -170,11 +193,7 @@ class PostgresClientCallbacks(BatchApplyCallbacks):
         if conn is not None:
             self._forget(conn)
             self.reconnects += 1
-        try:
-            conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=max(1, round(self.connect_timeout)))
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailableError(f"cannot connect to PostgreSQL at {self.where}: "
-                                           f"{str(exc).strip() or type(exc).__name__}") from exc
+        conn = connect_blocking(self.conninfo, self.connect_timeout, self.where)
         self._local.connection = conn
         with self._guard:
             self._connections.append(conn)
@@ -227,14 +246,7 @@ class PostgresClientCallbacks(BatchApplyCallbacks):
     def _retrying(self, what: str, work: Callable[[psycopg.Connection[Any]], R]) -> R:
         """work(connection) in a fresh database transaction, again after a lost connection, a deadlock or a
         serialization failure, until reconnect_timeout has passed."""
-        retry = Retry(what, self.where, self.reconnect_timeout)
-        while True:
-            conn: psycopg.Connection[Any] | None = None
-            try:
-                conn = self.connect()
-                return work(conn)
-            except (psycopg.OperationalError, DatabaseUnavailableError) as exc:
-                time.sleep(retry.delay_after(exc, conn is None or conn.closed or conn.broken))
+        return retrying(what, self.where, self.reconnect_timeout, self.connect, work)
 
     def query_all(self, sql: Any, *parameters: Any) -> list[Any]:
         """Rows of a read-only query on this thread's connection (for applications and tests)."""

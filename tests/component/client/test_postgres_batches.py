@@ -7,9 +7,11 @@ import asyncio
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.component.client.helpers import FAST, Ctx, MemoryCallbacks
@@ -173,6 +175,93 @@ def test_execute_reads_what_the_async_helper_applied_with_query_all_blocking(pos
     asyncio.run(asyncio.wait_for(scenario(), 60))
     # every execute() saw exactly what the high-water mark its append carries says was applied
     assert seen == [(i, i - 1) for i in range(5)]
+
+
+class AsyncFailing(AsyncJournal):
+    """AsyncJournal whose apply raises on fail_at (once), or writes a row the database refuses on clash_at (once)."""
+
+    fail_at: int | None = None
+    clash_at: int | None = None
+
+    async def create_schema(self, connection: AsyncPgGuardedConnection) -> None:
+        await super().create_schema(connection)
+        await connection.execute("CREATE TABLE IF NOT EXISTS once (id INTEGER PRIMARY KEY)")
+        await connection.execute("INSERT INTO once VALUES (1) ON CONFLICT DO NOTHING")
+
+    async def apply(self, transaction: Transaction, connection: AsyncPgGuardedConnection) -> None:
+        await super().apply(transaction, connection)
+        if transaction.transaction_id == self.fail_at:
+            self.fail_at = None
+            raise RuntimeError("constraint violated")
+        if transaction.transaction_id == self.clash_at:
+            self.clash_at = None
+            await connection.execute("INSERT INTO once VALUES (1)")  # refused by the server, not by Python
+
+
+class AsyncCopyJournal(AsyncJournal):
+    """A batch written with COPY, which psycopg refuses in pipeline mode: the helper must not pipeline it."""
+
+    async def apply_batch(self, transactions: Sequence[Transaction], connection: AsyncPgGuardedConnection) -> None:
+        async with connection.cursor().copy("COPY journal (partition_id, transaction_id, data) FROM STDIN") as copy:
+            for transaction in transactions:
+                await copy.write_row((transaction.partition_id, transaction.transaction_id, transaction.data()))
+
+
+@pytest.mark.callback_modes("thread")
+def test_the_async_helper_pipelines_a_batch_all_or_nothing_and_copies_outside_the_pipeline(postgres_dsn: str) -> None:
+    """The batch's statements go in pipeline mode (BEGIN with the lock, apply() for each, the mark with COMMIT):
+    a batch whose apply raises, or whose statement the server refuses, leaves nothing and the mark where it was, and
+    the connection applies the next batch; an apply_batch of the application's own (COPY) runs outside it."""
+    results: dict[str, object] = {}
+
+    async def scenario() -> None:
+        async with AsyncFailing(postgres_dsn) as db, AsyncCopyJournal(postgres_dsn, table="copy_mark") as copying:
+            def callback_thread() -> None:
+                db.get_client_high_water_mark(0)
+                db.apply_transactions(_batch(0, 5))
+                db.fail_at = 7
+                with pytest.raises(RuntimeError, match="constraint violated"):
+                    db.apply_transactions(_batch(5, 5))
+                results["after raise"] = db.get_client_high_water_mark(0)
+                db.clash_at = 8
+                with pytest.raises(psycopg.errors.UniqueViolation):
+                    db.apply_transactions(_batch(5, 5))
+                results["after clash"] = db.get_client_high_water_mark(0)
+                db.apply_transactions(_batch(5, 5))
+                results["rows"] = _ids(db.query_all_blocking("SELECT transaction_id FROM journal ORDER BY 1"))
+                results["mark"] = db.get_client_high_water_mark(0)
+                copying.apply_transactions(_batch(0, 3))  # its own mark table: from 0
+                results["copied mark"] = copying.get_client_high_water_mark(0)
+
+            await asyncio.to_thread(callback_thread)
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert results["after raise"] == 4 and results["after clash"] == 4
+    assert results["rows"] == list(range(10)) and results["mark"] == 9 and results["copied mark"] == 2
+
+
+@pytest.mark.callback_modes("thread")
+def test_query_all_blocking_does_not_wait_for_the_loop(postgres_dsn: str) -> None:
+    """execute() reads on a connection of the callback thread's own: while the loop is busy (here blocked until
+    the read is done), the read goes on. Through the loop it would wait for the loop, which waits for it."""
+    async def scenario() -> list[str]:
+        async with AsyncJournal(postgres_dsn) as db:
+            read = threading.Event()
+            order: list[str] = []
+
+            def execute() -> None:
+                order.append(f"read {db.query_all_blocking('SELECT count(*) FROM journal')}")
+                read.set()
+
+            thread = threading.Thread(target=execute)
+            thread.start()
+            order.append(f"loop free: read before {read.wait(timeout=10)}")  # blocks the loop meanwhile
+            await asyncio.to_thread(thread.join, 30)
+            with pytest.raises(WaltzError, match="await query_all"):
+                db.query_all_blocking("SELECT 1")  # on the loop itself
+            return order
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)) == ["read [(0,)]", "loop free: read before True"]
 
 
 @pytest.mark.callback_modes("loop")
