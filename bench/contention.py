@@ -1,7 +1,7 @@
 """Contention: several instances of a service racing on a few hot locks, each reading its own database in execute().
 
     .venv/bin/python -m bench.contention [--seconds 40] [--instances 3] [--submitters 20] [--items 4]
-        [--baseline REV | --no-baseline] [--postgres [--batch-apply]] [--in-flight N]
+        [--baseline REV | --no-baseline] [--postgres [--batch-apply | --sync-helper]] [--in-flight N]
 
 A LocalCluster (3 storage replicas, 1 server, 1 partition) and, per row, --instances application processes
 (bench/contention_instance.py: an AsyncWaltzClient applying into its own SQLite database, or with --postgres its own
@@ -104,7 +104,7 @@ def _wait_for_all(prefixes: list[Path], suffix: str, processes: list[subprocess.
 
 def run_instances(workdir: Path, config: dict[str, Any], pythonpath: list[str], instances: int, submitters: int,
                   items: int, seconds: float, postgres: list[str] | None = None,
-                  batch_apply: bool = False) -> list[dict[str, Any]]:
+                  batch_apply: bool = False, sync_helper: bool = False) -> list[dict[str, Any]]:
     """Start the instances (each into its SQLite file, or into the PostgreSQL database of postgres[i]), wait until
     all are mounted, start them together; their results."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -118,7 +118,8 @@ def run_instances(workdir: Path, config: dict[str, Any], pythonpath: list[str], 
                    "--database", str(prefix.with_suffix(".db")), "--out", str(prefix),
                    "--submitters", str(submitters), "--items", str(items), "--seconds", str(seconds)]
         if postgres:
-            command += ["--postgres", postgres[index], *(["--batch-apply"] if batch_apply else [])]
+            command += ["--postgres", postgres[index], *(["--batch-apply"] if batch_apply else []),
+                        *(["--sync-helper"] if sync_helper else [])]
         log = prefix.with_suffix(".log").open("w")
         processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
@@ -245,11 +246,13 @@ def run(workdir: Path, args: argparse.Namespace) -> str:
             for name, label, path in variants:
                 runs[name].append(run_instances(workdir / f"{label}-run{round_}", configs[label], path,
                                                 args.instances, args.submitters, args.items, args.seconds,
-                                                databases(f"{label}{round_}"), args.batch_apply))
+                                                databases(f"{label}{round_}"), args.batch_apply,
+                                                args.sync_helper))
         rows = [(name, summarize(runs[name])) for name, _, _ in variants]
     database = "SQLite (SqliteClientCallbacks)"
     if args.postgres:
-        database = "PostgreSQL (AsyncPostgresClientCallbacks" + (", a batch at once)" if args.batch_apply else ")")
+        helper = "PostgresClientCallbacks" if args.sync_helper else "AsyncPostgresClientCallbacks"
+        database = f"PostgreSQL ({helper}" + (", a batch at once)" if args.batch_apply else ")")
     in_flight = f"; client.maxConcurrentTransactions {args.in_flight}" if args.in_flight else ""
     return database + in_flight + \
         f"; {args.rounds} round(s) of " + report(rows, args.seconds)
@@ -266,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="runs of each row, taking turns")
     parser.add_argument("--postgres", action="store_true",
                         help="apply into PostgreSQL (a throwaway server: initdb/pg_ctl) with the asyncio helper")
+    parser.add_argument("--sync-helper", action="store_true",
+                        help="with --postgres: the instances apply with the synchronous PostgresClientCallbacks")
     parser.add_argument("--batch-apply", action="store_true",
                         help="with --postgres: each instance writes a feed batch at once (executemany, COPY), as the "
                              "service of issue 31 did, instead of a few statements per transaction")

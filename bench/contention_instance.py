@@ -6,10 +6,10 @@
 An application instance as a user writes one from the docs: an AsyncWaltzClient applying the log into its own
 SQLite database (SqliteClientCallbacks, batched; or, with --postgres, a PostgreSQL database with
 AsyncPostgresClientCallbacks, a few statements per transaction, or with --batch-apply per feed batch: executemany and
-COPY), and many concurrent reservers. A reservation's execute() reads
-the item's reserved count from the instance's own database and takes a write lock on the item; the payload says
-which count it saw, and apply() checks that it is the count the log has reached (a reservation that acted on a
-stale read is an oversell: counted in `stale`, never expected).
+COPY; or with --sync-helper the synchronous PostgresClientCallbacks), and many concurrent reservers. A reservation's
+execute() reads the item's reserved count from the instance's own database and takes a write lock on the item; the
+payload says which count it saw, and apply() checks that it is the count the log has reached (a reservation that
+acted on a stale read is an oversell: counted in `stale`, never expected).
 
 It measures, from the application's side only, so that it runs the same against any revision of the client:
 when each reservation committed; each lock failure's answer latency (from the end of the execute() that built the
@@ -17,9 +17,9 @@ append to the on_lock_failure hook, and to the LockFailure's arrival on the clie
 delay after the transaction that failed it was applied (the conflicting id, and the arrival, are taken from
 TransactionMonitor.on_lock_failure, wrapped: the one client-internal it reads);
 the applied lag (the server's high-water mark minus what the database holds, every 0.25 s); and the callback
-thread's CPU time. It writes PREFIX.ready once mounted, starts when PREFIX.go exists, runs --seconds, drains,
-writes PREFIX.stopped and waits for PREFIX.drain (every instance has stopped), then
-waits until it has applied the whole log, and writes PREFIX.json.
+thread's CPU time (and, with each lag sample, the process's and the callback thread's CPU so far). It writes
+PREFIX.ready once mounted, starts when PREFIX.go exists, runs --seconds, drains, writes PREFIX.stopped and waits
+for PREFIX.drain (every instance has stopped), then waits until it has applied the whole log, and writes PREFIX.json.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from waltz_client import monitor as monitor_module
 from waltz_client import partition as partition_module
 from waltz_client.locks import PartitionLocalLock
 from waltz_client.postgres_async import AsyncPgGuardedConnection, AsyncPostgresClientCallbacks
+from waltz_client.postgres_callbacks import PgGuardedConnection, PostgresClientCallbacks
 from waltz_client.sqlite_callbacks import GuardedConnection, SqliteClientCallbacks
 
 LOCK_NAME = "item"
@@ -173,6 +174,43 @@ class PgBatchReservations(PgReservations):
                 await copy.write_row(row)
 
 
+class PgSyncReservations(Measured, PostgresClientCallbacks):
+    """The same with the synchronous helper (--sync-helper): its applies and execute()'s reads run on the callback
+    thread's own connection, not through the event loop (the client calls callbacks on that thread either way)."""
+
+    def __init__(self, dsn: str) -> None:
+        Measured.__init__(self)
+        PostgresClientCallbacks.__init__(self, dsn)
+
+    def create_schema(self, connection: PgGuardedConnection) -> None:
+        connection.execute("CREATE TABLE IF NOT EXISTS items (item INTEGER PRIMARY KEY, reserved INTEGER NOT NULL)")
+        connection.execute("CREATE TABLE IF NOT EXISTS reservations (transaction_id BIGINT PRIMARY KEY, "
+                           "item INTEGER NOT NULL, seen INTEGER NOT NULL, instance TEXT NOT NULL)")
+
+    def reserved(self, item: int) -> int:
+        rows = self.query_all("SELECT reserved FROM items WHERE item = %s", item)
+        return int(rows[0][0]) if rows else 0
+
+    def apply(self, transaction: Transaction, connection: PgGuardedConnection) -> None:
+        payload = json.loads(transaction.data())
+        item, seen = payload["item"], payload["seen"]
+        row = connection.execute("SELECT reserved FROM items WHERE item = %s", (item,)).fetchone()
+        if seen != (0 if row is None else int(row[0])):
+            self.stale += 1
+        connection.execute("INSERT INTO items (item, reserved) VALUES (%s, 1) "
+                           "ON CONFLICT (item) DO UPDATE SET reserved = items.reserved + 1", (item,))
+        connection.execute("INSERT INTO reservations VALUES (%s, %s, %s, %s)",
+                           (transaction.transaction_id, item, seen, payload["by"]))
+
+    def apply_transactions(self, transactions: list[Transaction]) -> None:
+        self.measure_apply(transactions, super().apply_transactions)
+
+    async def rows(self) -> list[Any]:
+        rows = self.query_all("SELECT transaction_id, item, seen, instance FROM reservations ORDER BY transaction_id")
+        self.close()
+        return [list(row) for row in rows]
+
+
 class Reservation(TransactionContext):
     """Reserve one unit of an item: read its count from the database, write-lock it, append."""
 
@@ -213,6 +251,7 @@ class Run:
         self.lock_failures: list[tuple[float, float, float]] = []  # (when, latency, its LockFailure's arrival)
         self.reexecutions: list[float] = []  # delays after the conflicting transaction was applied
         self.lags: list[tuple[float, int]] = []
+        self.cpu: list[tuple[float, float, float]] = []  # (when, process CPU s, callback thread CPU s), with lags
         self.loop_delays: list[float] = []  # how late the client's event loop ran a 5 ms timer (LOOP_TICK_S)
         self.execute_s = 0.0
         self.errors: list[str] = []
@@ -290,6 +329,7 @@ async def _sample_lag(client: AsyncWaltzClient, run: Run, stop: asyncio.Event) -
             server = None
         if server is not None:
             run.lags.append((time.monotonic(), max(0, server - run.db.applied)))
+        run.cpu.append((time.monotonic(), time.process_time(), _thread_cpu_s("waltz-callbacks")))
         await asyncio.sleep(0.25)
 
 
@@ -297,7 +337,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     config = json.loads(Path(args.config).read_text())
     db: Measured
-    if args.postgres:
+    if args.postgres and args.sync_helper:
+        db = PgSyncReservations(args.postgres)
+    elif args.postgres:
         db = PgBatchReservations(args.postgres) if args.batch_apply else PgReservations(args.postgres)
         await db.open()
     else:
@@ -334,7 +376,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     rows = await db.rows()
     return {
         "name": run.name, "started": started, "ended": ended, "commits": run.commits,
-        "lock_failures": run.lock_failures, "reexecutions": run.reexecutions, "lags": run.lags,
+        "lock_failures": run.lock_failures, "reexecutions": run.reexecutions, "lags": run.lags, "cpu": run.cpu,
         "loop_delays": run.loop_delays,
         "callback_cpu_s": cpu1 - cpu0, "execute_s": run.execute_s, "apply_s": db.apply_s,
         "errors": run.errors[:20], "error_count": len(run.errors), "stale": db.stale,
@@ -349,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--database", required=True, help="the instance's SQLite database file")
     parser.add_argument("--postgres", help="a PostgreSQL database's DSN to apply into instead (the asyncio helper)")
     parser.add_argument("--batch-apply", action="store_true", help="with --postgres: write each feed batch at once")
+    parser.add_argument("--sync-helper", action="store_true",
+                        help="with --postgres: the synchronous PostgresClientCallbacks instead of the asyncio one")
     parser.add_argument("--out", required=True, help="path prefix of the .ready, .go and .json files")
     parser.add_argument("--submitters", type=int, default=20)
     parser.add_argument("--items", type=int, default=4, help="hot items (one write lock each)")
