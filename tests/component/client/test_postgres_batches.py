@@ -4,6 +4,7 @@ high-water-mark update: all of it or none, transactions another instance applied
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import subprocess
 import sys
@@ -238,6 +239,35 @@ def test_the_async_helper_pipelines_a_batch_all_or_nothing_and_copies_outside_th
     asyncio.run(asyncio.wait_for(scenario(), 60))
     assert results["after raise"] == 4 and results["after clash"] == 4
     assert results["rows"] == list(range(10)) and results["mark"] == 9 and results["copied mark"] == 2
+
+
+class AsyncSavepoints(AsyncJournal):
+    """Each apply() tries a write that fails inside a savepoint of its own, then writes its row."""
+
+    async def apply(self, transaction: Transaction, connection: AsyncPgGuardedConnection) -> None:
+        with contextlib.suppress(psycopg.errors.UniqueViolation):
+            async with connection.transaction():
+                await connection.execute("INSERT INTO once VALUES (1)")  # there already: this savepoint rolls back
+        await super().apply(transaction, connection)
+
+    async def create_schema(self, connection: AsyncPgGuardedConnection) -> None:
+        await super().create_schema(connection)
+        await connection.execute("CREATE TABLE IF NOT EXISTS once (id INTEGER PRIMARY KEY)")
+        await connection.execute("INSERT INTO once VALUES (1) ON CONFLICT DO NOTHING")
+
+
+@pytest.mark.callback_modes("thread")
+def test_a_savepoint_that_fails_inside_a_pipelined_batch_leaves_the_rest_of_the_batch(postgres_dsn: str) -> None:
+    async def scenario() -> tuple[list[int], int]:
+        async with AsyncSavepoints(postgres_dsn) as db:
+            def callback_thread() -> tuple[list[int], int]:
+                db.apply_transactions(_batch(0, 3))
+                return (_ids(db.query_all_blocking("SELECT transaction_id FROM journal ORDER BY 1")),
+                        db.get_client_high_water_mark(0))
+
+            return await asyncio.to_thread(callback_thread)
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)) == ([0, 1, 2], 2)
 
 
 @pytest.mark.callback_modes("thread")
