@@ -36,6 +36,7 @@ from waltz_client.postgres_callbacks import (
     DatabaseUnavailableError,
     PgStatements,
     Retry,
+    ThreadConnections,
     connect_blocking,
     describe,
     retrying,
@@ -104,14 +105,13 @@ class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
         self.reconnect_timeout = reconnect_timeout
         self.where = describe(conninfo)
         self.skipped = 0  # transactions another instance had applied already
-        self.reconnects = 0
+        self._loop_reconnects = 0  # the loop's connections opened again after one broke
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._apply_conn: psycopg.AsyncConnection[Any] | None = None
         self._query_conn: psycopg.AsyncConnection[Any] | None = None
-        self._blocking = threading.local()  # query_all_blocking's connection, per calling thread
-        self._blocking_conns: list[psycopg.Connection[Any]] = []
-        self._guard = threading.Lock()
+        self._blocking = ThreadConnections(  # query_all_blocking's connections
+            lambda: connect_blocking(self.conninfo, self.connect_timeout, self.where))
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -138,11 +138,7 @@ class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
             setattr(self, name, None)
             if conn is not None:
                 await conn.close()
-        with self._guard:
-            blocking, self._blocking_conns = self._blocking_conns, []
-        for sync_conn in blocking:
-            sync_conn.close()
-        self._blocking = threading.local()
+        self._blocking.close_all()
 
     async def create_schema(self, connection: AsyncPgGuardedConnection) -> None:
         """Create the application's tables (called by open(), in the schema transaction)."""
@@ -187,26 +183,13 @@ class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
         commit before their apply returns)."""
         if threading.current_thread() is self._loop_thread:
             raise WaltzError("query_all_blocking waits for the database: on the event loop, await query_all()")
-        return retrying("a query", self.where, self.reconnect_timeout, self._blocking_connection,
+        return retrying("a query", self.where, self.reconnect_timeout, self._blocking.get,
                         lambda conn: list(conn.execute(sql, parameters or None).fetchall()))
 
-    def _blocking_connection(self) -> psycopg.Connection[Any]:
-        """The calling thread's plain connection for query_all_blocking, (re)opened if it has none or it broke."""
-        conn: psycopg.Connection[Any] | None = getattr(self._blocking, "connection", None)
-        if conn is not None and not conn.closed and not conn.broken:
-            return conn
-        if conn is not None:
-            self.reconnects += 1
-            with self._guard:
-                if conn in self._blocking_conns:
-                    self._blocking_conns.remove(conn)
-            with contextlib.suppress(psycopg.Error):
-                conn.close()
-        conn = connect_blocking(self.conninfo, self.connect_timeout, self.where)
-        self._blocking.connection = conn
-        with self._guard:
-            self._blocking_conns.append(conn)
-        return conn
+    @property
+    def reconnects(self) -> int:
+        """Connections opened again after one broke (the loop's and query_all_blocking's)."""
+        return self._loop_reconnects + self._blocking.reconnects
 
     # ---- on the loop ---------------------------------------------------------------------------
 
@@ -267,7 +250,7 @@ class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
         if conn is not None and not conn.closed and not conn.broken:
             return conn
         if conn is not None:
-            self.reconnects += 1
+            self._loop_reconnects += 1
             try:
                 await conn.close()
             except psycopg.Error:

@@ -64,6 +64,47 @@ def connect_blocking(conninfo: str, connect_timeout: float, where: str) -> psyco
                                        f"{str(exc).strip() or type(exc).__name__}") from exc
 
 
+class ThreadConnections:
+    """A connection per calling thread: get() gives the calling thread's, opened with `opener` (connect_blocking, with
+    the helper's settings as they are then) if it has none or it broke; close_all() closes every one opened."""
+
+    def __init__(self, opener: Callable[[], psycopg.Connection[Any]]) -> None:
+        self._open = opener
+        self.reconnects = 0  # connections opened again after the calling thread's broke
+        self._local = threading.local()
+        self._opened: list[psycopg.Connection[Any]] = []
+        self._guard = threading.Lock()
+
+    def get(self) -> psycopg.Connection[Any]:
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "connection", None)
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        if conn is not None:
+            self._forget(conn)
+            self.reconnects += 1
+        conn = self._open()
+        self._local.connection = conn
+        with self._guard:
+            self._opened.append(conn)
+        return conn
+
+    def _forget(self, conn: psycopg.Connection[Any]) -> None:
+        with self._guard:
+            if conn in self._opened:
+                self._opened.remove(conn)
+        try:
+            conn.close()
+        except psycopg.Error:
+            pass
+
+    def close_all(self) -> None:
+        with self._guard:
+            opened, self._opened = self._opened, []
+        for conn in opened:
+            conn.close()
+        self._local = threading.local()
+
+
 def retrying(what: str, where: str, reconnect_timeout: float, connection: Callable[[], psycopg.Connection[Any]],
              work: Callable[[psycopg.Connection[Any]], R]) -> R:
     """work(connection()), again after a lost connection, a deadlock or a serialization failure (Retry's policy),
@@ -173,11 +214,8 @@ class PostgresClientCallbacks(BatchApplyCallbacks):
         self.connect_timeout = connect_timeout
         self.reconnect_timeout = reconnect_timeout
         self.where = describe(conninfo)
-        self._local = threading.local()
-        self._connections: list[psycopg.Connection[Any]] = []
-        self._guard = threading.Lock()
+        self._threads = ThreadConnections(lambda: connect_blocking(self.conninfo, self.connect_timeout, self.where))
         self.skipped = 0  # transactions another instance had applied already
-        self.reconnects = 0
         conn = self.connect()
         with conn.transaction():
             # two instances starting together must not race on CREATE TABLE IF NOT EXISTS
@@ -187,17 +225,12 @@ class PostgresClientCallbacks(BatchApplyCallbacks):
 
     def connect(self) -> psycopg.Connection[Any]:
         """This thread's connection, (re)opened if it has none or it broke (DatabaseUnavailableError)."""
-        conn: psycopg.Connection[Any] | None = getattr(self._local, "connection", None)
-        if conn is not None and not conn.closed and not conn.broken:
-            return conn
-        if conn is not None:
-            self._forget(conn)
-            self.reconnects += 1
-        conn = connect_blocking(self.conninfo, self.connect_timeout, self.where)
-        self._local.connection = conn
-        with self._guard:
-            self._connections.append(conn)
-        return conn
+        return self._threads.get()
+
+    @property
+    def reconnects(self) -> int:
+        """Connections opened again after one broke."""
+        return self._threads.reconnects
 
     def create_schema(self, connection: PgGuardedConnection) -> None:
         """Create the application's tables (called at construction, in the schema transaction)."""
@@ -256,15 +289,6 @@ class PostgresClientCallbacks(BatchApplyCallbacks):
         row = conn.execute(self.sql.read, (partition_id,)).fetchone()
         return -1 if row is None else int(row[0])
 
-    def _forget(self, conn: psycopg.Connection[Any]) -> None:
-        with self._guard:
-            if conn in self._connections:
-                self._connections.remove(conn)
-        try:
-            conn.close()
-        except psycopg.Error:
-            pass
-
     def __enter__(self) -> Self:
         return self
 
@@ -273,8 +297,4 @@ class PostgresClientCallbacks(BatchApplyCallbacks):
 
     def close(self) -> None:
         """Close every connection this object opened (`with` does it on leaving)."""
-        with self._guard:
-            connections, self._connections = self._connections, []
-        for conn in connections:
-            conn.close()
-        self._local = threading.local()
+        self._threads.close_all()
