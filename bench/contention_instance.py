@@ -42,6 +42,14 @@ from waltz_client.postgres_callbacks import PgGuardedConnection, PostgresClientC
 from waltz_client.sqlite_callbacks import GuardedConnection, SqliteClientCallbacks
 
 LOCK_NAME = "item"
+ROWS_SQL = "SELECT transaction_id, item, seen, instance FROM reservations ORDER BY transaction_id"
+PG_SCHEMA = ("CREATE TABLE IF NOT EXISTS items (item INTEGER PRIMARY KEY, reserved INTEGER NOT NULL)",
+             "CREATE TABLE IF NOT EXISTS reservations (transaction_id BIGINT PRIMARY KEY, item INTEGER NOT NULL, "
+             "seen INTEGER NOT NULL, instance TEXT NOT NULL)")
+PG_RESERVED = "SELECT reserved FROM items WHERE item = %s"
+PG_UPSERT = ("INSERT INTO items (item, reserved) VALUES (%s, 1) "
+             "ON CONFLICT (item) DO UPDATE SET reserved = items.reserved + 1")
+PG_INSERT = "INSERT INTO reservations VALUES (%s, %s, %s, %s)"
 
 
 class Measured:
@@ -61,6 +69,11 @@ class Measured:
         for transaction in transactions:
             self.applied_at[transaction.transaction_id] = now
         self.applied = max(self.applied, transactions[-1].transaction_id)
+
+    def check(self, seen: int, row: Any) -> None:
+        """Count a reservation whose execute() saw another count than the log has reached (row: the item's)."""
+        if seen != (0 if row is None else int(row[0])):
+            self.stale += 1
 
     def reserved(self, item: int) -> int:
         raise NotImplementedError
@@ -88,10 +101,7 @@ class Reservations(Measured, SqliteClientCallbacks):
     def apply(self, transaction: Transaction, connection: GuardedConnection) -> None:
         payload = json.loads(transaction.data())
         item, seen = payload["item"], payload["seen"]
-        row = connection.execute("SELECT reserved FROM items WHERE item = ?", (item,)).fetchone()
-        current = 0 if row is None else int(row[0])
-        if seen != current:
-            self.stale += 1
+        self.check(seen, connection.execute("SELECT reserved FROM items WHERE item = ?", (item,)).fetchone())
         connection.execute("INSERT INTO items (item, reserved) VALUES (?, 1) "
                            "ON CONFLICT (item) DO UPDATE SET reserved = reserved + 1", (item,))
         connection.execute("INSERT INTO reservations VALUES (?, ?, ?, ?)",
@@ -101,7 +111,7 @@ class Reservations(Measured, SqliteClientCallbacks):
         self.measure_apply(transactions, super().apply_transactions)
 
     async def rows(self) -> list[Any]:
-        rows = self.query_all("SELECT transaction_id, item, seen, instance FROM reservations ORDER BY transaction_id")
+        rows = self.query_all(ROWS_SQL)
         self.close()
         return rows
 
@@ -115,36 +125,28 @@ class PgReservations(Measured, AsyncPostgresClientCallbacks):
         AsyncPostgresClientCallbacks.__init__(self, dsn)
 
     async def create_schema(self, connection: AsyncPgGuardedConnection) -> None:
-        await connection.execute("CREATE TABLE IF NOT EXISTS items (item INTEGER PRIMARY KEY, "
-                                 "reserved INTEGER NOT NULL)")
-        await connection.execute("CREATE TABLE IF NOT EXISTS reservations (transaction_id BIGINT PRIMARY KEY, "
-                                 "item INTEGER NOT NULL, seen INTEGER NOT NULL, instance TEXT NOT NULL)")
+        for sql in PG_SCHEMA:
+            await connection.execute(sql)
 
     def reserved(self, item: int) -> int:
-        sql = "SELECT reserved FROM items WHERE item = %s"
         if hasattr(AsyncPostgresClientCallbacks, "query_all_blocking"):
-            rows = self.query_all_blocking(sql, item)
+            rows = self.query_all_blocking(PG_RESERVED, item)
         else:  # a baseline revision's helper, from before issue 31: what query_all_blocking does
-            rows = self._on_loop(self.query_all(sql, item))
+            rows = self._on_loop(self.query_all(PG_RESERVED, item))
         return int(rows[0][0]) if rows else 0
 
     async def apply(self, transaction: Transaction, connection: AsyncPgGuardedConnection) -> None:
         payload = json.loads(transaction.data())  # read already: the helper reads a batch's data first
         item, seen = payload["item"], payload["seen"]
-        row = await (await connection.execute("SELECT reserved FROM items WHERE item = %s", (item,))).fetchone()
-        if seen != (0 if row is None else int(row[0])):
-            self.stale += 1
-        await connection.execute("INSERT INTO items (item, reserved) VALUES (%s, 1) "
-                                 "ON CONFLICT (item) DO UPDATE SET reserved = items.reserved + 1", (item,))
-        await connection.execute("INSERT INTO reservations VALUES (%s, %s, %s, %s)",
-                                 (transaction.transaction_id, item, seen, payload["by"]))
+        self.check(seen, await (await connection.execute(PG_RESERVED, (item,))).fetchone())
+        await connection.execute(PG_UPSERT, (item,))
+        await connection.execute(PG_INSERT, (transaction.transaction_id, item, seen, payload["by"]))
 
     def apply_transactions(self, transactions: list[Transaction]) -> None:
         self.measure_apply(transactions, super().apply_transactions)
 
     async def rows(self) -> list[Any]:
-        rows = await self.query_all("SELECT transaction_id, item, seen, instance FROM reservations "
-                                    "ORDER BY transaction_id")
+        rows = await self.query_all(ROWS_SQL)
         await self.close()
         return [list(row) for row in rows]
 
@@ -183,30 +185,25 @@ class PgSyncReservations(Measured, PostgresClientCallbacks):
         PostgresClientCallbacks.__init__(self, dsn)
 
     def create_schema(self, connection: PgGuardedConnection) -> None:
-        connection.execute("CREATE TABLE IF NOT EXISTS items (item INTEGER PRIMARY KEY, reserved INTEGER NOT NULL)")
-        connection.execute("CREATE TABLE IF NOT EXISTS reservations (transaction_id BIGINT PRIMARY KEY, "
-                           "item INTEGER NOT NULL, seen INTEGER NOT NULL, instance TEXT NOT NULL)")
+        for sql in PG_SCHEMA:
+            connection.execute(sql)
 
     def reserved(self, item: int) -> int:
-        rows = self.query_all("SELECT reserved FROM items WHERE item = %s", item)
+        rows = self.query_all(PG_RESERVED, item)
         return int(rows[0][0]) if rows else 0
 
     def apply(self, transaction: Transaction, connection: PgGuardedConnection) -> None:
         payload = json.loads(transaction.data())
         item, seen = payload["item"], payload["seen"]
-        row = connection.execute("SELECT reserved FROM items WHERE item = %s", (item,)).fetchone()
-        if seen != (0 if row is None else int(row[0])):
-            self.stale += 1
-        connection.execute("INSERT INTO items (item, reserved) VALUES (%s, 1) "
-                           "ON CONFLICT (item) DO UPDATE SET reserved = items.reserved + 1", (item,))
-        connection.execute("INSERT INTO reservations VALUES (%s, %s, %s, %s)",
-                           (transaction.transaction_id, item, seen, payload["by"]))
+        self.check(seen, connection.execute(PG_RESERVED, (item,)).fetchone())
+        connection.execute(PG_UPSERT, (item,))
+        connection.execute(PG_INSERT, (transaction.transaction_id, item, seen, payload["by"]))
 
     def apply_transactions(self, transactions: list[Transaction]) -> None:
         self.measure_apply(transactions, super().apply_transactions)
 
     async def rows(self) -> list[Any]:
-        rows = self.query_all("SELECT transaction_id, item, seen, instance FROM reservations ORDER BY transaction_id")
+        rows = self.query_all(ROWS_SQL)
         self.close()
         return [list(row) for row in rows]
 

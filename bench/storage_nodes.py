@@ -21,15 +21,15 @@ import asyncio
 import contextlib
 import logging
 import os
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from bench.append_bench import Scale, closed_loop
 from bench.baselines import MemorySampler
+from bench.package_baseline import default_baseline
 from bench.raw_client import raw_stream
-from bench.revisions import REPO, checkout
+from bench.revisions import checkout
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.testing.zookeeper import ZooKeeperProcess
 
@@ -84,8 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kazoo").setLevel(logging.ERROR)
-    revision = args.baseline or subprocess.run(["git", "-C", str(REPO), "merge-base", "HEAD", "main"],
-                                               capture_output=True, text=True, check=True).stdout.strip()
+    revision = args.baseline or default_baseline()
     base = checkout(revision)
     paths = {"baseline": base.path / "services" / args.package, "candidate": None}
     results: dict[str, list[tuple[float, dict[str, float]]]] = {"baseline": [], "candidate": []}
