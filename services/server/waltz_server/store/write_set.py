@@ -217,10 +217,12 @@ class WriteSet:
         self.high_water_mark = max(self.high_water_mark, batch.last)
         batch.committed_at = time.monotonic()
         if self._reaching:
-            waiting = self._reaching
-            self._reaching = [(mark, future) for mark, future in waiting if mark > self.high_water_mark]
-            for mark, future in waiting:
-                if mark <= self.high_water_mark and not future.done():
+            still: list[tuple[int, asyncio.Future[None]]] = []
+            for mark, future in self._reaching:
+                if mark > self.high_water_mark:
+                    still.append((mark, future))
+                elif not future.done():
                     future.set_result(None)
+            self._reaching = still
         if not batch.done.done():  # (a caller may have cancelled its wait: the batch commits all the same)
             batch.done.set_result(batch.first)
