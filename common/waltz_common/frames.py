@@ -21,7 +21,7 @@ MAX_FRAME_LIMIT = 0xFFFF_FFFF
 # Smaller frames are written as one buffer with their header; larger ones as the header and the data in one
 # writelines (uvloop: one writev, no copy). Two writes cost a send of 4 bytes of their own: with TCP_NODELAY a
 # segment on the wire and a wake-up of the reader for it (a 55 KB frame on loopback, uvloop: 1.5-2.2 reads of
-# the reader per frame instead of 1.1-1.2, and about 20% more CPU per frame on each side; docs/performance.md).
+# the reader per frame instead of 1.1-1.2, and about 20% more CPU per frame on each side; python -m bench.frame_write).
 _COALESCE_BYTES = 16 * 1024
 WRITE_HIGH_WATER_BYTES = 1024 * 1024
 """Bytes a writer lets the transport buffer before it waits for them to drain (writing blocks there)."""
