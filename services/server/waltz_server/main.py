@@ -12,7 +12,7 @@ import sys
 from kazoo.client import KazooClient
 
 from waltz.v1 import metadata_pb2, server_pb2
-from waltz_common import event_loop, listen, tls
+from waltz_common import event_loop, listen, service_logging, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import (
     EXIT_CONFIG,
@@ -198,9 +198,13 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("config", help="YAML configuration file")
+    service_logging.add_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    try:
+        service_logging.configure(args)
+    except OSError as exc:
+        print(f"waltz-server: cannot open the log file: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         config = load(args.config, all_keys())
         PartitionSettings.from_config(config)

@@ -10,7 +10,7 @@ import signal
 import sys
 import uuid
 
-from waltz_common import cluster_admin, event_loop, listen, tls
+from waltz_common import cluster_admin, event_loop, listen, service_logging, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import (
     EXIT_CONFIG,
@@ -42,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("config", help="the node's YAML configuration file (see config/storage.example.yaml)")
+    service_logging.add_arguments(parser)
     return parser
 
 
@@ -133,7 +134,11 @@ async def serve(config: Config, node: StorageNode, files: tls.TlsFiles | None = 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        service_logging.configure(args)
+    except OSError as e:
+        print(f"waltz-storage: cannot open the log file: {e}", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         config = load(args.config, STORAGE_KEYS)
         check(config)
