@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from waltz.v1 import storage_pb2
 from waltz_common import process_metrics
 
 # From 50 microseconds (a write-back cache) up to seconds (a struggling disk).
@@ -120,6 +121,8 @@ class StorageMetrics:
             ["code"],
             registry=r,
         )
+        for code, _number in storage_pb2.StorageRpcException.ErrorCode.items():  # 0 from the start, not absent
+            self.request_failures.labels(code)
         self.records_repaired = Counter(
             "waltz_storage_repaired_records_total",
             "Damaged records rewritten with an intact copy from another replica",
