@@ -70,6 +70,21 @@ def recover_destination(view: PartitionView, destination: str) -> Refusal | None
     )
 
 
+def create_on_voter(view: PartitionView, node: str) -> Refusal | None:
+    """Creating a partition's (empty) files on a node that ZooKeeper lists as a voting member of it: the node lost
+    the files it voted with (a wiped disk), and the next recovery would count an empty replica as a voter."""
+    if not view.is_voting_member(node):
+        return None
+    pid = view.partition_id
+    return Refusal(
+        f"{node} is a voting member of partition {pid}'s store session {view.session_id} in ZooKeeper but does not "
+        "hold the partition (its disk was lost?): an empty replica must not vote",
+        f"replace it: waltz storage replace -s {node} -p {pid} (it leaves the votes until it holds a full copy)",
+        "the next recovery counts the empty replica's vote; with one healthy replica down it can cut acknowledged "
+        "transactions",
+    )
+
+
 def unassign(view: PartitionView, node: str) -> Refusal | None:
     """Unassigning must leave a majority of the previous replica set assigned, or no recovery can decide."""
     if node not in view.assigned:

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from waltz_cli import guards, recover, rpc
+from waltz_cli import guards, lifecycle, recover, rpc
 from waltz_cli.context import Context
 from waltz_cli.errors import CliError, UsageError, checked
 from waltz_cli.output import Result, ranges, table
@@ -59,13 +59,16 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--force", action="store_true", help="even a replica ZooKeeper lists or the only copy")
     p = cmd("sync", sync_cmd, "make the nodes' partitions match ZooKeeper's assignments", False, None)
     p.add_argument("--remove-extra", action="store_true", help="also delete partitions ZooKeeper does not assign")
-    p.add_argument("--force", action="store_true", help="with --remove-extra: even the only copy of transactions")
+    p.add_argument("--force", action="store_true",
+                   help="with --remove-extra: even the only copy of transactions; also create a partition on a node "
+                        "that lost it while voting for it (use `storage replace` instead)")
     cmd("max-transaction-id", max_txn_cmd, "the highest transaction id of partitions on a node", True, False)
     p = cmd("reset-fence", reset_fence_cmd, "clear a poisoned session fence of partitions on a node", True, True)
     p.add_argument(
         "--session", type=int, help="the session id the fence goes back to (default: ZooKeeper's current session)"
     )
     recover.register(sub, common)
+    lifecycle.register(sub, common)
 
 
 def add_node_cmd(ctx: Context, args: argparse.Namespace) -> Result:
@@ -256,6 +259,9 @@ def sync_node(
     with rpc.storage_admin(ctx, node) as admin:
         have = {p.partition_id: p.max_transaction_id for p in admin.list_partitions()}
         added, extra = sorted(want - set(have)), sorted(set(have) - want)
+        for pid in added:
+            _overruled(guards.create_on_voter(ctx.partition_view(pid), node), force,
+                       forced if forced is not None else [])
         for pid in added:
             admin.assign(pid)
         if remove_extra:

@@ -1137,6 +1137,7 @@ class ServerPartitionStatus(_message.Message):
     HEALTHY_FIELD_NUMBER: _builtins.int
     PENDING_APPENDS_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
+    WRITE_SET_FIELD_NUMBER: _builtins.int
     partition_id: _builtins.int
     generation: _builtins.int
     session_id: _builtins.int
@@ -1148,6 +1149,13 @@ class ServerPartitionStatus(_message.Message):
     """Appends queued but not yet committed or failed."""
     detail: _builtins.str
     """Why the partition is not healthy, if it is not."""
+    @_builtins.property
+    def write_set(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """ADDITION: the storage nodes (connect strings) in the store session's write set: the replicas every append
+        goes to, caught up with the partition (empty while no session is open). An operator's tool waits for a new
+        replica to appear here before it retires an old one.
+        """
+
     def __init__(
         self,
         *,
@@ -1158,10 +1166,11 @@ class ServerPartitionStatus(_message.Message):
         healthy: _builtins.bool = ...,
         pending_appends: _builtins.int = ...,
         detail: _builtins.str = ...,
+        write_set: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "generation", b"generation", "healthy", b"healthy", "high_water_mark", b"high_water_mark", "partition_id", b"partition_id", "pending_appends", b"pending_appends", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "generation", b"generation", "healthy", b"healthy", "high_water_mark", b"high_water_mark", "partition_id", b"partition_id", "pending_appends", b"pending_appends", "session_id", b"session_id", "write_set", b"write_set"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

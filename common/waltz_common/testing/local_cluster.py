@@ -307,6 +307,21 @@ class LocalCluster:
         server.start()
         return server
 
+    def add_storage_node(self) -> StorageNode:
+        """Start one more storage node, registered in ZooKeeper in a replica group of its own, assigned nothing
+        (an operator grows the cluster onto it: `waltz storage add-replica`, `drain --to`)."""
+        node = self._storage_node(len(self.storage))
+        self.storage.append(node)
+        zk = zkmeta.connect(self.zookeeper)
+        try:
+            cluster_admin.add_storage_node(zk, self.paths, node.connect_string, node.admin_port,
+                                           group=len(self.storage) - 1)
+        finally:
+            zk.stop()
+            zk.close()
+        node.start()
+        return node
+
     def assign_storage_partitions(self, node: StorageNode, partitions: range | None = None) -> None:
         """Create the partitions' files on a storage node through its admin port."""
         from waltz_storage.admin_client import StorageAdminClient

@@ -223,6 +223,7 @@ def partition_status(partition: Partition) -> server_pb2.ServerPartitionStatus:
         healthy=healthy,
         pending_appends=partition.pending_appends(),
         detail=detail,
+        write_set=sorted(store.write_set),
     )
 
 

@@ -13,7 +13,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 DASHBOARD = REPO / "helm" / "dashboards" / "waltz.json"
-SOURCES = [REPO / "services", REPO / "clients" / "python"]
+SOURCES = [REPO / "services", REPO / "clients" / "python", REPO / "common" / "waltz_common"]  # waltz_build_info
 SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created")
 
 

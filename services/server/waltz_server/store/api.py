@@ -77,6 +77,8 @@ class StoreStatus:
     replicas_total: int
     replicas_in_write_set: int = 0
     """Replicas holding every committed transaction and taking every append (0 between sessions)."""
+    write_set: tuple[str, ...] = ()
+    """Those replicas' storage node connect strings."""
 
 
 class StorePartition(Protocol):

@@ -351,5 +351,6 @@ class ReplicatedStorePartition:
             detail=self._describe(),
             replicas_connected=connected,
             replicas_total=len(replicas),
-            replicas_in_write_set=len(self.write_set()),
+            replicas_in_write_set=len(write_set := self.write_set()),
+            write_set=write_set,
         )
