@@ -118,6 +118,11 @@ async def scenario(cluster: LocalCluster, workdir: Path) -> None:
             again = await asyncio.to_thread(waltz, cluster, "storage", "add-node", "-s", first, "-a",
                                             str(cluster.storage[0].admin_port), "-g", "0")
             assert again.returncode == 0, again.stderr
+            stale = await asyncio.to_thread(waltz, cluster, "storage", "drain", "-s", fourth, "--to", first)
+            assert stale.returncode == 1 and f"{first} holds an old copy of partition" in stale.stderr, stale.stderr
+            deleted = await asyncio.to_thread(waltz, cluster, "storage", "remove-partition", "-s", first, "-p",
+                                              f"0-{PARTITIONS - 1}", "-d")
+            assert deleted.returncode == 0, deleted.stdout + deleted.stderr
             drained = await asyncio.to_thread(waltz, cluster, "storage", "drain", "-s", fourth, "--to", first)
             assert drained.returncode == 0, drained.stdout + drained.stderr
             await load.acknowledged_at_least(acked + STEP, "after draining back", timeout=180)

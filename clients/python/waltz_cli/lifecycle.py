@@ -77,11 +77,10 @@ class Driver:
         print(f"waltz storage: {text}", file=sys.stderr, flush=True)
 
     def facts(self, pid: int, node: str) -> ReplicaFacts:
-        return ReplicaFacts(holds=self.holds(node, pid), in_write_set=node in self.write_set(pid))
-
-    def holds(self, node: str, pid: int) -> bool:
         with rpc.storage_admin(self.ctx, node) as admin:
-            return any(p.partition_id == pid and not p.error for p in admin.list_partitions())
+            held = next((p for p in admin.list_partitions() if p.partition_id == pid and not p.error), None)
+        return ReplicaFacts(holds=held is not None, in_write_set=node in self.write_set(pid),
+                            max_transaction_id=held.max_transaction_id if held is not None else -1)
 
     def write_set(self, pid: int) -> frozenset[str]:
         """The owner's write set of the partition; empty while it has no owner or no open session."""

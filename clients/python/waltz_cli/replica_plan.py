@@ -46,6 +46,8 @@ class ReplicaFacts:
     """The node has the partition's files."""
     in_write_set: bool
     """The owner's current store session counts the node in its write set."""
+    max_transaction_id: int = -1
+    """The highest transaction the node holds of the partition (-1: none, or no files)."""
 
 
 def replace_step(view: PartitionView, node: str, facts: ReplicaFacts) -> Step | Refusal:
@@ -68,6 +70,14 @@ def add_step(view: PartitionView, node: str, facts: ReplicaFacts) -> Step | Refu
     if not facts.holds:
         return guards.create_on_voter(view, node) or Step.CREATE
     if node not in view.assigned:
+        if facts.max_transaction_id >= 0 and node not in view.states:
+            return Refusal(
+                f"{node} holds an old copy of partition {view.partition_id} (up to transaction "
+                f"{facts.max_transaction_id}) that ZooKeeper neither assigns nor lists: a recovery cannot take it "
+                "as a new replica",
+                f"delete it first (waltz storage remove-partition -s {node} -p {view.partition_id} -d), then run "
+                "this again",
+            )
         return Step.ASSIGN
     return Step.DONE if facts.in_write_set else Step.AWAIT_WRITE_SET
 

@@ -94,3 +94,13 @@ def test_sync_refuses_to_create_a_partition_on_a_voter_that_lost_it():
     assert "waltz storage replace" in refusal.message()
     assert guards.create_on_voter(listed, D) is None  # a new replica may be created
     assert guards.create_on_voter(view({A: VOTER, C: NEW}, {A, C}), C) is None  # listed but not voting
+
+
+def test_an_old_copy_on_an_unassigned_node_is_deleted_first_not_taken_as_a_new_replica():
+    three = view({A: VOTER, B: VOTER, C: VOTER}, {A, B, C})
+    old = ReplicaFacts(holds=True, in_write_set=False, max_transaction_id=120)
+    refusal = replica_plan.add_step(three, D, old)
+    assert isinstance(refusal, Refusal)
+    assert "waltz storage remove-partition -s d:1 -p 0 -d" in refusal.message(forceable=False)
+    assert isinstance(replica_plan.move_step(three, A, D, old), Refusal)
+    assert replica_plan.add_step(three, D, CATCHING_UP) is Step.ASSIGN  # the empty files it just created
