@@ -13,7 +13,8 @@ its partitions within WRITE_SET_BOUND_S (a deadline on a state, not a timing); a
 
 The default run rolls storage nodes first (the documented order), five steps. WALTZ_SLOW=1 runs servers first too,
 and restarts more in the mixed window: a storage node of this release again under servers of the previous one, and
-one of the previous release under servers of this one.
+one of the previous release under servers of this one. At the end each server must be connected to every storage
+node through its framed session port (storage.sessionPort, turned on as each node starts at this release).
 
 The previous release comes from git history: a shallow clone (without PREVIOUS) skips, saying so.
 """
@@ -22,8 +23,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -47,6 +50,8 @@ PREVIOUS = "7175f3a"
 """The previous release: the revision docs/operations.md's compatibility rule names."""
 TREES = ("common", "services/storage", "services/server")
 """What the previous release's services import (its generated protocol modules are in common/waltz/v1)."""
+CLIENT_TREES = ("common", "clients/python")
+"""What the previous release's client imports."""
 SECONDS_KEYS = {
     "zookeeper.sessionTimeoutSeconds": "zookeeper.sessionTimeout",
     "zookeeper.connectTimeoutSeconds": "zookeeper.connectTimeout",
@@ -120,7 +125,7 @@ def previous_release() -> Release:
     """PREVIOUS exported (once, in the benchmark cache) and checked to import from its own tree; skips when this
     clone's history lacks it."""
     try:
-        _, root = export_trees(PREVIOUS, TREES, "release")
+        _, root = export_trees(PREVIOUS, (*TREES, *CLIENT_TREES), "release")
     except (RevisionError, subprocess.CalledProcessError) as exc:
         shallow = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--is-shallow-repository"],
                                  capture_output=True, text=True, check=False).stdout.strip()
@@ -177,6 +182,13 @@ async def more_acknowledged(load: Writers, count: int, what: str) -> None:
     await load.acknowledged_at_least(load.acknowledged + count, what)
 
 
+async def every_replica_back(cluster: LocalCluster, took: list[float]) -> None:
+    """Until every replica is in the write sets of its partitions (within WRITE_SET_BOUND_S); the wait to took."""
+    started = time.monotonic()
+    await fully_healthy(cluster, WRITE_SET_BOUND_S)
+    took.append(time.monotonic() - started)
+
+
 async def upgrade_under_load(cluster: UpgradingCluster, steps: list[Step], name: str) -> None:
     await fully_healthy(cluster)
     recoveries = []
@@ -191,6 +203,7 @@ async def upgrade_under_load(cluster: UpgradingCluster, steps: list[Step], name:
                     cluster.upgrade(process)
                 process.start()
 
+            back: list[float] = []
             found, _ = await timed_fault(
                 load,
                 f"{how} {process_name}",
@@ -198,14 +211,28 @@ async def upgrade_under_load(cluster: UpgradingCluster, steps: list[Step], name:
                 start,
                 partial(more_acknowledged, load, DOWN_APPENDS, f"while {process_name} is down"),
                 STEP,
-                settle=partial(fully_healthy, cluster, WRITE_SET_BOUND_S),
+                settle=partial(every_replica_back, cluster, back),
                 partitions=PARTITIONS,
             )
             recoveries.append(found)
-            report(name, f"{how} {process_name} ({before} -> {cluster.release(process)}): {found.describe()}")
+            report(name, f"{how} {process_name} ({before} -> {cluster.release(process)}): every replica in its write "
+                         f"sets {back[0]:.1f} s after the start; {found.describe()}")
     print("\n".join(table(recoveries)))
     assert all(cluster.release(p) == "this release" for p in [*cluster.storage, *cluster.servers])
+    for server in cluster.servers:
+        assert transports(server.new_log()) == {n.connect_string: "framed" for n in cluster.storage}, server.name
     await check_run(cluster, load.writers, name)
+
+
+def transports(log: str) -> dict[str, str]:
+    """Storage node -> the transport of a server's latest connection to it, from its log ("storage 127.0.0.1:5:
+    connected (epoch 2, framed session port 6)" or "(epoch 1, gRPC stream)")."""
+    found = {}
+    for line in log.splitlines():
+        match = re.search(r"storage (\S+): connected \(epoch \d+, (framed session port|gRPC stream)", line)
+        if match:
+            found[match[1]] = "framed" if match[2].startswith("framed") else "gRPC"
+    return found
 
 
 @pytest.mark.slow
@@ -231,3 +258,63 @@ def test_a_rolling_upgrade_from_the_previous_release_under_load(
     steps = STORAGE_FIRST if order == "storage first" else SERVERS_FIRST
     with cluster:
         run(lambda: upgrade_under_load(cluster, steps, f"upgrade, {order}"), timeout=800)
+
+
+OLD_CLIENT = """
+import asyncio, json, sys
+from waltz_client import AsyncWaltzClient, TransactionContext, WaltzClientCallbacks
+import waltz_client
+
+class Fed(WaltzClientCallbacks):
+    def __init__(self):
+        self.log = {}
+    def get_client_high_water_mark(self, partition_id):
+        return len(self.log.get(partition_id, [])) - 1
+    def apply_transaction(self, transaction):
+        self.log.setdefault(transaction.partition_id, []).append(transaction.data().decode())
+
+class Put(TransactionContext):
+    def __init__(self, i):
+        self.i = i
+    def partition_id(self, num_partitions):
+        return self.i % num_partitions
+    def execute(self, builder):
+        builder.set_data(f"old client {self.i}".encode())
+        return True
+
+async def main(config, count):
+    async with AsyncWaltzClient(Fed(), config) as writer:
+        await writer.wait_mounted()
+        futures = [await writer.submit(Put(i)) for i in range(count)]
+        acknowledged = [i for i, ok in enumerate(await asyncio.gather(*futures)) if ok is True]
+    fed = Fed()
+    async with AsyncWaltzClient(fed, config) as reader:  # a fresh consumer: every transaction's data fetched
+        await reader.wait_mounted()
+        ends = {p: await reader.high_water_mark(p) for p in range(reader.num_partitions)}
+        while any(reader.client_high_water_mark(p) < h for p, h in ends.items()):
+            await asyncio.sleep(0.05)
+    print(json.dumps({"client": waltz_client.__file__, "acknowledged": acknowledged, "log": fed.log}))
+
+asyncio.run(main(json.loads(sys.argv[1]), int(sys.argv[2])))
+"""
+
+
+def test_a_client_of_the_previous_release_with_servers_of_this_one(
+    zookeeper: ZooKeeperProcess, cluster_root: str, tmp_path: Path
+) -> None:
+    """The other direction of the client/server rule (the upgrade test's load is a client of this release, against
+    servers of both): a client of PREVIOUS appends through this release's servers, and a fresh consumer of that
+    release reads every acknowledged append back, its data fetched, exactly once."""
+    previous = previous_release()
+    count = 200
+    with LocalCluster(tmp_path / "cluster", storage_nodes=3, servers=1, partitions=PARTITIONS,
+                      zookeeper=zookeeper.connect_string, cluster_root=cluster_root) as cluster:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(previous.root / t) for t in CLIENT_TREES)}
+        done = subprocess.run([sys.executable, "-c", OLD_CLIENT, json.dumps(cluster.client_config()), str(count)],
+                              env=env, capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert Path(found["client"]).is_relative_to(previous.root), found["client"]
+    assert found["acknowledged"] == list(range(count))
+    read = sorted(data for records in found["log"].values() for data in records)
+    assert read == sorted(f"old client {i}" for i in range(count))
