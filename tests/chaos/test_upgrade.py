@@ -1,4 +1,4 @@
-"""A rolling upgrade from the previous release under a checked load (issue 44, docs/operations.md "Upgrading").
+"""A rolling upgrade from the previous release under a checked load (issue 44, docs/operations.md "Upgrades").
 
 A cluster of release PREVIOUS (its services exported from this repository's own history by
 bench.package_baseline.export_trees, and run from that tree with this environment's packages) is rolled to this

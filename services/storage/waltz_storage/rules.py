@@ -35,7 +35,7 @@ A low-water mark above what the replica holds
 ---------------------------------------------
 A server of this release copies a replica up to the resolved high-water mark before it sets the low-water mark
 there, so the mark is always one the replica holds. A server of the previous release (7175f3a) sets it first and
-copies after, in the same session; during a rolling upgrade (docs/operations.md, "Upgrading") the node must take
+copies after, in the same session; during a rolling upgrade (docs/operations.md, "Upgrades") the node must take
 that, or that server's recovery of the replica repeats the same request on every retry and in every new session
 and the replica never rejoins. So the node records such a mark as it stands: its transactions were resolved by a
 quorum, the replica's own log lies below it, and the floor it sets (no Truncate below it) forgets nothing. What it
