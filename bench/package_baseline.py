@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +27,39 @@ def default_baseline() -> str:
 def export(revision: str, tree: str, label: str) -> tuple[str, Path]:
     """The revision's `tree` (a directory holding one package, e.g. services/server) exported once under the
     benchmark cache as label-<commit>: (commit, the exported tree)."""
+    commit, root = export_trees(revision, (tree,), label)
+    return commit, root / tree
+
+
+def export_trees(revision: str, trees: Sequence[str], label: str) -> tuple[str, Path]:
+    """The revision's `trees` (directories, e.g. common and services/server) exported once under the benchmark
+    cache as label-<commit>: (commit, the directory holding them). Each export is extracted beside it and renamed
+    into place, so a process that finds it sees it whole (tests/chaos/test_upgrade.py runs the previous release's
+    services from such an export)."""
     commit = resolve(revision)
     path = CACHE / f"{label}-{commit}"
-    if not (path / tree).is_dir():
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile() as archive:
-            subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit, tree], stdout=archive,
-                           check=True)
-            archive.seek(0)
-            with tarfile.open(fileobj=archive) as tar:
-                tar.extractall(path, filter="data")
-    return commit, path / tree
+    missing = [tree for tree in trees if not (path / tree).is_dir()]
+    if missing:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{label}-{commit[:12]}-", dir=CACHE))
+        try:
+            with tempfile.TemporaryFile() as archive:
+                subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit, *missing], stdout=archive,
+                               check=True)
+                archive.seek(0)
+                with tarfile.open(fileobj=archive) as tar:
+                    tar.extractall(staging, filter="data")
+            path.mkdir(exist_ok=True)
+            for tree in missing:
+                (path / tree).parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    (staging / tree).rename(path / tree)
+                except OSError:  # another process put it there meanwhile: the same files
+                    if not (path / tree).is_dir():
+                        raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return commit, path
 
 
 def run_worker(module: str, arguments: list[str], package_root: Path | None) -> dict[str, Any]:

@@ -338,13 +338,15 @@ class StoragePartition(DamageRepair):
 
     def set_low_water_mark(self, session_id: int, low_water_mark: int, offline: bool = False) -> None:
         """Record the session's start in the control file and raise the fence to it; the partition must hold
-        nothing above it, and (online) the low-water mark never goes down."""
+        nothing above it, and (online) the low-water mark never goes below what the partition holds of it. It may
+        lie above the partition's max: a previous-release server sets it before it copies the replica up to it
+        (waltz_storage.rules)."""
         self._check_open()
         self.fence.check(session_id)
-        if not offline:
-            rules.check_low_water_mark(self.partition_id, low_water_mark, self.last_session_info().low_water_mark)
         local = self.max_transaction_id
-        rules.check_low_water_mark_held(self.partition_id, low_water_mark, local)
+        if not offline:
+            recorded = self.last_session_info().low_water_mark
+            rules.check_low_water_mark(self.partition_id, low_water_mark, recorded, local)
         if local > low_water_mark:
             raise DirtyDataError(
                 f"partition {self.partition_id}: max transaction id {local} is above the low-water mark "

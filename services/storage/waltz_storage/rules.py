@@ -25,11 +25,25 @@ of the committed prefix, and refuses any Truncate below either (CommittedDataErr
   it holds) in memory; after a restart of the node it falls back to the low-water mark until the next
   append tells it again (and the next recovery raises the low-water mark past it).
 
-A SetLowWaterMark never lowers the recorded low-water mark (a later session's resolved high-water mark is
-never below an earlier one's), so the floor cannot be walked down either. Offline requests
-(`waltz storage recover-partition`, on an unwritable partition) may truncate down to the replica's local
-low-water mark, the prefix it held valid when its last session began: the CLI's guards check in ZooKeeper
-that the replica is no voting member before it does (docs/security.md).
+A SetLowWaterMark never lowers the recorded low-water mark below what the replica holds of it (a later
+session's resolved high-water mark is never below an earlier one's), so the floor cannot be walked down either.
+Offline requests (`waltz storage recover-partition`, on an unwritable partition) may truncate down to the
+replica's local low-water mark, the prefix it held valid when its last session began: the CLI's guards check in
+ZooKeeper that the replica is no voting member before it does (docs/security.md).
+
+A low-water mark above what the replica holds
+---------------------------------------------
+A server of this release copies a replica up to the resolved high-water mark before it sets the low-water mark
+there, so the mark is always one the replica holds. A server of the previous release (7175f3a) sets it first and
+copies after, in the same session; during a rolling upgrade (docs/operations.md, "Upgrades") the node must take
+that, or that server's recovery of the replica repeats the same request on every retry and in every new session
+and the replica never rejoins. So the node records such a mark as it stands: its transactions were resolved by a
+quorum, the replica's own log lies below it, and the floor it sets (no Truncate below it) forgets nothing. What it
+would cost if it were wrong (a mistaken or forged mark, 10^6 on a replica holding 49): the replica would not
+propose in the next recovery and could not be truncated, and every later session's lower mark would be refused
+for ever. The last is why a mark the replica never reached may be lowered, though never below what the replica
+holds: nothing it holds becomes truncatable (a Truncate below the max id stays refused), and the next session's
+recovery, which copies the replica up first and then sets its own mark, takes the replica back.
 
 The session fence is raised only by the server role: any request of a newer store session from a caller with
 the server role raises it (an offline SetLowWaterMark too). It must be raised by a new session's first request,
@@ -48,7 +62,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from waltz_storage.errors import CommittedDataError, InvalidRequest, PermissionDenied
+from waltz_storage.errors import CommittedDataError, PermissionDenied
 
 WRITES = frozenset({"truncate", "set_low_water_mark", "append", "repair"})
 
@@ -102,21 +116,14 @@ def check_truncate(partition_id: int, keep: int, max_transaction_id: int, floor:
         )
 
 
-def check_low_water_mark(partition_id: int, new: int, recorded: int) -> None:
-    """Raise CommittedDataError if a SetLowWaterMark would lower the recorded low-water mark."""
-    if new < recorded:
+def check_low_water_mark(partition_id: int, new: int, recorded: int, max_transaction_id: int) -> None:
+    """Raise CommittedDataError if a SetLowWaterMark would lower the recorded low-water mark below what this replica
+    holds of it: a recorded mark above the max transaction id (set by a previous-release server before it copied
+    the replica up, or mistaken) may come down to the max, never below it (see the module docstring)."""
+    floor = min(recorded, max_transaction_id)
+    if new < floor:
         raise CommittedDataError(
             f"partition {partition_id}: refusing low-water mark {new}: the partition's low-water mark is already "
-            f"{recorded}, and a later session's never goes lower"
-        )
-
-
-def check_low_water_mark_held(partition_id: int, new: int, max_transaction_id: int) -> None:
-    """Raise InvalidRequest if a SetLowWaterMark names transactions this replica does not hold: the low-water mark
-    says every transaction up to it is held here and committed, and it never goes down, so one set above the
-    max transaction id (a mistaken or forged request) would stop every later session's recovery on it."""
-    if new > max_transaction_id:
-        raise InvalidRequest(
-            f"partition {partition_id}: refusing low-water mark {new}: this replica holds transactions only up to "
-            f"{max_transaction_id}; a session sets it after the replica caught up to it"
+            f"{recorded} and it holds transactions up to {max_transaction_id}, and a later session's mark never "
+            f"goes below {floor}"
         )

@@ -10,6 +10,7 @@ from waltz_storage.codec import FILE_HEADER_SIZE, RECORD_OVERHEAD
 from waltz_storage.errors import (
     BatchTooLarge,
     ChecksumError,
+    CommittedDataError,
     DataChecksumMismatch,
     DirtyDataError,
     InvalidRequest,
@@ -188,12 +189,12 @@ def test_set_low_water_mark_rules(tmp_path):
         partition.set_low_water_mark(3, 7)
         assert partition.last_session_info() == SessionInfo(3, 7, 7)
         partition.truncate(4)
-        # issue 33: never above what the replica holds (a session catches it up first)
-        with pytest.raises(InvalidRequest, match="low-water mark 12: this replica holds transactions only up to 4"):
-            partition.set_low_water_mark(5, 12)
-        with pytest.raises(InvalidRequest, match="refusing low-water mark 1000000"):
-            partition.set_low_water_mark(5, 10**6, offline=True)
-        assert partition.last_session_info() == SessionInfo(3, 7, 7)
+        # issue 44: above what the replica holds, as a previous-release server sets it before it copies the
+        # replica up; recorded as it stands, the max as its local low-water mark
+        partition.set_low_water_mark(5, 12)
+        assert partition.last_session_info() == SessionInfo(5, 12, 4)
+        with pytest.raises(CommittedDataError, match="refusing to truncate to 3"):
+            partition.truncate_checked(3, offline=False)
         partition.append(make_records(5, 8))
         partition.set_low_water_mark(5, 12)
         assert partition.last_session_info() == SessionInfo(5, 12, 12)
@@ -205,6 +206,25 @@ def test_set_low_water_mark_rules(tmp_path):
         assert partition.fence.highest_session_id == 5
         with pytest.raises(StaleSession):
             partition.fence.check(4)
+
+
+def test_a_low_water_mark_the_replica_never_reached_comes_down_to_its_max_and_survives_a_restart(tmp_path):
+    """Issue 33's poisoned mark (10^6 on a replica holding 4) no longer refuses every later session: the next one,
+    which copies the replica up first, sets its own mark; never below what the replica holds."""
+    with open_manager(tmp_path) as manager:
+        partition = manager.assign(0)
+        partition.append(make_records(0, 5))
+        partition.set_low_water_mark(2, 10**6)
+    with open_manager(tmp_path) as manager:
+        partition = manager.partition(0)
+        assert partition.last_session_info() == SessionInfo(2, 10**6, 4)
+        with pytest.raises(CommittedDataError, match=r"refusing low-water mark 3: .* never goes below 4"):
+            partition.set_low_water_mark(3, 3, offline=False)
+        with pytest.raises(CommittedDataError, match="refusing to truncate to 3"):
+            partition.truncate_checked(3, offline=False)
+        partition.append(make_records(5, 3))
+        partition.set_low_water_mark(3, 7)
+        assert partition.last_session_info() == SessionInfo(3, 7, 7)
 
 
 def test_flags_live_in_a_sidecar_file(tmp_path):

@@ -101,7 +101,8 @@ class Driver:
                     storage.damaged.discard(txn)
                 self.manager.replica_damage(replica, storage.damaged)
             case SetLowWaterMark(low_water_mark):
-                # storage.rules.check_low_water_mark_held: never above what the replica holds
+                # this release sets the mark only once the replica holds it (waltz_storage.rules: a previous
+                # release's server set it before copying the replica up, which the storage node still takes)
                 assert low_water_mark <= storage.max_transaction_id, (replica, action)
                 storage.session_id = self.manager.session_id
                 storage.low_water_mark = low_water_mark

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from waltz_storage import rules
-from waltz_storage.errors import CommittedDataError, InvalidRequest, PermissionDenied
+from waltz_storage.errors import CommittedDataError, PermissionDenied
 
 SERVER = rules.Caller.from_roles(["server"])
 OPERATOR = rules.Caller.from_roles(["operator"])
@@ -45,16 +45,20 @@ def test_truncate_below_the_floor_is_refused_and_a_no_op_is_not():
 
 
 def test_the_low_water_mark_never_goes_down():
-    rules.check_low_water_mark(0, 903, 903)
-    rules.check_low_water_mark(0, 904, 903)
+    rules.check_low_water_mark(0, 903, 903, 903)
+    rules.check_low_water_mark(0, 904, 903, 903)
     with pytest.raises(CommittedDataError, match=r"refusing low-water mark 100: .* already 903"):
-        rules.check_low_water_mark(0, 100, 903)
+        rules.check_low_water_mark(0, 100, 903, 903)
+    with pytest.raises(CommittedDataError, match=r"refusing low-water mark 900: .* never goes below 903"):
+        rules.check_low_water_mark(0, 900, 903, 1000)
 
 
-def test_the_low_water_mark_never_goes_above_what_the_replica_holds():
-    """Issue 33: SetLowWaterMark(10^6) on a replica holding 49 was accepted, and every later session's recovery
-    of that replica was refused ("the partition's low-water mark is already 1000000")."""
-    rules.check_low_water_mark_held(0, 49, 49)
-    rules.check_low_water_mark_held(0, -1, -1)
-    with pytest.raises(InvalidRequest, match=r"refusing low-water mark 1000000: .* only up to 49"):
-        rules.check_low_water_mark_held(0, 10**6, 49)
+def test_a_low_water_mark_the_replica_never_reached_comes_down_to_what_it_holds_never_below():
+    """Issue 44: a previous-release server sets the mark above what the replica holds (it copies the replica up
+    after), so the node takes it. Issue 33: a mark the replica never reached (SetLowWaterMark(10^6) on a replica
+    holding 49) refused every later session's mark for ever; now the next one may bring it down to the max."""
+    rules.check_low_water_mark(0, 10**6, 49, 49)  # above the max: taken
+    rules.check_low_water_mark(0, 49, 10**6, 49)
+    rules.check_low_water_mark(0, 60, 10**6, 49)
+    with pytest.raises(CommittedDataError, match=r"refusing low-water mark 48: .* never goes below 49"):
+        rules.check_low_water_mark(0, 48, 10**6, 49)
