@@ -1,0 +1,116 @@
+"""A wallet web service as a service author writes one (bench/web_service.py runs three of them under load).
+
+    python -m bench.web_wallet --config client.yaml --dsn DSN --port PORT
+
+FastAPI under uvicorn, an AsyncWaltzClient made in the lifespan and AsyncPostgresClientCallbacks applying the log
+into the instance's own PostgreSQL database: POST /deposit/{wallet}/{amount}, POST /withdraw/{wallet}/{amount}
+(declined, 409, when the balance the instance has applied is short: never an overdraft, because the append takes
+the wallet's write lock and a lock failure re-executes the check), GET /balance/{wallet}, and GET /stats (the
+client's counters and callback queue, for the benchmark's diagnosis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, HTTPException
+
+from waltz_client import AsyncWaltzClient, PartitionLocalLock, Transaction, TransactionBuilder, TransactionContext
+from waltz_client.postgres_async import AsyncPgGuardedConnection, AsyncPostgresClientCallbacks
+
+WALLET_HEADER = 0x57414C  # "WAL": this application's transactions (a shared development log holds others')
+BALANCE_SQL = "SELECT balance FROM wallets WHERE wallet = %s"
+
+
+class Wallets(AsyncPostgresClientCallbacks):
+    """Balances, moved by the log's deposits and withdrawals (data: b"WALLET AMOUNT", amount signed)."""
+
+    async def create_schema(self, connection: AsyncPgGuardedConnection) -> None:
+        await connection.execute("CREATE TABLE IF NOT EXISTS wallets "
+                                 "(wallet TEXT PRIMARY KEY, balance BIGINT NOT NULL)")
+
+    async def apply(self, transaction: Transaction, connection: AsyncPgGuardedConnection) -> None:
+        if transaction.header != WALLET_HEADER:
+            return  # not a wallet transaction: the helper still moves the high-water mark past it
+        wallet, amount = transaction.data().decode().split()
+        await connection.execute("INSERT INTO wallets VALUES (%s, %s) ON CONFLICT (wallet) "
+                                 "DO UPDATE SET balance = wallets.balance + EXCLUDED.balance", (wallet, int(amount)))
+
+
+class Move(TransactionContext):
+    """A deposit (amount > 0) or a withdrawal (amount < 0, checked against the applied balance)."""
+
+    def __init__(self, wallets: Wallets, wallet: str, amount: int) -> None:
+        self.wallets, self.wallet, self.amount = wallets, wallet, amount
+
+    def partition_id(self, num_partitions: int) -> int:
+        return 0
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        if self.amount < 0:
+            rows = self.wallets.query_all_blocking(BALANCE_SQL, self.wallet)
+            if not rows or rows[0][0] + self.amount < 0:
+                return False
+        builder.set_header(WALLET_HEADER)
+        builder.set_data(f"{self.wallet} {self.amount}".encode())
+        builder.set_write_locks([PartitionLocalLock("wallet", zlib.crc32(self.wallet.encode()))])
+        return True
+
+
+def make_app(config: str, dsn: str) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with Wallets(dsn) as wallets, AsyncWaltzClient(wallets, config) as client:
+            await client.wait_mounted()
+            app.state.wallets, app.state.client = wallets, client
+            yield
+
+    app = FastAPI(lifespan=lifespan)
+
+    async def move(wallet: str, amount: int) -> dict[str, Any]:
+        if not await app.state.client.submit_and_wait(Move(app.state.wallets, wallet, amount), timeout=60):
+            raise HTTPException(409, "insufficient funds")
+        return {"ok": True}
+
+    @app.post("/deposit/{wallet}/{amount}")
+    async def deposit(wallet: str, amount: int) -> dict[str, Any]:
+        return await move(wallet, amount)
+
+    @app.post("/withdraw/{wallet}/{amount}")
+    async def withdraw(wallet: str, amount: int) -> dict[str, Any]:
+        return await move(wallet, -amount)
+
+    @app.get("/balance/{wallet}")
+    async def balance(wallet: str) -> dict[str, Any]:
+        rows = await app.state.wallets.query_all(BALANCE_SQL, wallet)
+        return {"balance": rows[0][0] if rows else 0}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        client: AsyncWaltzClient = app.state.client
+        queued, busy = client.metric_callback_thread()
+        return {**client.metric_counters(), "callback_queue": queued, "callback_busy_s": busy,
+                "client_high_water_mark": client.client_high_water_mark(0)}
+
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="the client's YAML configuration")
+    parser.add_argument("--dsn", required=True, help="the instance's PostgreSQL database")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    server = uvicorn.Server(uvicorn.Config(make_app(args.config, args.dsn), host="127.0.0.1", port=args.port,
+                                           log_level="warning", access_log=False))
+    asyncio.run(server.serve())
+
+
+if __name__ == "__main__":
+    main()
