@@ -5,15 +5,19 @@
 A LocalCluster (3 storage nodes, 1 server, 1 partition), a throwaway PostgreSQL server with a database per
 instance, and --instances FastAPI/uvicorn processes of the wallet service (AsyncWaltzClient +
 AsyncPostgresClientCallbacks). A load generator keeps --connections keep-alive HTTP connections per instance busy
-for --seconds: 45% deposits, 45% withdrawals, 10% balance reads, on --wallets hot wallets. Each 5 s window prints
-its requests/s, the ratio to the first window (the baseline, same run), p50 and p99 latency, the instances' commits
-and lock failures and their callback threads' busy seconds per second (summed); the CPU milliseconds per request
-of all of the run's processes (instances, cluster, PostgreSQL, this load generator) and of each group, the cores
-they used and the cores the machine's other processes used meanwhile; and what the PostgreSQL side shows (the
-marks table's and the wallets table's dead rows as pg_stat_user_tables counts them, summed over the databases,
-autovacuum runs, the sessions waiting on a lock) and the instances' callback queues. A throughput that drops while
-the CPU per request stays flat is a machine shared with other work (the `others` column), not a cost that grows.
-At the end: every database holds the same balances, none negative.
+for --seconds: 45% deposits, 45% withdrawals, 10% balance reads, on --wallets hot wallets. Each 5 s window prints:
+
+- requests/s, the ratio to the first window (the baseline, same run), p50 and p99 latency, declined withdrawals;
+- the instances' commits and lock failures, their callback threads' busy seconds per second (summed);
+- the CPU milliseconds per request of all of the run's processes (instances, cluster, PostgreSQL, this load
+  generator) and of each group; the cores they used; `cpu wait`: the cores' worth of time their threads spent
+  runnable but waiting for a CPU (the scheduler's run delay, /proc/PID/task/*/schedstat); the cores the machine's
+  other processes used; the instances' resident memory;
+- the PostgreSQL side: the marks table's and the wallets table's dead rows (pg_stat_user_tables, summed over the
+  databases), autovacuum runs, sessions waiting on a lock; and the instances' callback queues.
+
+A throughput that drops while the CPU per request stays flat and `cpu wait` is high is a machine shared with other
+work, not a cost that grows. At the end: every database holds the same balances, none negative.
 """
 
 from __future__ import annotations
@@ -142,11 +146,27 @@ def _cpu_s(pids: list[int]) -> float:
     return total
 
 
+def _run_delay_s(pids: list[int]) -> float:
+    """Seconds the threads of these processes have spent runnable but waiting for a CPU (/proc/PID/task/*/schedstat:
+    the scheduler's run delay): what tells a process starved of CPU from one that waits on something else."""
+    total = 0
+    for pid in pids:
+        for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            try:
+                total += int(stat.read_text().split()[1])
+            except (OSError, IndexError, ValueError):
+                pass  # a thread that ended meanwhile
+    return total / 1e9
+
+
 def _sample(groups: dict[str, list[int]], pg_pid: int) -> dict[str, float]:
-    """CPU seconds so far per group of processes (the PostgreSQL server's backends too), and the machine's busy
-    seconds (all cores)."""
+    """CPU seconds so far per group of processes (the PostgreSQL server's backends too), their run delay, and the
+    machine's busy seconds (all cores)."""
     found = {name: _cpu_s(pids) for name, pids in groups.items()}
-    found["database"] = _cpu_s([c.pid for c in psutil.Process(pg_pid).children()])
+    backends = [c.pid for c in psutil.Process(pg_pid).children()]
+    found["database"] = _cpu_s(backends)
+    found["rss"] = sum(psutil.Process(pid).memory_info().rss for pid in groups["instances"])
+    found["run_delay"] = _run_delay_s([pid for pids in groups.values() for pid in pids] + backends)
     machine = psutil.cpu_times()
     found["machine"] = machine.user + machine.system + machine.nice + machine.irq + machine.softirq
     return found
@@ -168,8 +188,8 @@ async def _run(ports: list[int], dsns: list[str], args: argparse.Namespace, grou
     before: dict[str, Any] = {**dict.fromkeys(COUNTERS, 0), **_sample(groups, pg_pid)}
     print(f"{'window':>8} {'req/s':>7} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7} {'declined':>8} {'errors':>6} "
           f"{'commits':>7} {'lockfail':>8} {'cb busy':>7} {'ms cpu/req':>10} {'app':>5} {'cluster':>7} {'db':>5} "
-          f"{'our cores':>9} {'others':>6} {'marks dead':>10} {'wallets dead':>12} {'autovac':>7} {'lock waits':>10} "
-          f"{'cb queues':>10}", flush=True)
+          f"{'our cores':>9} {'cpu wait':>8} {'others':>6} {'app MB':>6} {'marks dead':>10} {'wallets dead':>12} "
+          f"{'autovac':>7} {'lock waits':>10} {'cb queues':>10}", flush=True)
     for index in range(count):
         await asyncio.sleep(max(0.0, start + (index + 1) * WINDOW_S - time.monotonic()))
         side: dict[str, Any] = {**await _pg_side(dsns), **_sample(groups, pg_pid)}
@@ -181,7 +201,7 @@ async def _run(ports: list[int], dsns: list[str], args: argparse.Namespace, grou
         w = windows[index]
         rate = len(w.latencies) / WINDOW_S
         base = len(windows[0].latencies) / WINDOW_S or 1.0
-        delta = {key: side[key] - before[key] for key in (*COUNTERS, *groups, "database", "machine")}
+        delta = {key: side[key] - before[key] for key in (*COUNTERS, *groups, "database", "machine", "run_delay")}
         ours = sum(delta[key] for key in (*groups, "database"))
         per_request = 1000 / max(1, len(w.latencies))  # ms per request of a second's CPU
         print(f"{index * WINDOW_S:>4.0f}-{(index + 1) * WINDOW_S:<3.0f} {rate:>7.1f} {rate / base:>6.2f} "
@@ -190,7 +210,8 @@ async def _run(ports: list[int], dsns: list[str], args: argparse.Namespace, grou
               f"{delta['waltz_client_lock_failures']:>8} {delta['callback_busy_s'] / WINDOW_S:>7.2f} "
               f"{ours * per_request:>10.2f} {delta['instances'] * per_request:>5.2f} "
               f"{delta['cluster'] * per_request:>7.2f} {delta['database'] * per_request:>5.2f} "
-              f"{ours / WINDOW_S:>9.2f} {(delta['machine'] - ours) / WINDOW_S:>6.2f} "
+              f"{ours / WINDOW_S:>9.2f} {delta['run_delay'] / WINDOW_S:>8.2f} "
+              f"{(delta['machine'] - ours) / WINDOW_S:>6.2f} {side['rss'] / 2**20:>6.0f} "
               f"{side['marks_dead']:>10} {side['wallets_dead']:>12} "
               f"{side['autovacuums']:>7} {side['lock_waits']:>10} {side['queues']:>10}", flush=True)
         sides.append({"ms_per_request": ours * per_request, "our_cores": ours / WINDOW_S})
