@@ -1,11 +1,13 @@
 """Three instances of a web service (bench/web_wallet.py) under a load on hot wallets: does the throughput hold?
 
     python -m bench.web_service --postgres [--seconds 60] [--instances 3] [--connections 8] [--wallets 4]
+        [--sync-helper]
 
 A LocalCluster (3 storage nodes, 1 server, 1 partition), a throwaway PostgreSQL server with a database per
 instance, and --instances FastAPI/uvicorn processes of the wallet service (AsyncWaltzClient +
-AsyncPostgresClientCallbacks). A load generator keeps --connections keep-alive HTTP connections per instance busy
-for --seconds: 45% deposits, 45% withdrawals, 10% balance reads, on --wallets hot wallets. Each 5 s window prints:
+AsyncPostgresClientCallbacks; with --sync-helper the synchronous PostgresClientCallbacks, to compare). A load
+generator keeps --connections keep-alive HTTP connections per instance busy for --seconds: 45% deposits, 45%
+withdrawals, 10% balance reads, on --wallets hot wallets. Each 5 s window prints:
 
 - requests/s, the ratio to the first window (the baseline, same run), p50 and p99 latency, declined withdrawals;
 - the instances' commits and lock failures, their callback threads' busy seconds per second (summed);
@@ -259,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--connections", type=int, default=8, help="concurrent HTTP connections per instance")
     parser.add_argument("--wallets", type=int, default=4, help="hot wallets")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--sync-helper", action="store_true",
+                        help="the instances use the synchronous PostgresClientCallbacks instead, to compare")
     parser.add_argument("--workdir", help="keep the cluster's and the instances' files here")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="waltz-web-service-"))
@@ -275,11 +279,12 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for index, (port, dsn) in enumerate(zip(ports, dsns, strict=True)):
                 log = (workdir / f"instance-{index}.log").open("w")
-                processes.append(subprocess.Popen(
-                    [sys.executable, "-m", "bench.web_wallet", "--config", str(config), "--dsn", dsn,
-                     "--port", str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+                command = [sys.executable, "-m", "bench.web_wallet", "--config", str(config), "--dsn", dsn,
+                           "--port", str(port), *(["--sync-helper"] if args.sync_helper else [])]
+                processes.append(subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
             _wait_ready(ports, processes, workdir)
-            print(f"{args.instances} instances, {args.connections} connections each, {args.wallets} hot wallets, "
+            print(f"{'PostgresClientCallbacks' if args.sync_helper else 'AsyncPostgresClientCallbacks'}: "
+                  f"{args.instances} instances, {args.connections} connections each, {args.wallets} hot wallets, "
                   f"{args.seconds:.0f} s; ratio: to the first window", flush=True)
             groups = {"instances": [p.pid for p in processes], "cluster": list(cluster.pids().values()),
                       "bench": [os.getpid()]}
