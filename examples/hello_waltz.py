@@ -6,6 +6,9 @@ Start a local cluster in one terminal (`.venv/bin/waltz dev`), then in another:
 
 It keeps what it has applied in memory, so each run reads the whole log again from transaction 0;
 a real application keeps its high-water mark in its own database (see waltz_client.sqlite_callbacks).
+Its transactions carry the header HELLO, and it shows only those: a development log (`waltz dev --data`) keeps
+every application's transactions, and each one skips what is not its own (docs/applications.md, A log shared
+with other applications).
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import threading
 
 from waltz_client import Transaction, TransactionBuilder, TransactionContext, WaltzClient, WaltzClientCallbacks
 
+HELLO = 0x68656C6F  # "helo": this application's transactions (TransactionBuilder.set_header; 0 is the default)
+
 
 class Messages(WaltzClientCallbacks):
-    """Applies the feed: every committed message of every partition, in id order, in memory."""
+    """Applies the feed: this application's messages (header HELLO) of every partition, in id order, in memory;
+    the high-water mark moves past every transaction, its own or another application's."""
 
     def __init__(self) -> None:
         self.messages: list[tuple[int, bytes]] = []
@@ -29,7 +35,8 @@ class Messages(WaltzClientCallbacks):
 
     def apply_transaction(self, transaction: Transaction) -> None:
         with self.changed:
-            self.messages.append((transaction.transaction_id, transaction.data()))
+            if transaction.header == HELLO:
+                self.messages.append((transaction.transaction_id, transaction.data()))
             self.high_water_marks[transaction.partition_id] = transaction.transaction_id
             self.changed.notify_all()
 
@@ -47,12 +54,14 @@ class Say(TransactionContext):
         return 0
 
     def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_header(HELLO)
         builder.set_data(self.text.encode())
         return True
 
 
 def say_and_read(config: str | dict[str, object], texts: list[str], timeout: float = 30.0) -> list[tuple[int, bytes]]:
-    """Append texts, wait until the feed brings them back, and return every message of partition 0."""
+    """Append texts, wait until the feed brings them back, and return every message of partition 0 (this
+    application's)."""
     messages = Messages()
     with WaltzClient(messages, config) as client:
         for text in texts:

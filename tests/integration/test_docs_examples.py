@@ -81,6 +81,7 @@ EXPECTED_OUTPUT = {
     "print(transaction.transaction_id, transaction.data())": "0 b'hello'",
     'print(callbacks.query_all("SELECT amount FROM orders WHERE id = %s", place.order["id"]))': "[(250,)]",
     "print(await client.high_water_mark(0))": "-1",
+    'print(ledger.query_all("SELECT account, amount FROM entries"))': "[('alice', 10)]",
 }
 
 

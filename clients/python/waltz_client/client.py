@@ -13,6 +13,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from waltz.v1 import server_pb2
+from waltz_client import metrics
 from waltz_client.api import TransactionContext, WaltzClientCallbacks
 from waltz_client.config import ClientConfig
 from waltz_client.connection import ConnectionManager, ServerConnection
@@ -23,7 +24,7 @@ from waltz_client.errors import (
     WaltzError,
     WaltzTimeoutError,
 )
-from waltz_client.metrics import COUNTERS, ClientCollector, LatencyHistogram, PartitionView
+from waltz_client.metrics import COUNTERS, LatencyHistogram, PartitionView
 from waltz_client.partition import ClientPartition
 from waltz_client.partition_env import PartitionEnv, Stats
 from waltz_client.submission import Submitter
@@ -52,7 +53,9 @@ class AsyncWaltzClient:
 
     metrics_registry: a prometheus_client CollectorRegistry to expose this client's metrics in (waltz_client_*,
     docs/applications.md), from construction until close(); None (the default): no metrics, and no cost.
-    One client per registry (the names carry no client id): give each client of a process its own.
+    One client per registry (the names carry no client id): give each client of a process its own. In
+    prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR set) they are written as its values every
+    second instead, for a MultiProcessCollector (docs/client-guide.md, Metrics under multi-process servers).
     """
 
     def __init__(self, callbacks: WaltzClientCallbacks, config: ConfigSource = None, *, driver: Any = None,
@@ -79,13 +82,12 @@ class AsyncWaltzClient:
         self._loop_thread: threading.Thread | None = None
         self._latency: LatencyHistogram | None = None
         self._lock_failure_latency: LatencyHistogram | None = None
-        self._metrics: tuple[CollectorRegistry, ClientCollector] | None = None
+        self._metrics: metrics.ClientMetrics | None = None
         if metrics_registry is not None:
             self._latency = LatencyHistogram()
             self._lock_failure_latency = LatencyHistogram()
-            collector = ClientCollector(self, self._latency, self._lock_failure_latency)
-            metrics_registry.register(collector)  # ValueError if the registry already has a client's metrics
-            self._metrics = (metrics_registry, collector)
+            # ValueError if the registry already has a client's metrics
+            self._metrics = metrics.register(self, metrics_registry, self._latency, self._lock_failure_latency)
 
     async def __aenter__(self) -> AsyncWaltzClient:
         await self.start()
@@ -338,8 +340,7 @@ class AsyncWaltzClient:
 
     def _unregister_metrics(self) -> None:
         if self._metrics is not None:
-            registry, collector = self._metrics
-            registry.unregister(collector)
+            self._metrics.close()
             self._metrics = None
 
     def _check_open(self) -> None:

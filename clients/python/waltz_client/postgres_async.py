@@ -91,7 +91,12 @@ class AsyncPostgresClientCallbacks(BatchApplyCallbacks):
     Its own connection applies the batches (one at a time); `query_all` reads on a second one, so an
     application's reads never land inside an apply's transaction. A lost connection, a deadlock or a
     serialization failure is retried as in PostgresClientCallbacks (reconnect_timeout, then
-    DatabaseUnavailableError, which the client reports and retries)."""
+    DatabaseUnavailableError, which the client reports and retries).
+
+    A log can hold other applications' transactions (a development log kept by `waltz dev --data` does): tag
+    yours (`builder.set_header(MINE)` in execute()) and have `async def apply()` return at once for any other
+    header; the helper moves the high-water mark past the whole batch all the same (docs/applications.md, A log
+    shared with other applications)."""
 
     use_pipeline = True
     """apply_batch runs apply() in pipeline mode; False for an apply() that uses COPY (refused in that mode)."""

@@ -201,6 +201,11 @@ class PostgresClientCallbacks(BatchApplyCallbacks):
     again is safe: the high-water mark tells whether a commit whose answer was lost went through.
     Connections are per thread (autocommit, the helper opens the transactions); `connect()` gives the
     calling thread's (for reads in execute()).
+
+    A log can hold other applications' transactions (a development log kept by `waltz dev --data` does): tag
+    yours (`builder.set_header(MINE)` in execute()) and have apply() (or apply_batch, filtering) skip any other
+    header. The helper moves the high-water mark past the whole batch all the same, so they are skipped once;
+    raising instead would retry them forever (docs/applications.md, A log shared with other applications).
     """
 
     use_pipeline = True

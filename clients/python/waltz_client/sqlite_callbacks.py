@@ -51,6 +51,11 @@ class SqliteClientCallbacks(BatchApplyCallbacks):
     commits. Subclasses implement apply(transaction, connection) with the connection they are given
     (no commit/rollback), or apply_batch(transactions, connection) to write a batch at once, or both.
     Connections are per thread; `connect()` gives the calling thread's (for reads in execute).
+
+    A log can hold other applications' transactions (a development log kept by `waltz dev --data` does): tag
+    yours (`builder.set_header(MINE)` in execute()) and have apply() return at once for any other header. The
+    helper moves the high-water mark past the whole batch all the same, so they are skipped once and never come
+    back; raising instead would retry them forever (docs/applications.md, A log shared with other applications).
     """
 
     def __init__(self, database: str | Path, table: str = "waltz_client_high_water_mark") -> None:

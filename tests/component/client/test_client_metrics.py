@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import values as prometheus_values
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.component.client.helpers import FAST, Ctx, MemoryCallbacks, eventually, run
 from tests.integration.cli.observability import naming_problems, promtool, promtool_problems
 from waltz_client import AsyncWaltzClient, MockServer, PartitionLocalLock, WaltzClient
-from waltz_client.metrics import LatencyHistogram
+from waltz_client.metrics import LatencyHistogram, ProcessValues
 
 
 def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -108,3 +112,59 @@ def test_the_latency_histogram_counts_into_prometheus_buckets() -> None:
     for seconds in (0.0005, 0.001, 0.002, 0.5):
         histogram.observe(seconds)
     assert histogram.cumulative() == ([("0.001", 2), ("0.01", 3), ("+Inf", 4)], pytest.approx(0.5035))
+
+
+def multiprocess_samples(directory: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A scrape as a multi-process server's metrics endpoint answers it: every worker's files, combined."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    check_exposition(registry)
+    return samples(registry)
+
+
+@pytest.mark.callback_modes("thread")  # each client applies the other's transactions: a fetch, off the loop
+def test_in_multiprocess_mode_counters_sum_across_processes_and_gauges_combine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers simulated in one process: prometheus_client's multiprocess values, each with its own process
+    identifier (the files a gunicorn worker of that pid would write); tests/integration/client/test_web_workers.py
+    runs real ones."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(ProcessValues, "interval", 0.05)
+    server = MockServer(1)
+
+    def worker(pid: int) -> tuple[WaltzClient, CollectorRegistry]:
+        monkeypatch.setattr(prometheus_values, "ValueClass", prometheus_values.MultiProcessValue(lambda: pid))
+        registry = CollectorRegistry()
+        client = WaltzClient(MemoryCallbacks(), FAST, driver=server, metrics_registry=registry)
+        client.wait_mounted()
+        # a labelled value is made at its first write, with the ValueClass of then: this worker's, before the next
+        client._client._metrics.write()  # type: ignore[union-attr]
+        return client, registry
+
+    (first, first_registry), (second, _) = worker(101), worker(102)
+    with pytest.raises(ValueError, match="Duplicated timeseries"):  # one client per registry, as without the mode
+        WaltzClient(MemoryCallbacks(), FAST, driver=server, metrics_registry=first_registry)
+    assert all(first.submit(Ctx(b"a%d" % i)).result(timeout=30) for i in range(3))
+    assert all(second.submit(Ctx(b"b%d" % i)).result(timeout=30) for i in range(5))
+    expected = {"waltz_client_commits_total": 8, "waltz_client_applied_transactions_total": 16,
+                "waltz_client_append_latency_seconds_count": 8, "waltz_client_partition_mounted": 1,
+                "waltz_client_partition_client_high_water_mark": 7, "waltz_client_partition_pending_appends": 0}
+
+    def scraped() -> dict[str, float]:
+        scrape = multiprocess_samples(tmp_path)
+        return {name: value(scrape, name, **({"partition": "0"} if "partition_" in name else {}))
+                for name in expected if any(n == name for n, _ in scrape)}
+
+    deadline = time.monotonic() + 10
+    while scraped() != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scraped() == expected
+    assert value(multiprocess_samples(tmp_path), "waltz_client_append_latency_seconds_bucket", le="+Inf") == 8
+    second.close()  # a worker that stopped: its counters stay in the sum; its live gauges go with mark_process_dead
+    mark_process_dead(102, str(tmp_path))
+    first.close()  # a closed client in a live worker: not mounted
+    assert scraped()["waltz_client_partition_mounted"] == 0
+    again, _ = worker(101)  # a client made again in the same worker goes on from the counters the first left
+    assert again.submit(Ctx(b"c")).result(timeout=30)
+    again.close()
+    assert scraped()["waltz_client_commits_total"] == 9
