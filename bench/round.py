@@ -4,34 +4,37 @@ transport measured in the same run, and open-loop latency, for this checkout and
     .venv/bin/python -m bench.round [--quick] [--baseline REV] [--rounds N] [--seconds S] [--only SECTION]
                                     [--skip-open-loop] [--dir DIR]
 
-Each round runs, alternating which side goes first, one LocalCluster (ZooKeeper shared, 3 storage nodes, 1 server,
-1 partition, 512 B appends) per side: the baseline's (REV, default git merge-base HEAD main: its server, storage,
-client and common trees exported under the benchmark cache by bench.package_baseline and put first on the
-PYTHONPATH of its services and of its client processes) and this checkout's. In each (bench.round_load):
+Each round starts one LocalCluster (ZooKeeper shared, 3 storage nodes, 1 server, 1 partition, 512 B appends) per
+side, both kept up for the round: the baseline's (REV, default git merge-base HEAD main: its server, storage, client
+and common trees exported under the benchmark cache by bench.package_baseline and put first on the
+PYTHONPATH of its services and of its client processes) and this checkout's. Then each load (bench.round_load)
+runs on one side's cluster and then on the other's, alternating which goes first from one load and round to the
+next, so that both sides of a row are measured seconds apart on this shared machine:
 - cpu: the Python client (AsyncWaltzClient, N writers each awaiting its append's commit) and a raw client (one
   ClientMessage with one AppendRequest per append, the next sent when a commit shows in the feed), N = 1 and 10:
   CPU us per committed append of the server, of each storage node and of the client process (all threads) over
   --seconds after a warm-up;
 - open: 3 client processes (AsyncWaltzClient, each append in its own task on a fixed schedule, latency from the
   scheduled time) at 1,000 / 3,000 / 5,000 / 10,000 appends/s offered in all.
-And before each side's cluster, the floors (section "floors"): one grpc.aio bidirectional-stream round (512 B each
+Before the loads of each round, the floors (section "floors"): one grpc.aio bidirectional-stream round (512 B each
 way, echo server in its own process, both on the services' event loop), one framed storage round
 (bench.session_port's "append 1": a storage node's CPU for an append of one 512 B record on its framed session port,
 its files in /dev/shm, both revisions' ports) and one fdatasync of a 512 B append in the work directory's filesystem
-(where the clusters keep their data). Every figure printed is the median of the rounds of its side (of all the runs
-for a floor). Asserts nothing.
+(where the clusters keep their data). Every figure printed is the median of the rounds. Asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -43,6 +46,7 @@ from bench.curves.common import LoadLog, wait_owned
 from bench.package_baseline import default_baseline, export, run_worker
 from bench.revisions import REPO
 from bench.round_tables import (
+    SIDES,
     Row,
     compare_table,
     cpu_rows,
@@ -89,35 +93,35 @@ def worker(spec: dict[str, Any], package_root: Path | None, baseline_root: Path 
     return result
 
 
-def one_side(workdir: Path, zookeeper: str, root: str, package_root: Path | None, baseline_root: Path | None,
-             sections: set[str], timing: Timing) -> dict[Row, float]:
-    """The rows of one side's cluster."""
-    rows: dict[Row, float] = {}
+@contextlib.contextmanager
+def side_cluster(workdir: Path, zookeeper: str, root: str, package_root: Path | None, baseline_root: Path | None,
+                 timing: Timing) -> Iterator[Callable[[dict[str, Any]], dict[str, Any]]]:
+    """One side's cluster, started with package_root first on its processes' PYTHONPATH (None: this checkout's);
+    yields a function that runs a load's spec against it in a worker of the same side."""
     with contextlib.ExitStack() as stack:
         with first_on_pythonpath(package_root):  # the cluster's processes start here and inherit it
             cluster = stack.enter_context(LocalCluster(workdir, storage_nodes=3, servers=1, partitions=1,
                                                        zookeeper=zookeeper, cluster_root=root))
         if package_root is not None:
             require_first_on_pythonpath(cluster.pids(), ("server", "storage"), package_root)
-        address = wait_owned(cluster, 1)[0]
-        common = {"config": cluster.client_config(**WRITER_CLIENT), "address": address, "warmup": timing.warmup,
+        common = {"config": cluster.client_config(**WRITER_CLIENT), "address": wait_owned(cluster, 1)[0],
+                  "pids": cluster.pids(), "zookeeper": zookeeper, "root": root, "warmup": timing.warmup,
                   "seconds": timing.seconds}
+        yield lambda spec: worker({**common, **spec}, package_root, baseline_root)
 
-        def run(spec: dict[str, Any]) -> dict[str, Any]:
-            return worker({**common, **spec}, package_root, baseline_root)
 
-        if "cpu" in sections:
-            pids = cluster.pids()
-            for label, load in CLIENTS:
-                for inflight in IN_FLIGHT:
-                    result = run({"load": load, "inflight": inflight, "pids": pids, "zookeeper": zookeeper,
-                                  "root": root})
-                    rows.update(cpu_rows(f"{label}, {inflight} in flight", result, timing.seconds))
-        if "open" in sections:
-            for rate in RATES:
-                result = run({"load": "open", "rate": rate, "processes": OPEN_PROCESSES})
-                rows.update(open_rows(rate, result, timing.seconds))
-    return rows
+def loads(sections: set[str], seconds: float) -> list[tuple[dict[str, Any], Callable[[dict[str, Any]],
+                                                                                      dict[Row, float]]]]:
+    """The loads of the sections asked for: (spec, what makes its rows of its result)."""
+    found: list[tuple[dict[str, Any], Callable[[dict[str, Any]], dict[Row, float]]]] = []
+    if "cpu" in sections:
+        found += [({"load": load, "inflight": n}, functools.partial(cpu_rows, f"{label}, {n} in flight",
+                                                                     seconds=seconds))
+                  for label, load in CLIENTS for n in IN_FLIGHT]
+    if "open" in sections:
+        found += [({"load": "open", "rate": rate, "processes": OPEN_PROCESSES},
+                   functools.partial(open_rows, rate, seconds=seconds)) for rate in RATES]
+    return found
 
 
 def fdatasync_us(directory: Path, count: int) -> float:
@@ -139,7 +143,7 @@ def fdatasync_us(directory: Path, count: int) -> float:
 
 
 def floors(workdir: Path, port_file: Path, timing: Timing) -> dict[str, float]:
-    """One run of the floors (the same code for both sides, but for the framed port's)."""
+    """One round's floors (the same code for both sides, but for the framed port's)."""
     echo = worker({"load": "echo", "warmup": timing.warmup, "seconds": timing.seconds}, None, None)
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     try:
@@ -183,17 +187,21 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="waltz-round-", dir=args.dir) as workdir, \
             ZooKeeperProcess(Path(workdir) / "zookeeper") as zookeeper:
         load.mark("start")
-        n = 0
         for r in range(timing.rounds):
-            for name in ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline"):
-                n += 1
-                if "floors" in sections:  # next to each side's cluster: the machine's load moves them
+            with contextlib.ExitStack() as stack:
+                clusters = {name: stack.enter_context(side_cluster(
+                    Path(workdir) / f"round-{r + 1}-{name}", zookeeper.connect_string, f"/bench/round{r + 1}{name}",
+                    package_root if name == "baseline" else None, baseline_root, timing))
+                    for name in SIDES if sections & {"cpu", "open"}}
+                if "floors" in sections:
                     floor_rounds.append(floors(Path(workdir), port_file, timing))
-                if sections & {"cpu", "open"}:
-                    runs[name].append(one_side(Path(workdir) / f"cluster-{n}", zookeeper.connect_string,
-                                               f"/bench/round{n}", package_root if name == "baseline" else None,
-                                               baseline_root, sections, timing))
-                print(f"round {r + 1}: {name} done", file=sys.stderr, flush=True)
+                rows: dict[str, dict[Row, float]] = {name: {} for name in SIDES}
+                for i, (spec, rows_of) in enumerate(loads(sections, timing.seconds)):
+                    for name in SIDES if (r + i) % 2 == 0 else SIDES[::-1]:
+                        rows[name].update(rows_of(clusters[name](spec)))
+                    print(f"round {r + 1}: {spec} done", file=sys.stderr, flush=True)
+            for name in SIDES:
+                runs[name].append(rows[name])
             load.mark(f"after round {r + 1}")
     print(load.line())
     print(f"baseline: {revision} = {commit[:12]} (its server, storage, client and common); candidate: this "
@@ -205,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n1. CPU us per committed append of every process (all threads), committed/s, errors")
         print(compare_table(cpu_side))
     if "floors" in sections:
-        print("\n2. floors, measured before each side's cluster (the same code for both but the framed port's); "
-              "median of the runs, then each run")
+        print("\n2. floors, measured before each round's loads (the same code for both sides but the framed "
+              "port's); median of the rounds, then each round")
         print(floors_table(floor_rounds))
     if {"cpu", "floors"} <= sections:
         print("\n3. CPU per lone append (1 in flight) / the grpc.aio round's CPU on the same side of a stream "
