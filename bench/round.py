@@ -79,7 +79,7 @@ class Timing:
 
 
 QUICK = Timing(0.5, 1.5, 1, 2, 40, 50)
-FULL = Timing(1.5, 5.0, 2, 6, 200, 300)
+FULL = Timing(1.5, 5.0, 3, 6, 200, 300)  # 3 rounds: a median, not the mean of two
 
 
 def worker(spec: dict[str, Any], package_root: Path | None, baseline_root: Path | None) -> dict[str, Any]:
