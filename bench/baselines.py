@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -17,6 +19,7 @@ import psutil
 
 from bench.storage_bench import build_requests, pipelined_appends
 from waltz.v1 import storage_pb2, storage_pb2_grpc
+from waltz_common import event_loop
 from waltz_common.testing.local_cluster import LocalCluster
 
 RECORD_BYTES = 512
@@ -92,7 +95,8 @@ def _rss(process: psutil.Process) -> int:
 # ---------------------------------------------------------------------------------------- baselines
 
 
-def _echo_server(conn: Connection) -> None:
+def echo_server(conn: Connection) -> None:
+    """A grpc.aio bidirectional-stream echo on a free port (sent to conn) until conn receives something."""
     async def main() -> None:
         async def echo(requests: Any, context: Any) -> Any:
             async for request in requests:
@@ -109,7 +113,23 @@ def _echo_server(conn: Connection) -> None:
         await asyncio.to_thread(conn.recv)
         await server.stop(0)
 
-    asyncio.run(main())
+    event_loop.run(main())  # the loop the services run on: the floor of their transport
+
+
+@contextlib.contextmanager
+def echo_process() -> Iterator[tuple[str, int]]:
+    """(address, pid) of an echo_server in a process of its own, stopped on leaving."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    echo = ctx.Process(target=echo_server, args=(child,), daemon=True)
+    echo.start()
+    try:
+        port = parent.recv()
+        assert echo.pid is not None
+        yield f"127.0.0.1:{port}", echo.pid
+    finally:
+        parent.send("stop")
+        echo.join(30)
 
 
 async def _echo_client(address: str, serial: int, pipelined: int, window: int) -> tuple[list[float], float]:
@@ -174,18 +194,8 @@ def run_baselines(
     storage_serial: int, storage_batches: int,
 ) -> Baselines:
     """Raw gRPC echo (one at a time, then 100 in flight) and the storage node alone (1-record, 100-record)."""
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    echo = ctx.Process(target=_echo_server, args=(child,), daemon=True)
-    echo.start()
-    try:
-        port = parent.recv()
-        echo_latencies, echo_rate = asyncio.run(
-            _echo_client(f"127.0.0.1:{port}", echo_serial, echo_pipelined, 100)
-        )
-    finally:
-        parent.send("stop")
-        echo.join(30)
+    with echo_process() as (address, _):
+        echo_latencies, echo_rate = asyncio.run(_echo_client(address, echo_serial, echo_pipelined, 100))
     with LocalCluster(
         workdir / "storage-alone", storage_nodes=1, servers=0, partitions=1, zookeeper=zookeeper,
         cluster_root="/bench/storage-alone",

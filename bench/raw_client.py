@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import Any
 
 import grpc
 
@@ -22,17 +23,23 @@ from waltz_common.types import crc32
 PREFILL_BATCH = 1000  # appends per AppendBatch of raw_stream
 
 
-def _take_client_id(cluster: LocalCluster, partition: int = PARTITION) -> tuple[int, int]:
-    zk = zkmeta.connect(cluster.zookeeper)
+def take_client_id(zookeeper: str, root: str, partition: int = PARTITION) -> tuple[int, int]:
+    """(a new client id from the cluster's counter, the partition's generation) of the cluster under root."""
+    zk = zkmeta.connect(zookeeper)
     try:
-        counter = zk.Counter(cluster.paths.client_ids)
+        paths = zkmeta.ZkPaths(root)
+        counter = zk.Counter(paths.client_ids)
         counter += 1
-        assignment = zkmeta.require(zk, cluster.paths.server_assignment, metadata_pb2.ServerAssignment)[0]
+        assignment = zkmeta.require(zk, paths.server_assignment, metadata_pb2.ServerAssignment)[0]
         generation = next(o.generation for o in assignment.partitions if o.partition_id == partition)
         return int(counter.post_value), generation
     finally:
         zk.stop()
         zk.close()
+
+
+def _take_client_id(cluster: LocalCluster, partition: int = PARTITION) -> tuple[int, int]:
+    return take_client_id(cluster.zookeeper, cluster.paths.root, partition)
 
 
 async def high_water_mark(address: str, files: TlsFiles | None = None, partition: int = PARTITION) -> int:
@@ -58,43 +65,50 @@ async def raw_stream(
 
     async with grpc.aio.insecure_channel(address or cluster.servers[0].address) as channel:
         call = server_pb2_grpc.WaltzServerStub(channel).Stream()
-        started = time.perf_counter()
-        deadline = started + 60
         mount = server_pb2.MountRequest(req_id=req(0), client_high_water_mark=client_hwm, seq_num=1)
-        await call.write(server_pb2.ClientMessage(mount=mount))
+        started = await mount_stream(call, mount)
+        for first in range(0, appends, PREFILL_BATCH):
+            batch = [
+                server_pb2.AppendRequest(
+                    req_id=req(first + i + 1), client_high_water_mark=client_hwm,
+                    data_length=RECORD_BYTES, data=payload, checksum=checksum,
+                )
+                for i in range(min(PREFILL_BATCH, appends - first))
+            ]
+            await call.write(server_pb2.ClientMessage(appends=server_pb2.AppendBatch(requests=batch)))
         seen = mine = 0
         last = client_hwm
         while True:
             response = await call.read()
             if response is grpc.aio.EOF:
                 raise RuntimeError("the server ended the stream")
-            kind = response.WhichOneof("message")
-            if kind == "mount":
-                if response.mount.state == server_pb2.MountResponse.NOT_READY and time.perf_counter() < deadline:
-                    await asyncio.sleep(0.2)  # the partition is still opening on the server
-                    started = time.perf_counter()
-                    await call.write(server_pb2.ClientMessage(mount=mount))
-                    continue
-                if response.mount.state != server_pb2.MountResponse.READY:
-                    raise RuntimeError(f"mount refused: {response.mount}")
-                for first in range(0, appends, PREFILL_BATCH):
-                    batch = [
-                        server_pb2.AppendRequest(
-                            req_id=req(first + i + 1), client_high_water_mark=client_hwm,
-                            data_length=RECORD_BYTES, data=payload, checksum=checksum,
-                        )
-                        for i in range(min(PREFILL_BATCH, appends - first))
-                    ]
-                    await call.write(server_pb2.ClientMessage(appends=server_pb2.AppendBatch(requests=batch)))
-            elif kind == "feed":
-                entries = response.feed.transactions
-                seen += len(entries)
-                last = entries[-1].transaction_id
-                if appends:
-                    mine += sum(1 for t in entries if t.req_id.client_id == client_id)
-            else:
+            if response.WhichOneof("message") != "feed":
                 raise RuntimeError(f"unexpected answer {response}")
+            entries = response.feed.transactions
+            seen += len(entries)
+            last = entries[-1].transaction_id
+            if appends:
+                mine += sum(1 for t in entries if t.req_id.client_id == client_id)
             if (appends and mine >= appends) or (not appends and last >= until):
                 elapsed = time.perf_counter() - started
                 call.cancel()
                 return elapsed, seen
+
+
+async def mount_stream(call: Any, mount: server_pb2.MountRequest, timeout: float = 60.0) -> float:
+    """Send the mount on a raw Stream call and read its answers until READY (again while the partition is still
+    opening on the server); returns the perf_counter moment of the mount that was answered READY."""
+    deadline = time.perf_counter() + timeout
+    while True:
+        sent = time.perf_counter()
+        await call.write(server_pb2.ClientMessage(mount=mount))
+        response = await call.read()
+        if response is grpc.aio.EOF:
+            raise RuntimeError("the server ended the stream")
+        if response.WhichOneof("message") != "mount":
+            raise RuntimeError(f"unexpected answer to a mount {response}")
+        if response.mount.state == server_pb2.MountResponse.READY:
+            return sent
+        if response.mount.state != server_pb2.MountResponse.NOT_READY or time.perf_counter() >= deadline:
+            raise RuntimeError(f"mount refused: {response.mount}")
+        await asyncio.sleep(0.2)  # the partition is still opening on the server

@@ -52,6 +52,15 @@ def first_on_pythonpath(path: Path | None) -> Iterator[None]:
             os.environ["PYTHONPATH"] = saved
 
 
+def require_first_on_pythonpath(pids: dict[str, int], prefixes: tuple[str, ...], path: Path) -> None:
+    """RuntimeError unless each process whose name starts with one of prefixes has path first on its PYTHONPATH."""
+    wanted = f"PYTHONPATH={path}".encode()
+    for name, pid in pids.items():
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if name.startswith(prefixes) and not any(e.startswith(wanted) for e in environ):
+            raise RuntimeError(f"{name} did not get the baseline's packages ({path}) first on its PYTHONPATH")
+
+
 def one_cluster(workdir: Path, zookeeper: str, root: str, package: str, package_path: Path | None, writers: int,
                 seconds: float, sampler: MemorySampler) -> tuple[float, dict[str, float]]:
     """(committed/s, CPU us per committed append by process group) of one cluster, started with package_path (the
@@ -62,11 +71,7 @@ def one_cluster(workdir: Path, zookeeper: str, root: str, package: str, package_
             cluster = stack.enter_context(LocalCluster(workdir, storage_nodes=3, servers=1, partitions=1,
                                                        zookeeper=zookeeper, cluster_root=root))
         if package_path is not None:
-            wanted = f"PYTHONPATH={package_path}".encode()
-            for name, pid in cluster.pids().items():
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                if name.startswith(package) and not any(e.startswith(wanted) for e in environ):
-                    raise RuntimeError(f"{name} did not get the baseline's {package} package first on its PYTHONPATH")
+            require_first_on_pythonpath(cluster.pids(), (package,), package_path)
         asyncio.run(raw_stream(cluster, -1, PREFILL, 0))
         scale = Scale(0, 2.0, seconds, seconds, 0.0, 0, 0, 0, 0)
         row = closed_loop(cluster, writers, 1, seconds, scale, sampler)

@@ -1,0 +1,98 @@
+"""bench.round's pure part (bench.round_tables: rows from the loads' results, medians of the rounds, the ratios to
+the baseline and to the floors, the tables) and its fdatasync floor."""
+
+from pathlib import Path
+
+from bench.round import fdatasync_us
+from bench.round_tables import (
+    ECHO_CLIENT,
+    ECHO_SERVER,
+    FDATASYNC,
+    compare_table,
+    cpu_rows,
+    floor_ratios,
+    floor_values,
+    floors_table,
+    medians,
+    open_rows,
+    ratios_table,
+)
+
+LONE = "Python client, 1 in flight"
+
+
+def closed(committed: int, server: float, storage: float, client: float) -> dict[str, object]:
+    cpu = {"client": client, "storage-1": storage, "zookeeper": 9.0, "server-0": server, "storage-0": storage}
+    return {"committed": committed, "errors": 0, "cpu": cpu}
+
+
+def test_cpu_rows_give_us_per_committed_append_of_each_process_servers_first_zookeeper_left_out() -> None:
+    rows = cpu_rows(LONE, closed(2000, server=1.0, storage=0.5, client=0.25), seconds=4.0)
+    assert list(rows) == [(LONE, "committed/s"), (LONE, "server-0 CPU us"), (LONE, "storage-0 CPU us"),
+                          (LONE, "storage-1 CPU us"), (LONE, "client CPU us"), (LONE, "all processes CPU us"),
+                          (LONE, "errors")]
+    assert rows[(LONE, "committed/s")] == 500
+    assert rows[(LONE, "server-0 CPU us")] == 500 and rows[(LONE, "storage-1 CPU us")] == 250
+    assert rows[(LONE, "all processes CPU us")] == 1125
+
+
+def test_open_rows_are_in_ms_by_rate_offered() -> None:
+    rows = open_rows(5000, {"committed": 10_000, "errors": 3, "p50": 0.002, "p99": 0.01, "p99.9": 0.05}, 2.0)
+    assert rows == {("5,000/s offered", "committed/s"): 5000, ("5,000/s offered", "p50 ms"): 2.0,
+                    ("5,000/s offered", "p99 ms"): 10.0, ("5,000/s offered", "p99.9 ms"): 50.0,
+                    ("5,000/s offered", "errors"): 3.0}
+
+
+def test_floors_per_round_and_without_a_framed_port() -> None:
+    echo = {"rounds": 1000, "cpu": {"server": 0.1, "client": 0.12}}
+    session = {side: {"append 1": 60.0, "append 1, round trip": 150.0} for side in ("baseline", "candidate")}
+    values = floor_values(echo, session, 700.0)
+    assert values[ECHO_SERVER] == 100 and round(values[ECHO_CLIENT]) == 120 and values[FDATASYNC] == 700
+    assert values["framed storage round (candidate's port): node CPU us"] == 60
+    assert not [name for name in floor_values(echo, None, 700.0) if name.startswith("framed")]
+
+
+def test_medians_keep_the_rows_every_run_has_in_the_first_runs_order() -> None:
+    runs = [{"b": 1.0, "a": 5.0, "c": 1.0}, {"a": 1.0, "b": 3.0}, {"b": 2.0, "a": 2.0}]
+    assert medians(runs) == {"b": 2.0, "a": 2.0} and list(medians(runs)) == ["b", "a"]
+    assert medians([]) == {}
+
+
+def test_the_compare_table_names_each_load_once_and_gives_candidate_over_baseline() -> None:
+    old = cpu_rows(LONE, closed(1000, server=0.6, storage=0.3, client=0.4), 1.0)
+    new = cpu_rows(LONE, closed(1000, server=0.3, storage=0.3, client=0.4), 1.0)
+    text = compare_table({"baseline": [old], "candidate": [new]})
+    assert text.count(LONE) == 1
+    server = next(line for line in text.splitlines() if "server-0" in line).split()
+    assert server[-3:] == ["600", "300", "0.5"]
+    errors = next(line for line in text.splitlines() if line.strip().startswith("errors")).split()
+    assert errors == ["errors", "0", "0"]  # no ratio to none
+
+
+def test_the_ratios_to_the_floors_use_the_stream_side_of_each_process_and_judge_the_python_clients_rows() -> None:
+    floors = {ECHO_SERVER: 100.0, ECHO_CLIENT: 200.0, FDATASYNC: 500.0}
+    side = {**cpu_rows(LONE, closed(1000, server=0.15, storage=0.12, client=0.3), 1.0),
+            **cpu_rows("raw client, 1 in flight", closed(1000, server=0.5, storage=0.1, client=0.1), 1.0),
+            **cpu_rows("Python client, 10 in flight", closed(1000, server=0.9, storage=0.9, client=0.9), 1.0)}
+    ratios = floor_ratios(side, floors)
+    assert ratios[f"{LONE}: server-0 / grpc round's server"] == 1.5
+    assert ratios[f"{LONE}: storage-0 / grpc round's server"] == 1.2
+    assert ratios[f"{LONE}: client / grpc round's client"] == 1.5
+    assert ratios["raw client, 1 in flight: server-0 / grpc round's server"] == 5
+    assert not [name for name in ratios if "10 in flight" in name]
+    text = ratios_table({"baseline": [side], "candidate": [side]}, floors)
+    verdicts = {line.split(":")[1].split("/")[0].strip(): line.split()[-1] for line in text.splitlines()
+                if line.startswith(LONE)}
+    assert verdicts == {"server-0": "met", "storage-0": "MISSED", "storage-1": "MISSED", "client": "met"}
+    raw = next(line for line in text.splitlines() if line.startswith("raw client, 1 in flight: server-0"))
+    assert "<=" not in raw and "met" not in raw
+
+
+def test_the_floors_table_gives_the_median_and_each_round() -> None:
+    text = floors_table([{ECHO_SERVER: 80.0}, {ECHO_SERVER: 120.0}, {ECHO_SERVER: 90.0}])
+    assert text.splitlines()[-1].split()[-4:] == ["90", "80.0", "120.0", "90.0"]
+
+
+def test_the_fdatasync_floor_appends_in_the_directory_and_leaves_nothing(tmp_path: Path) -> None:
+    assert fdatasync_us(tmp_path, 5) > 0
+    assert list(tmp_path.iterdir()) == []
