@@ -12,7 +12,7 @@ import sys
 from kazoo.client import KazooClient
 
 from waltz.v1 import metadata_pb2, server_pb2
-from waltz_common import event_loop, listen, tls
+from waltz_common import build_info, event_loop, listen, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import (
     EXIT_CONFIG,
@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("config", help="YAML configuration file")
+    build_info.add_version_option(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)

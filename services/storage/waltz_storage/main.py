@@ -10,7 +10,7 @@ import signal
 import sys
 import uuid
 
-from waltz_common import cluster_admin, event_loop, listen, tls
+from waltz_common import build_info, cluster_admin, event_loop, listen, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import (
     EXIT_CONFIG,
@@ -42,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("config", help="the node's YAML configuration file (see config/storage.example.yaml)")
+    build_info.add_version_option(parser)
     return parser
 
 
