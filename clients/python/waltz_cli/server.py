@@ -2,6 +2,8 @@
 
 With --server-addresses (client.servers) the servers are those addresses and the owners the servers' cluster info
 names, asked by RPC: no ZooKeeper. ZooKeeper's view adds the preferred partitions, which only it holds.
+`server partitions` reports every server that answers and marks one that does not (a killed server stays registered
+until its ZooKeeper session expires), exiting 1.
 """
 
 from __future__ import annotations
