@@ -2,7 +2,8 @@
 name is scraped, and nothing fires while the cluster is healthy; a storage node's graceful restart sets nothing
 pending; kill -9 a storage node and WaltzPartitionUnderReplicated, WaltzPartitionBelowReplicationFactor,
 WaltzTargetDown and WaltzFewerProcessesThanExpected fire (and WaltzPartitionWithoutQuorum does not: two of three are
-left); start it again and they clear; kill -9 the server and WaltzTargetDown fires for it.
+left); unassign its replicas and WaltzPartitionUnderReplicated clears while WaltzPartitionBelowReplicationFactor
+stays; assign them and start it again and every alert clears; kill -9 the server and WaltzTargetDown fires for it.
 
 Every file of helm/waltz/files/rules is loaded as shipped, except that each rule's `for:` is cut to a few seconds
 so the test takes seconds, not minutes: the expressions meet real metrics here, while the durations are checked
@@ -23,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
+from waltz_common import cluster_admin
+from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import LocalCluster, ManagedProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,6 +190,17 @@ def test_the_under_replication_alert_fires_when_a_storage_node_dies_and_clears_w
     assert not firing("WaltzPartitionWithoutQuorum")
     assert {a["severity"] for a in prometheus.alerts()} == {"warning"}
 
+    # the dead replica unassigned: the partitions run on two replicas as assigned, yet below the replication factor
+    zk = zkmeta.connect(cluster.zookeeper)
+    try:
+        cluster_admin.unassign_partitions(zk, cluster.paths, dead.connect_string, range(PARTITIONS))
+        prometheus.wait("WaltzPartitionUnderReplicated cleared by the unassignment",
+                        lambda: not firing("WaltzPartitionUnderReplicated"), timeout=60)
+        assert firing("WaltzPartitionBelowReplicationFactor") == every
+        cluster_admin.assign_partitions(zk, cluster.paths, dead.connect_string, range(PARTITIONS))
+    finally:
+        zk.stop()
+        zk.close()
     dead.start()
 
     def all_clear() -> bool:
