@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from waltz_common import build_info
 from waltz_common.tls import ROLES, role_uri
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
@@ -123,6 +124,7 @@ def _write_private(path: Path, data: bytes) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="waltz-dev-certs", description=__doc__)
+    build_info.add_version_option(parser)
     parser.add_argument("directory", help="where to write the PEM files (created if missing)")
     parser.add_argument(
         "--host",

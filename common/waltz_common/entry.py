@@ -1,5 +1,6 @@
 """The console commands' entry points: each checks that the packages of its extra are installed, and says which
 extra to install when they are not, before importing the command (whose imports would fail with a traceback).
+`COMMAND --version` answers here, for every command, with or without its extra.
 
 `pip install waltz-python` is the client alone; the commands come with extras (pyproject.toml):
 waltz-server, waltz-storage and waltz-dev-certs with `server`, waltz with `cli`, waltz-ingest with `spark`.
@@ -25,6 +26,11 @@ def missing_modules(modules: tuple[str, ...]) -> list[str]:
 
 
 def _run(command: str, extra: str, modules: tuple[str, ...], target: str) -> int:
+    if sys.argv[1:] == ["--version"]:  # answered before the extra's check: an install missing it still says what it is
+        from waltz_common.build_info import version_line
+
+        print(version_line(command))
+        return 0
     missing = missing_modules(modules)
     if missing:
         print(f"{command}: needs {', '.join(missing)}, which the plain install (the client alone) leaves out: "

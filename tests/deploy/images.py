@@ -19,6 +19,7 @@ from pathlib import Path
 from tests.deploy import engine
 from tests.deploy.chart import ROOT
 from tests.deploy.engine import run
+from waltz_common import build_info
 
 IMAGE_BUILD_BUDGET_S = 2400.0
 BUDGET_VARIABLE = "WALTZ_IMAGE_BUILD_TIMEOUT"
@@ -82,5 +83,9 @@ def remaining(deadline: float) -> float:
 
 
 def build(dockerfile: Path, tag: str, base: str, deadline: float) -> None:
+    """Build an image; the Waltz images get the checkout's commit (.dockerignore leaves .git out of the context)."""
+    commit = build_info.git_commit(ROOT)
+    stamp = [] if commit is None else ["--build-arg", f"WALTZ_BUILD_COMMIT={commit[0]}",
+                                       "--build-arg", f"WALTZ_BUILD_DIRTY={int(commit[1])}"]
     run(["docker", "build", "--network", "host", "-q", "-f", str(dockerfile), "--build-arg", f"BASE_IMAGE={base}",
-         "-t", tag, str(ROOT)], remaining(deadline))
+         *stamp, "-t", tag, str(ROOT)], remaining(deadline))

@@ -257,9 +257,15 @@ def test_metrics_off_leaves_no_metrics_port_annotation_or_dashboard():
         assert monitor["spec"]["endpoints"][0]["port"] in [p["name"] for p in service["spec"]["ports"]]
 
 
+def expected(rule: dict) -> dict[str, str]:
+    """The waltz-expected group's recording rules: component (or "replication") -> expression."""
+    (group,) = [g for g in rule["spec"]["groups"] if g["name"] == "waltz-expected"]
+    return {r.get("labels", {}).get("component", "replication"): r["expr"] for r in group["rules"]}
+
+
 def test_prometheus_rule_carries_every_rule_file_when_enabled():
     """Off by default like the ServiceMonitor; on, one PrometheusRule with the groups of every files/rules/*.yaml
-    (tests/unit/test_alert_rules.py tests the rules themselves)."""
+    (tests/unit/test_alert_rules.py tests the rules themselves) and the expected counts they compare with."""
     assert not [o for o in manifests(render({})) if o["kind"] == "PrometheusRule"]
     values = {"metrics": {"prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus"}}}}
     rule = find(manifests(render(values)), "PrometheusRule")
@@ -267,8 +273,14 @@ def test_prometheus_rule_carries_every_rule_file_when_enabled():
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
     shipped = [group for path in sorted((CHART / "files/rules").glob("*.yaml"))
                for group in yaml.safe_load(path.read_text())["groups"]]
-    assert shipped and rule["spec"]["groups"] == shipped
+    assert shipped and rule["spec"]["groups"][:-1] == shipped
     assert "WaltzPartitionUnderReplicated" in [r.get("alert") for g in shipped for r in g["rules"]]
+    # and what the alerts compare with, from the values: the replicas unless the expected counts are set
+    assert expected(rule) == {"server": "vector(2)", "storage": "vector(3)", "replication": "vector(3)"}
+    scaled = {"metrics": {"prometheusRule": {"enabled": True, "expectedStorageNodes": 5}},
+              "server": {"replicas": 3}, "cluster": {"replicationFactor": 2}}
+    assert expected(find(manifests(render(scaled)), "PrometheusRule")) == {
+        "server": "vector(3)", "storage": "vector(5)", "replication": "vector(2)"}
     off = {"metrics": {"enabled": False, "prometheusRule": {"enabled": True}}}
     assert not [o for o in manifests(render(off)) if o["kind"] == "PrometheusRule"]
 

@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 
 from tests.chaos.cluster import node_records
-from tests.deploy.chart import NAMESPACE, find, manifests, render
+from tests.deploy.chart import NAMESPACE, ROOT, find, manifests, render
 from tests.deploy.containers import Pod, exit_code, logs, remove, wait_serving
 from tests.deploy.engine import run
 from waltz.v1 import metadata_pb2
 from waltz_client.blocking import WaltzClient
 from waltz_client.demo.bank import BankDatabase, run_demo
+from waltz_common import build_info
 from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import free_port
 from waltz_storage.admin_client import StorageAdminClient
@@ -186,6 +187,19 @@ def replay_balances(config: dict[str, Any], workdir: Path, timeout: float = 90) 
     finally:
         client.close()
         database.close()
+
+
+def test_the_images_say_which_commit_they_were_built_from(images):
+    """.dockerignore leaves .git out of the build: the commit comes as a build argument (tests/deploy/images.py),
+    and every command of the images says it (waltz_build_info carries the same)."""
+    commit = build_info.git_commit(ROOT)
+    if commit is None:
+        pytest.skip("not a git checkout: the images were built without a commit")
+    for image, commands in ((images["storage"], ("waltz-storage",)), (images["server"], ("waltz-server", "waltz"))):
+        for command in commands:
+            said = run(["docker", "run", "--rm", "--network", "none", "--entrypoint", command, image, "--version"],
+                       120).stdout
+            assert said.startswith(f"{command} ") and f"(commit {commit[0]}," in said, said
 
 
 def test_chart_pods_run_the_bank_demo_survive_a_restart_scale_out_and_a_rolling_restart(images):

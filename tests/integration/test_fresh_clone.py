@@ -54,6 +54,13 @@ def test_a_fresh_clone_passes_the_tests_that_read_files(tmp_path):
     assert where.returncode == 0, where.stderr
     assert all(Path(f).is_relative_to(clone) for f in where.stdout.split()), where.stdout
 
+    # The clone says which commit it runs, read from its own git (waltz_build_info, --version).
+    version = subprocess.run([sys.executable, "-m", "waltz_server.main", "--version"], cwd=clone, env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True, timeout=60).stdout.strip()
+    assert version.returncode == 0 and f"+g{head[:12]} (commit {head}," in version.stdout, version
+
     tests = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FILE_READING_TESTS],
         cwd=clone, env=env, capture_output=True, text=True, timeout=600, check=False)

@@ -62,13 +62,33 @@ def test_every_alert_has_a_unit_test_and_a_line_in_the_operations_guide():
             assert f"`{name}`" in guide, f"docs/operations.md does not name {name}"
 
 
-@pytest.mark.parametrize(("threshold", "changed"), [("< ignoring(state)", "<= ignoring(state)")])
-def test_a_broken_rule_fails_its_unit_tests(tmp_path: Path, threshold: str, changed: str):
-    """The unit tests can fail: under-replication counted with <= fires on a healthy partition."""
+BROKEN = [
+    # under-replication counted with <= fires on a healthy partition
+    ("replication.yaml", "< ignoring(state)", "<= ignoring(state)", "WaltzPartitionUnderReplicated"),
+    # against the assignment, unassigning a dead replica would clear it
+    ("replication.yaml", "< on () group_left waltz_expected_replication_factor",
+     '< ignoring(state) waltz_server_partition_replicas{state="assigned"}', "WaltzPartitionBelowReplicationFactor"),
+    # the write set as scraped goes pending at the one scrape of 0 while a graceful restart reopens the session
+    ("replication.yaml", 'max_over_time(waltz_server_partition_replicas{state="write_set"}[1m])',
+     'waltz_server_partition_replicas{state="write_set"}', "WaltzPartitionWithoutQuorum"),
+    # without the data's age, a node that received its data after it started fires
+    ("storage-damage.yaml",
+     "          and on (instance) (max by (instance) (waltz_storage_partition_max_transaction_id offset 6h) >= 0)\n",
+     "", "WaltzStorageScrubbingStalled"),
+    # without the zero, a component with no process up at all would count nothing, and fire nothing
+    ("targets.yaml", " or on (component) (waltz_expected_processes * 0)", "", "WaltzFewerProcessesThanExpected"),
+]
+
+
+@pytest.mark.parametrize(("rule_file", "original", "changed", "alert"), BROKEN)
+def test_a_broken_rule_fails_its_unit_tests(tmp_path: Path, rule_file: str, original: str, changed: str,
+                                            alert: str):
+    """The unit tests can fail: each of these changes of a rule makes its alert's test fail."""
     (tmp_path / "tests").mkdir()
-    text = (RULES / "replication.yaml").read_text()
-    assert threshold in text
-    (tmp_path / "replication.yaml").write_text(text.replace(threshold, changed, 1))
-    shutil.copy(RULES / "tests/replication.test.yaml", tmp_path / "tests")
-    done = promtool_test(tmp_path / "tests/replication.test.yaml", cwd=tmp_path / "tests")
-    assert done.returncode != 0 and "WaltzPartitionUnderReplicated" in done.stdout + done.stderr
+    text = (RULES / rule_file).read_text()
+    assert original in text
+    (tmp_path / rule_file).write_text(text.replace(original, changed, 1))
+    test_file = rule_file.replace(".yaml", ".test.yaml")
+    shutil.copy(RULES / "tests" / test_file, tmp_path / "tests")
+    done = promtool_test(tmp_path / "tests" / test_file, cwd=tmp_path / "tests")
+    assert done.returncode != 0 and alert in done.stdout + done.stderr

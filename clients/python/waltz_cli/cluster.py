@@ -42,6 +42,10 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
                           "CLI file)")
     ver.add_argument("--replicas", type=int, metavar="N",
                      help="replicas each partition must have (default: as many as the partition with the most)")
+    ver.add_argument("--settle-seconds", type=float, default=verify.SETTLE_S, metavar="S",
+                     help="under load, how long to wait for the transactions in flight when the high-water mark was "
+                          "read to be committed everywhere before a replica off it counts as a failure "
+                          f"(default {verify.SETTLE_S:g})")
     ver.set_defaults(func=verify_cmd)
     provision.register(sub, common)
 
@@ -201,11 +205,11 @@ def check_connectivity_cmd(ctx: Context, args: argparse.Namespace) -> Result:
 
 def verify_cmd(ctx: Context, args: argparse.Namespace) -> Result:
     """Collect the cluster's state and check it; exit 1 when any check fails."""
-    if (args.expect_servers or 0) < 0 or (args.replicas is not None and args.replicas < 1):
-        raise UsageError("--expect-servers must be at least 0 and --replicas at least 1")
+    if (args.expect_servers or 0) < 0 or (args.replicas is not None and args.replicas < 1) or args.settle_seconds < 0:
+        raise UsageError("--expect-servers and --settle-seconds must be at least 0 and --replicas at least 1")
     expected_addresses, ctx.servers = ctx.servers, ()  # the servers that must be up; verify reads ZooKeeper
     wanted = ctx.partitions(args.partitions)
-    facts = verify.collect(ctx, wanted)
+    facts = verify.collect(ctx, wanted, args.settle_seconds)
     checks = verify.check(facts, wanted)
     checks.append(verify.check_missing(facts, wanted, args.expect_servers, expected_addresses, args.replicas))
     passed = all(c.passed for c in checks)

@@ -12,6 +12,7 @@ from waltz_cli import client, cluster, dev, disk, perf, server, storage
 from waltz_cli.context import Context
 from waltz_cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, one_line
 from waltz_cli.output import Result, reader_gone
+from waltz_common import build_info
 from waltz_common.config import EXIT_CONFIG, ConfigError
 
 EPILOG = """\
@@ -65,6 +66,7 @@ def _global_options(parser: argparse.ArgumentParser, defaults: bool, servers: bo
 def build_parser() -> argparse.ArgumentParser:
     """The whole command tree."""
     parser = Parser(prog="waltz", description="Administer a Waltz cluster.", epilog=EPILOG)
+    build_info.add_version_option(parser)
     _global_options(parser, defaults=True)
     common = Parser(add_help=False)
     _global_options(common, defaults=False, servers=False)

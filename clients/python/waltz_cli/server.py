@@ -2,6 +2,8 @@
 
 With --server-addresses (client.servers) the servers are those addresses and the owners the servers' cluster info
 names, asked by RPC: no ZooKeeper. ZooKeeper's view adds the preferred partitions, which only it holds.
+`server partitions` reports every server that answers and marks one that does not (a killed server stays registered
+until its ZooKeeper session expires), exiting 1.
 """
 
 from __future__ import annotations
@@ -94,31 +96,36 @@ def ask(ctx: Context, target: str) -> dict[str, Any]:
     }
 
 
+def ask_or_mark(ctx: Context, target: str, server_id: int | None) -> dict[str, Any]:
+    """ask(), or, when the server does not answer (a killed server stays registered until its ZooKeeper session
+    expires), an entry with no partitions that says why: the other servers are still reported."""
+    try:
+        return {**ask(ctx, target), "error": ""}
+    except CliError as exc:
+        return {"server_id": server_id, "address": target, "partitions": [], "error": str(exc)}
+
+
 def partitions_cmd(ctx: Context, args: argparse.Namespace) -> Result:
-    """Ask one server, or every registered one."""
+    """Ask one server, or every registered one; exit 1 when one of them did not answer."""
+    targets: list[tuple[str, int | None]]
     if args.server:
-        targets = [args.server]
+        targets = [(args.server, None)]
     elif ctx.servers:
-        targets = known_addresses(ctx)
+        targets = [(t, None) for t in known_addresses(ctx)]
     else:
-        targets = [rpc.address(s) for _, s in sorted(rpc.servers(ctx).items())]
+        targets = [(rpc.address(s), sid) for sid, s in sorted(rpc.servers(ctx).items())]
         if not targets:
             raise CliError(f"no server is registered under {ctx.paths.servers}")
-    data = [ask(ctx, t) for t in targets]
-    rows = [
-        [
-            d["server_id"],
-            d["address"],
-            p["partition"],
-            p["generation"],
-            p["session_id"],
-            p["high_water_mark"],
-            p["healthy"],
-            p["pending_appends"],
-            p["detail"],
-        ]
-        for d in data
-        for p in d["partitions"]
-    ]
+    data = [ask_or_mark(ctx, target, sid) for target, sid in targets]
+    rows: list[list[Any]] = []
+    for d in data:
+        server_id = d["server_id"] if d["server_id"] is not None else "-"
+        if d["error"]:
+            rows.append([server_id, d["address"], "-", "-", "-", "-", "-", "-", f"UNREACHABLE: {d['error']}"])
+        rows.extend(
+            [server_id, d["address"], p["partition"], p["generation"], p["session_id"], p["high_water_mark"],
+             p["healthy"], p["pending_appends"], p["detail"]]
+            for p in d["partitions"]
+        )
     headers = ["server", "address", "partition", "generation", "session", "hwm", "healthy", "pending", "detail"]
-    return Result(data, table(headers, rows))
+    return Result(data, table(headers, rows), 1 if any(d["error"] for d in data) else 0)

@@ -12,7 +12,7 @@ import sys
 from kazoo.client import KazooClient
 
 from waltz.v1 import metadata_pb2, server_pb2
-from waltz_common import event_loop, listen, service_logging, tls
+from waltz_common import build_info, event_loop, listen, service_logging, tls
 from waltz_common import zk as zkmeta
 from waltz_common.config import (
     EXIT_CONFIG,
@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("config", help="YAML configuration file")
     service_logging.add_arguments(parser)
+    build_info.add_version_option(parser)
     args = parser.parse_args(argv)
     try:
         service_logging.configure(args)

@@ -18,7 +18,7 @@ from waltz.v1 import storage_pb2
 from waltz_common.health import Verdict
 from waltz_storage.dispatch import Answers, Limits, RequestExecutor, StreamRequest
 from waltz_storage.errors import ClusterKeyMismatch, PartitionCountMismatch, StorageError
-from waltz_storage.health import storage_verdicts
+from waltz_storage.health import ZkView, storage_verdicts
 from waltz_storage.metrics import PartitionState, StorageMetrics
 from waltz_storage.placement import AppendPlacement
 from waltz_storage.storage_manager import StorageManager
@@ -181,6 +181,9 @@ class StorageNode:
         self.metrics = metrics or StorageMetrics()
         self.executor = RequestExecutor(manager, limits, self.metrics)
         self.stopping = False
+        self.zk_view: ZkView | None = None
+        """What ZooKeeper last said of this node's replicas (waltz_storage.zk_view); None: not read (readiness then
+        asks only the partitions held here)."""
         self._threads: dict[int, PartitionThread] = {}
         self._work = WorkCount()
         self._placement = AppendPlacement()
@@ -235,7 +238,10 @@ class StorageNode:
     def health(self) -> dict[str, Verdict]:
         """The verdicts of the node's health names, now (from the loop)."""
         return storage_verdicts(
-            self.manager.assigned_partitions(), self.manager.open_failures(), self.executor.write_failures.snapshot()
+            self.manager.assigned_partitions(),
+            self.manager.open_failures(),
+            self.executor.write_failures.snapshot(),
+            self.zk_view,
         )
 
     def check_cluster(self, cluster_key: uuid.UUID, num_partitions: int) -> None:

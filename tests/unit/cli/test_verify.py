@@ -6,7 +6,7 @@ import pytest
 
 from waltz_cli.errors import CliError
 from waltz_cli.recover import CopyPlan, plan_copy
-from waltz_cli.verify import Facts, ReplicaView, ServerPartition, ServerView, check, first_difference
+from waltz_cli.verify import Facts, ReplicaView, ServerPartition, ServerView, check, first_difference, tail
 from waltz_common.zk import UNRESOLVED
 
 NODES = ["h:1", "h:2", "h:3"]
@@ -240,3 +240,46 @@ def test_a_poisoned_fence_is_named_with_its_remedy():
     (reason,) = failures(facts, [0])[REPLICAS]
     assert "replica h:2 fences sessions below 1000000000000, above the partition's session 4" in reason
     assert "waltz storage reset-fence -s h:2 -p 0" in reason
+
+
+# ---------------------------------------------------------------- issue 44: the in-flight tail under load
+
+
+def under_load() -> Facts:
+    """The owner said 10; the replicas, read after it, ran ahead by the appends in flight."""
+    facts = at_high_water_mark(10)
+    for node, top in zip(NODES, (13, 12, 10), strict=True):
+        facts.nodes[node][0] = ReplicaView(session_id=4, max_transaction_id=top)  # type: ignore[index]
+    return facts
+
+
+def test_replicas_ahead_of_the_mark_read_first_fail_until_the_mark_is_read_again():
+    facts = under_load()
+    assert tail(facts, 0) == ({}, {"h:1": 13, "h:2": 12})
+    assert "partition 0: replicas at different max transaction ids: h:1 13, h:2 12, h:3 10" in failures(facts, [0])[
+        REPLICAS]
+    facts.later_high_water_marks[0] = 14  # committed meanwhile
+    assert tail(facts, 0) == ({}, {})
+    assert not failures(facts, [0])
+
+
+def test_a_replica_behind_the_mark_passes_once_it_is_seen_holding_it():
+    facts = at_high_water_mark(10)
+    facts.nodes["h:3"][0] = ReplicaView(session_id=4, max_transaction_id=8)  # type: ignore[index]
+    assert tail(facts, 0) == ({"h:3": 8}, {})
+    facts.later_maxes[0] = {"h:3": 11}
+    assert tail(facts, 0) == ({}, {}) and not failures(facts, [0])
+
+
+def test_a_tail_that_does_not_settle_and_damage_inside_the_committed_range_still_fail():
+    facts = under_load()
+    facts.later_high_water_marks[0] = 12  # h:1 holds 13, never committed: not the in-flight tail
+    reasons = failures(facts, [0])[REPLICAS]
+    assert "partition 0: replica h:1 holds up to 13, above the high-water mark 12: transactions 13..13 are not " \
+           "committed" in reasons
+    facts = under_load()
+    facts.later_high_water_marks[0] = 14
+    facts.differences[0] = [(7, {"h:1": b"a", "h:2": b"a", "h:3": b"b"})]  # a flipped bit at 7, below the mark
+    assert failures(facts, [0])[REPLICAS] == [
+        "partition 0: replicas hold different records at transaction 7 (alike: h:1, h:2; h:3)"
+    ]

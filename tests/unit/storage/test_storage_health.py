@@ -11,6 +11,7 @@ from waltz_storage.health import (
     LIVE,
     SERVICE,
     WriteFailures,
+    ZkView,
     is_disk_failure,
     partition_name,
     storage_verdicts,
@@ -71,3 +72,26 @@ def test_a_partition_that_cannot_be_opened_is_reported_and_unassigned_ones_are_n
 
 def test_no_partitions_is_ready():
     assert storage_verdicts([], {}, {})[""] == Verdict(True)
+
+
+def test_a_partition_zookeeper_assigns_but_the_node_does_not_hold_is_not_ready():
+    """A wiped node holds none of its partitions: not ready until they are created and caught up."""
+    wiped = storage_verdicts([], {}, {}, ZkView(frozenset({0, 1}), frozenset()))
+    assert not wiped[""].serving and not wiped[partition_name(0)].serving
+    assert "assigned to this node in ZooKeeper but not held here" in wiped[partition_name(1)].reason
+    assert "partition 0" in wiped[""].reason and "partition 1" in wiped[""].reason
+
+
+def test_a_held_partition_is_ready_once_the_current_store_session_counts_it_in():
+    view = ZkView(frozenset({0, 1}), frozenset({0}))
+    behind = storage_verdicts([0, 1], {}, {}, view)
+    assert behind[partition_name(0)].serving and not behind[partition_name(1)].serving
+    assert "not caught up" in behind[partition_name(1)].reason and not behind[""].serving
+    caught_up = storage_verdicts([0, 1], {}, {}, ZkView(frozenset({0, 1}), frozenset({0, 1})))
+    assert all(v.serving for v in caught_up.values())
+
+
+def test_a_partition_held_here_but_not_assigned_in_zookeeper_counts_as_before():
+    """Being retired (unassigned in ZooKeeper, files still here): no session counts it, and it needs none."""
+    verdicts = storage_verdicts([0, 3], {}, {}, ZkView(frozenset({0}), frozenset({0})))
+    assert verdicts[partition_name(3)].serving and verdicts[""].serving
