@@ -47,7 +47,7 @@ def test_every_dashboard_query_has_data_on_a_healthy_cluster(tmp_path: Path, zoo
             "waltz-server": [f"127.0.0.1:{s.metrics_port}" for s in cluster.servers],
             "waltz-storage": [f"127.0.0.1:{n.metrics_port}" for n in cluster.storage],
             "waltz-client": [f"127.0.0.1:{client_port}"],
-        })
+        }, {"server": 1, "storage": 3, "replication": 3})
         empty: dict[str, list[str]] = {}
         up: dict[str, float] = {}
         try:

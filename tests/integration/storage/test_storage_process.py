@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -177,8 +178,13 @@ def run_to_exit(process: ManagedProcess, timeout: float = 60) -> tuple[int, str]
 def test_starts_serves_and_exits_zero_on_sigterm(cluster):
     node = cluster.storage[0]
     with grpc.insecure_channel(node.connect_string) as channel:
-        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=30)
-        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        # ready once the partitions ZooKeeper assigns it are held here: LocalCluster creates them after the start
+        deadline = time.monotonic() + 30
+        check = health_pb2_grpc.HealthStub(channel).Check
+        while (health := check(health_pb2.HealthCheckRequest(service=""), timeout=30)).status != \
+                health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline, f"not ready within 30 s: {health}"
+            time.sleep(0.1)
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
             iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=30
         )
