@@ -111,3 +111,18 @@ class StreamClosedError(WaltzError, ConnectionError):
     """A server stream ended or failed; the client reconnects and remounts by itself."""
 
     retriable = True
+
+
+class ForkedClientError(WaltzError):
+    """The client was made in another process, which then forked this one: its connections, threads and event loop
+    stayed in that process, so it cannot serve here. Make a client in each process after the fork (gunicorn:
+    in post_fork or the application's lifespan; uvicorn --workers: in the lifespan)."""
+
+    retriable = False
+
+    def __init__(self, created_in: int) -> None:
+        super().__init__(
+            f"this client was created in process {created_in} before a fork; create a client in each worker after "
+            f"the fork (gunicorn: post_fork / lifespan), not at import time (gunicorn --preload imports the "
+            f"application in the master, which then forks); see docs/web-services.md")
+        self.created_in = created_in
