@@ -42,11 +42,19 @@ _ASK_AGAIN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
 DATA_ATTEMPTS = 5  # original: up to 5 tries on a checksum mismatch
 ConfigSource = Config | Mapping[str, Any] | str | Path | None
 _LIVE: weakref.WeakSet[AsyncWaltzClient] = weakref.WeakSet()  # every client not closed: marked forked in a child
+_grpc_used_in: int | None = None  # the process where a client first connected over gRPC
+_grpc_forked_from: int | None = None  # in a child forked after that: gRPC cannot connect here
 
 
 def _after_fork_in_child() -> None:
     """In a forked child: every client made before the fork is the parent's (its channels, threads and loop stayed
-    there); mark each, touching none of its gRPC objects, so that its next use raises ForkedClientError at once."""
+    there); mark each, touching none of its gRPC objects, so that its next use raises ForkedClientError at once.
+    If a client had connected over gRPC in the parent (even one closed since), gRPC's state here is a copy of one
+    whose threads were busy (its asyncio poller lives on after the channels close; gRPC then skips its own fork
+    handlers): a new channel would hang or abort the process, so new gRPC clients are refused here too."""
+    global _grpc_forked_from
+    if _grpc_used_in is not None:
+        _grpc_forked_from = _grpc_used_in
     for client in list(_LIVE):
         client._forked()
     _LIVE.clear()
@@ -76,6 +84,8 @@ class AsyncWaltzClient:
 
     def __init__(self, callbacks: WaltzClientCallbacks, config: ConfigSource = None, *, driver: Any = None,
                  metrics_registry: CollectorRegistry | None = None, overrides: Mapping[str, Any] | None = None) -> None:
+        if driver is None and _grpc_forked_from is not None:
+            raise ForkedClientError(_grpc_forked_from, new_client=True)
         self.config = ClientConfig.of(config, zookeeper_required=driver is None, overrides=overrides)
         self.callbacks = callbacks
         self._driver: Driver = _make_driver(driver, self.config)
@@ -131,6 +141,8 @@ class AsyncWaltzClient:
         self._started = True
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.current_thread()
+        if _grpc_used_in is None and not isinstance(self._driver, _mock_driver_type()):
+            _mark_grpc_used()
         self._submitter.bind(self._loop)
         try:
             info = await self._driver.start(self._on_topology)
@@ -535,3 +547,14 @@ def _make_driver(driver: Any, config: ClientConfig) -> Driver:
     if not isinstance(driver, Driver):
         raise TypeError(f"driver must be a MockServer or a Driver, not {type(driver).__name__}")
     return driver
+
+
+def _mock_driver_type() -> type:
+    from waltz_client.mock import MockDriver
+
+    return MockDriver
+
+
+def _mark_grpc_used() -> None:
+    global _grpc_used_in
+    _grpc_used_in = os.getpid()

@@ -240,3 +240,11 @@ def test_sigterm_during_a_long_catch_up_stops_the_service_promptly_after_it_repo
     assert code in (0, -signal.SIGTERM), service.log()[-4000:]  # uvicorn raises the signal again once shut down
     assert len(applied_keys(service.db, "backlog-")) < backlog  # it stopped mid-catch-up, not after it
     assert "Application shutdown complete" in service.log(), service.log()[-4000:]
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+def test_children_of_a_process_that_had_a_client_are_refused_a_new_one_at_once_instead_of_hanging(
+        cluster: LocalCluster, mode: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "tests.integration.web.fork_children", cluster.servers[0].address,
+                           mode], cwd=ROOT, capture_output=True, text=True, timeout=BOOT_TIMEOUT_S, check=False)
+    assert done.returncode == 0 and "children: [0, 0]" in done.stdout, done.stdout + done.stderr[-4000:]
