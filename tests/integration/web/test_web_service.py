@@ -236,7 +236,8 @@ def test_sigterm_during_a_long_catch_up_stops_the_service_promptly_after_it_repo
         code = service.process.wait(20)  # the catch-up had 30 s and more to go
     except subprocess.TimeoutExpired:
         raise AssertionError(f"still running 20 s after SIGTERM:\n{service.log()[-4000:]}") from None
-    print(f"exited {time.monotonic() - sent:.1f} s after SIGTERM")
+    print(f"exited {time.monotonic() - sent:.1f} s after SIGTERM, {len(applied_keys(service.db, 'backlog-'))} of "
+          f"{backlog} applied")
     assert code in (0, -signal.SIGTERM), service.log()[-4000:]  # uvicorn raises the signal again once shut down
     assert len(applied_keys(service.db, "backlog-")) < backlog  # it stopped mid-catch-up, not after it
     assert "Application shutdown complete" in service.log(), service.log()[-4000:]
