@@ -7,6 +7,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import logging
+import re
 import socket
 import tomllib
 import warnings
@@ -173,7 +174,8 @@ def test_zookeeper_discovery_without_kazoo_says_what_to_install(monkeypatch: pyt
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_kazoo)
-    with pytest.raises(ConfigError, match=r"pip install 'waltz-python\[zookeeper\]', or set client\.servers"):
+    root = re.escape(str(ROOT))  # the checkout this install came from: a command that works
+    with pytest.raises(ConfigError, match=rf"pip install -e '{root}\[zookeeper\]', or set client\.servers"):
         AsyncWaltzClient(MemoryCallbacks(), {"zookeeper.connectString": "127.0.0.1:1", "cluster.root": "/w"})
 
 
