@@ -1,6 +1,6 @@
 """The real transport: partition ownership from ZooKeeper, grpc.aio streams and unary calls.
 
-kazoo (the extra waltz-python[zookeeper]) is imported only when a client starts with ZooKeeper discovery
+kazoo (the `zookeeper` extra) is imported only when a client starts with ZooKeeper discovery
 (client.servers empty): require_zookeeper() says what to install when it is missing.
 """
 
