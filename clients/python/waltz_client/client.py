@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from waltz.v1 import server_pb2
+from waltz_client import fork_guard
 from waltz_client.api import TransactionContext, WaltzClientCallbacks
 from waltz_client.config import ClientConfig
 from waltz_client.connection import ConnectionManager, ServerConnection
@@ -41,26 +41,6 @@ _ASK_AGAIN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
 
 DATA_ATTEMPTS = 5  # original: up to 5 tries on a checksum mismatch
 ConfigSource = Config | Mapping[str, Any] | str | Path | None
-_LIVE: weakref.WeakSet[AsyncWaltzClient] = weakref.WeakSet()  # every client not closed: marked forked in a child
-_grpc_used_in: int | None = None  # the process where a client first connected over gRPC
-_grpc_forked_from: int | None = None  # in a child forked after that: gRPC cannot connect here
-
-
-def _after_fork_in_child() -> None:
-    """In a forked child: every client made before the fork is the parent's (its channels, threads and loop stayed
-    there); mark each, touching none of its gRPC objects, so that its next use raises ForkedClientError at once.
-    If a client had connected over gRPC in the parent (even one closed since), gRPC's state here is a copy of one
-    whose threads were busy (its asyncio poller lives on after the channels close; gRPC then skips its own fork
-    handlers): a new channel would hang or abort the process, so new gRPC clients are refused here too."""
-    global _grpc_forked_from
-    if _grpc_used_in is not None:
-        _grpc_forked_from = _grpc_used_in
-    for client in list(_LIVE):
-        client._forked()
-    _LIVE.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class AsyncWaltzClient:
@@ -84,8 +64,9 @@ class AsyncWaltzClient:
 
     def __init__(self, callbacks: WaltzClientCallbacks, config: ConfigSource = None, *, driver: Any = None,
                  metrics_registry: CollectorRegistry | None = None, overrides: Mapping[str, Any] | None = None) -> None:
-        if driver is None and _grpc_forked_from is not None:
-            raise ForkedClientError(_grpc_forked_from, new_client=True)
+        self._own_grpc = driver is None  # the client makes its gRPC driver (not a test's or a mock's)
+        if self._own_grpc:
+            fork_guard.check_new_grpc_client()
         self.config = ClientConfig.of(config, zookeeper_required=driver is None, overrides=overrides)
         self.callbacks = callbacks
         self._driver: Driver = _make_driver(driver, self.config)
@@ -117,7 +98,7 @@ class AsyncWaltzClient:
             collector = ClientCollector(self, self._latency, self._lock_failure_latency)
             metrics_registry.register(collector)  # ValueError if the registry already has a client's metrics
             self._metrics = (metrics_registry, collector)
-        _LIVE.add(self)
+        fork_guard.track(self)
 
     @property
     def num_partitions(self) -> int:
@@ -141,8 +122,8 @@ class AsyncWaltzClient:
         self._started = True
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.current_thread()
-        if _grpc_used_in is None and not isinstance(self._driver, _mock_driver_type()):
-            _mark_grpc_used()
+        if self._own_grpc:
+            fork_guard.grpc_used()
         self._submitter.bind(self._loop)
         try:
             info = await self._driver.start(self._on_topology)
@@ -219,7 +200,7 @@ class AsyncWaltzClient:
         application's callbacks see its outcome as usual. Cancelling the task that awaits it (a client that hung up,
         a server's request timeout) likewise stops only the wait: once submit returned, the append may still commit
         and be applied (an unknown outcome: make the request idempotent, docs/web-services.md). Once it returned
-        True, context.transaction_id is the transaction's id (for wait_applied elsewhere).
+        True, context.committed_transaction_id is the transaction's id (for wait_applied elsewhere).
         """
         future = await self.submit(context)
         if timeout is None:
@@ -365,7 +346,7 @@ class AsyncWaltzClient:
                 return
         self._closed = True
         self._usable = False
-        _LIVE.discard(self)
+        fork_guard.untrack(self)
         self._unregister_metrics()
         if not self._started:
             self._callback_thread.shutdown()
@@ -548,13 +529,3 @@ def _make_driver(driver: Any, config: ClientConfig) -> Driver:
         raise TypeError(f"driver must be a MockServer or a Driver, not {type(driver).__name__}")
     return driver
 
-
-def _mock_driver_type() -> type:
-    from waltz_client.mock import MockDriver
-
-    return MockDriver
-
-
-def _mark_grpc_used() -> None:
-    global _grpc_used_in
-    _grpc_used_in = os.getpid()
