@@ -108,7 +108,7 @@ def wait_for(service: Service, path: str, status: int) -> None:
 
 def gunicorn(*extra: str) -> list[str]:
     return [str(BIN / "gunicorn"), "-k", "uvicorn_worker.UvicornWorker", "-w", str(WORKERS), "-b", "127.0.0.1:PORT",
-            "--graceful-timeout", "10", *extra]
+            "--graceful-timeout", "10", "--no-control-socket", *extra]  # its default path is one per user
 
 
 def applied_keys(db: Path, prefix: str) -> dict[str, str]:
