@@ -87,8 +87,10 @@ column; the ZooKeeper and TLS keys likewise, e.g. `WALTZ_ZOOKEEPER_CONNECT_STRIN
 `WALTZ_TLS_CA_FILE`). Precedence: a key set in the configuration passed to the client wins; a variable fills
 in a key the configuration leaves out; the default applies when neither sets it. So
 `WALTZ_CLIENT_SERVERS=host:port` with `WaltzClient(callbacks)` and no configuration at all is a complete
-client. A `WALTZ_CLIENT_*`, `WALTZ_TLS_*` or `WALTZ_ZOOKEEPER_*` variable that names no key is a
-`ConfigError` (with a "did you mean"), as an unknown key in the file is.
+client. `WALTZ_CLIENT_CONFIG` names a YAML file: the configuration of a client given none (`config=None`).
+Any other `WALTZ_CLIENT_*`, `WALTZ_TLS_*` or `WALTZ_ZOOKEEPER_*` variable that names no key is logged as a
+warning (logger `waltz_client.config`, with the closest key's variable) and ignored, so that an application's
+own variables of that shape do not stop it; an unknown key in a file or a mapping is a `ConfigError`.
 
 Deprecated: `client.discoveryInterval`, `client.longWaitThreshold` and `client.keepaliveTime` were in
 milliseconds; they are still accepted, with a `DeprecationWarning` and a log warning, and converted to the

@@ -6,14 +6,26 @@ the working directory. The addresses and paths the examples use for the reader's
 that cluster by PLACEHOLDERS, nothing else is changed. A block that can only be a fragment (a method, or code that
 needs names the surrounding text defines) has the line `<!-- fragment -->` right before its fence: it is compiled
 and type-checked with mypy instead, its undefined names taken as Any. Every block is type-checked.
+WALTZ_CLIENT_CONFIG names that `client.yaml`, so a block may make its client with no configuration.
+
+A web application's block (an ASGI `app`) has `<!-- serve: GET /ready, POST /notes?text=hello -->` before its
+fence: it is served by uvicorn (`uvicorn example:app`) instead of run; the first request is made until it
+answers 200 (the application caught up), each next one must answer 200 at once, and then SIGTERM must stop the
+server with its lifespan's shutdown complete.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +39,7 @@ from waltz_common.testing.local_cluster import LocalCluster
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FRAGMENT = "<!-- fragment -->"
+SERVE = re.compile(r"<!-- serve: (.+) -->")
 
 
 @dataclass(frozen=True)
@@ -35,6 +48,7 @@ class Block:
     line: int  # of the opening fence
     code: str
     fragment: bool
+    serve: tuple[tuple[str, str], ...] = ()  # (method, path) of each request to a served application
 
     @property
     def name(self) -> str:
@@ -51,7 +65,9 @@ def python_blocks() -> list[Block]:
             end = next(i for i in range(index + 1, len(lines)) if lines[i].strip() == "```")
             code = textwrap.dedent("\n".join(lines[index + 1:end])) + "\n"
             fragment = index > 0 and lines[index - 1].strip() == FRAGMENT
-            found.append(Block(page, index + 1, code, fragment))
+            serve = SERVE.fullmatch(lines[index - 1].strip()) if index > 0 else None
+            requests = tuple((m, path) for m, path in (r.split() for r in serve.group(1).split(", "))) if serve else ()
+            found.append(Block(page, index + 1, code, fragment, requests))
     return found
 
 
@@ -107,13 +123,56 @@ def test_the_block_runs_as_written(block: Block, tmp_path: Path, zookeeper: Any,
             if placeholder in code:
                 code = code.replace(placeholder, value(place))
         (workdir / "example.py").write_text(code)
+        env = {**os.environ, "WALTZ_CLIENT_CONFIG": str(workdir / "client.yaml")}
+        if block.serve:
+            serve(block, workdir, env)
+            return
         done = subprocess.run([sys.executable, "example.py"], cwd=workdir, capture_output=True, text=True,
-                              timeout=120, check=False)
+                              timeout=120, check=False, env=env)
     assert done.returncode == 0, f"{block.name} failed:\n{done.stdout}\n{done.stderr[-4000:]}"
     expected = [line for call, line in EXPECTED_OUTPUT.items() if call in block.code]
     assert expected or "print(" not in block.code, f"{block.name} prints: say what in EXPECTED_OUTPUT"
     for line in expected:
         assert line in done.stdout.splitlines(), done.stdout
+
+
+def serve(block: Block, workdir: Path, env: dict[str, str]) -> None:
+    """Serve the block's `app` with uvicorn, make its requests, then stop it with SIGTERM."""
+    from waltz_common.testing.local_cluster import free_port
+
+    port = free_port()
+    log = workdir / "uvicorn.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen([sys.executable, "-m", "uvicorn", "--port", str(port), "example:app"], cwd=workdir,
+                                  env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        for index, (method, path) in enumerate(block.serve):
+            deadline = time.monotonic() + (60 if index == 0 else 0)
+            while True:
+                status = _request(method, f"http://127.0.0.1:{port}{path}")
+                if status == 200 or time.monotonic() >= deadline:
+                    break
+                assert server.poll() is None, log.read_text()
+                time.sleep(0.2)
+            assert status == 200, f"{block.name}: {method} {path} answered {status}\n{log.read_text()[-4000:]}"
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert "Application shutdown complete" in log.read_text(), log.read_text()[-4000:]
+
+
+def _request(method: str, url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=30) as response:
+            json.loads(response.read())
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None  # not listening yet
 
 
 def test_every_block_compiles_and_type_checks(tmp_path: Path):

@@ -3,7 +3,9 @@ commands' scripts but not their packages), and run the command otherwise."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -40,8 +42,41 @@ def test_a_missing_package_names_the_extra_to_install(monkeypatch: pytest.Monkey
     monkeypatch.setattr(importlib.util, "find_spec", without_kazoo)
     assert entry.waltz_server() == 1
     assert capsys.readouterr().err == ("waltz-server: needs kazoo, which the plain install (the client alone) leaves "
-                                       "out: pip install 'waltz-python[server]'\n")
-    assert entry.waltz() == 1 and "pip install 'waltz-python[cli]'" in capsys.readouterr().err
+                                       f"out: pip install -e '{ROOT}[server]'\n")  # this checkout, as installed
+    assert entry.waltz() == 1 and f"pip install -e '{ROOT}[cli]'" in capsys.readouterr().err
+
+
+class _Installed:
+    """A distribution as importlib.metadata shows one, with pip's record of where it came from (PEP 610)."""
+
+    def __init__(self, direct_url: dict[str, Any] | None) -> None:
+        self.direct_url = direct_url
+        self.version = "0.1.0"
+
+    def read_text(self, name: str) -> str | None:
+        return json.dumps(self.direct_url) if name == "direct_url.json" and self.direct_url is not None else None
+
+
+@pytest.mark.parametrize(("direct_url", "wanted"), [
+    ({"url": f"file://{ROOT}", "dir_info": {"editable": True}}, f"pip install -e '{ROOT}[cli]'"),
+    ({"url": f"file://{ROOT}", "dir_info": {}}, f"pip install '{ROOT}[cli]'"),
+    ({"url": "file://WHEEL", "archive_info": {}}, "pip install 'WHEEL[cli]'"),
+    ({"url": "file:///gone/waltz_python-0.1.0-py3-none-any.whl", "archive_info": {}}, "GENERIC"),
+    (None, "GENERIC"),  # installed from an index mirror, or pip recorded nothing
+])
+def test_the_install_hint_names_where_this_install_came_from(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                             direct_url: dict[str, Any] | None, wanted: str) -> None:
+    wheel = tmp_path / "waltz_python-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    if direct_url is not None:
+        direct_url["url"] = direct_url["url"].replace("WHEEL", str(wheel))
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda name: [_Installed(None), _Installed(direct_url)])
+    monkeypatch.setattr(entry, "_checkout", lambda: None)  # as in site-packages
+    generic = ("pip install '/path/to/waltz-checkout[cli]' (a checkout of Waltz for Python: the package is on no "
+               "index), or the wheel its scripts/dist builds: "
+               "pip install 'dist/waltz_python-0.1.0-py3-none-any.whl[cli]'")
+    assert entry.install_command("cli") == wanted.replace("WHEEL", str(wheel)).replace("GENERIC", generic)
+    assert "waltz-python[" not in entry.install_command("cli")  # the name no index publishes
 
 
 def test_with_its_packages_the_command_runs(monkeypatch: pytest.MonkeyPatch,

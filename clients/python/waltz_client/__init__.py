@@ -27,6 +27,7 @@ from waltz_client.errors import (
     ClientAheadError,
     ClientIdDeniedError,
     ConfigError,
+    ForkedClientError,
     RetriesExhaustedError,
     TransactionDataError,
     TransactionRejectedError,
@@ -62,7 +63,9 @@ def __getattr__(name: str) -> Any:
     try:
         imported = importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(f"waltz_client.{name} needs psycopg 3: pip install 'waltz-python[postgres]' "
+        from waltz_common.entry import install_command
+
+        raise ImportError(f"waltz_client.{name} needs psycopg 3: {install_command('postgres')} "
                           f"({exc})", name=name) from exc
     return getattr(imported, name)
 
@@ -79,6 +82,7 @@ __all__ = [  # without the PostgreSQL helpers: `import *` must not need psycopg
     "ClientIdDeniedError",
     "ConfigError",
     "ForbiddenCallError",
+    "ForkedClientError",
     "GuardedConnection",
     "JsonSerializer",
     "MockServer",

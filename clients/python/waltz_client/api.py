@@ -116,7 +116,13 @@ class TransactionContext(ABC):
     once per lock failure; the client then re-runs execute once it has caught up. All hooks
     run on the client's callback thread (or its event loop: client.callbackThread), in feed
     order with apply_transaction.
+
+    committed_transaction_id: the id of the transaction this context committed as, set by the client before its
+    future ends True (None until then; a context submitted again has its latest commit's id), for
+    AsyncWaltzClient.wait_applied in another instance (read-your-writes).
     """
+
+    committed_transaction_id: int | None = None
 
     @abstractmethod
     def partition_id(self, num_partitions: int) -> int:

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from waltz_client.api import TransactionContext, WaltzClientCallbacks
 from waltz_client.client import AsyncWaltzClient, ConfigSource
-from waltz_client.errors import WaltzError, WaltzTimeoutError
+from waltz_client.errors import ForkedClientError, WaltzError, WaltzTimeoutError
 from waltz_client.partition_env import Stats
 
 R = TypeVar("R")
@@ -57,6 +57,7 @@ class WaltzClient:
 
     @property
     def num_partitions(self) -> int:
+        """The cluster's number of partitions (what TransactionContext.partition_id is given)."""
         return self._client.num_partitions
 
     @property
@@ -82,8 +83,9 @@ class WaltzClient:
         return self._call(submit(), self._limit)
 
     def submit_and_wait(self, context: TransactionContext, timeout: float | None = None) -> bool:
-        """Submit and wait for the outcome, as AsyncWaltzClient.submit_and_wait: True committed and applied, False
-        declined; WaltzTimeoutError when timeout (seconds; None: no limit) passes first (the transaction goes on)."""
+        """Submit and wait for the outcome, as AsyncWaltzClient.submit_and_wait: True committed and applied (then
+        context.committed_transaction_id is its id), False declined; WaltzTimeoutError when timeout (seconds; None: no
+        limit) passes first (the transaction goes on: an unknown outcome)."""
         future = self.submit(context)
         try:
             return future.result(timeout)
@@ -91,6 +93,12 @@ class WaltzClient:
             if future.done():
                 raise
             raise WaltzTimeoutError(f"the transaction did not end within {timeout:g} s; it goes on") from None
+
+    def wait_applied(self, partition_id: int, transaction_id: int, timeout: float | None = None) -> None:
+        """Wait until this client has applied the partition up to transaction_id, as AsyncWaltzClient.wait_applied
+        (WaltzTimeoutError after timeout seconds; None: client.requestTimeout)."""
+        limit = (self._client.config.request_timeout_s if timeout is None else timeout) + _MARGIN_S
+        self._call(self._client.wait_applied(partition_id, transaction_id, timeout), limit)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every submitted transaction has ended (WaltzTimeoutError after timeout)."""
@@ -124,6 +132,8 @@ class WaltzClient:
         if self._closed:
             return
         self._closed = True
+        if self._client._forked_from is not None:  # a forked child: the loop thread and connections are the parent's
+            return
         wait = (self._client.config.close_timeout_s if timeout is None else timeout) if flush else 0.0
         try:
             self._call(self._client.close(flush=flush, timeout=timeout), wait + self._limit)
@@ -132,6 +142,9 @@ class WaltzClient:
 
     def _call(self, coro: Coroutine[Any, Any, R], timeout: float) -> R:
         client = getattr(self, "_client", None)
+        if client is not None and client._forked_from is not None:  # the loop thread stayed in the parent: no wait
+            coro.close()
+            raise ForkedClientError(client._forked_from)
         if client is not None and client._callback_thread.is_current():
             coro.close()
             raise WaltzError("blocking WaltzClient methods cannot be called from callbacks or context hooks")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -13,12 +14,13 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from waltz.v1 import server_pb2
-from waltz_client import metrics
+from waltz_client import fork_guard, metrics
 from waltz_client.api import TransactionContext, WaltzClientCallbacks
 from waltz_client.config import ClientConfig
 from waltz_client.connection import ConnectionManager, ServerConnection
 from waltz_client.driver import Driver, Ownership, Topology
 from waltz_client.errors import (
+    ForkedClientError,
     TransactionDataError,
     WaltzClosedError,
     WaltzError,
@@ -56,10 +58,17 @@ class AsyncWaltzClient:
     One client per registry (the names carry no client id): give each client of a process its own. In
     prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR set) they are written as its values every
     second instead, for a MultiProcessCollector (docs/client-guide.md, Metrics under multi-process servers).
+
+    One process: a client made before a fork serves only the process that made it; in a forked child, using it
+    raises ForkedClientError (make one per worker after the fork: docs/web-services.md), and closing it there only
+    marks it closed, leaving the parent's connections alone.
     """
 
     def __init__(self, callbacks: WaltzClientCallbacks, config: ConfigSource = None, *, driver: Any = None,
                  metrics_registry: CollectorRegistry | None = None, overrides: Mapping[str, Any] | None = None) -> None:
+        self._own_grpc = driver is None  # the client makes its gRPC driver (not a test's or a mock's)
+        if self._own_grpc:
+            fork_guard.check_new_grpc_client()
         self.config = ClientConfig.of(config, zookeeper_required=driver is None, overrides=overrides)
         self.callbacks = callbacks
         self._driver: Driver = _make_driver(driver, self.config)
@@ -76,8 +85,10 @@ class AsyncWaltzClient:
         self.stats = Stats()
         self._submitter = Submitter(self._callback_thread, self._submissions, self.stats, self.config.max_retries)
         self.client_id = -1
-        self.num_partitions = 0
+        self._num_partitions = 0
         self.cluster_name = ""
+        self._pid = os.getpid()
+        self._forked_from: int | None = None  # the process that made it, once this one is a forked child
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._latency: LatencyHistogram | None = None
@@ -88,6 +99,13 @@ class AsyncWaltzClient:
             self._lock_failure_latency = LatencyHistogram()
             # ValueError if the registry already has a client's metrics
             self._metrics = metrics.register(self, metrics_registry, self._latency, self._lock_failure_latency)
+        fork_guard.track(self)
+
+    @property
+    def num_partitions(self) -> int:
+        """The cluster's number of partitions (what TransactionContext.partition_id is given), known once the client
+        has started; 0 before."""
+        return self._num_partitions
 
     async def __aenter__(self) -> AsyncWaltzClient:
         await self.start()
@@ -99,11 +117,14 @@ class AsyncWaltzClient:
 
     async def start(self) -> None:
         """Connect, take a client id and (with client.autoMount) mount every partition."""
+        self._check_process()
         if self._started:
             return
         self._started = True
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.current_thread()
+        if self._own_grpc:
+            fork_guard.grpc_used()
         self._submitter.bind(self._loop)
         try:
             info = await self._driver.start(self._on_topology)
@@ -113,7 +134,7 @@ class AsyncWaltzClient:
             await self._driver.close()
             self._callback_thread.shutdown()
             raise
-        self.client_id, self.num_partitions, self.cluster_name = info.client_id, info.num_partitions, info.cluster_name
+        self.client_id, self._num_partitions, self.cluster_name = info.client_id, info.num_partitions, info.cluster_name
         self._connections = ConnectionManager(self._driver, self._dispatch, self._tasks, self.config.max_batch_size)
         self._env = PartitionEnv(
             client_id=self.client_id, config=self.config, callbacks=self.callbacks, call=self._callback_thread.call,
@@ -148,6 +169,7 @@ class AsyncWaltzClient:
 
     @property
     def partitions(self) -> list[int]:
+        """The ids of the partitions this client mounts (every one with client.autoMount), sorted."""
         return sorted(self._partitions)
 
     async def submit(self, context: TransactionContext) -> asyncio.Future[bool]:
@@ -159,7 +181,7 @@ class AsyncWaltzClient:
         """
         if not self._usable:
             self._check_open()
-        pid = context.partition_id(self.num_partitions)
+        pid = context.partition_id(self._num_partitions)
         partition = self._partitions.get(pid) if type(pid) is int else None  # mounted: pid is valid
         if partition is None:
             self._check_partition(pid)
@@ -176,7 +198,10 @@ class AsyncWaltzClient:
 
         Raises what submit raises, what the transaction ended with, or WaltzTimeoutError when timeout (seconds;
         None: no limit beyond the client's own) passes first: the transaction then still goes on, and the
-        application's callbacks see its outcome as usual.
+        application's callbacks see its outcome as usual. Cancelling the task that awaits it (a client that hung up,
+        a server's request timeout) likewise stops only the wait: once submit returned, the append may still commit
+        and be applied (an unknown outcome: make the request idempotent, docs/web-services.md). Once it returned
+        True, context.committed_transaction_id is the transaction's id (for wait_applied elsewhere).
         """
         future = await self.submit(context)
         if timeout is None:
@@ -195,6 +220,7 @@ class AsyncWaltzClient:
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until every submitted transaction has ended (nudging servers with flushes)."""
+        self._check_process()
         loop = asyncio.get_running_loop()
         timeout = self.config.request_timeout_s if timeout is None else timeout
         deadline = loop.time() + timeout
@@ -234,11 +260,36 @@ class AsyncWaltzClient:
 
     def client_high_water_mark(self, partition_id: int) -> int:
         """What this client has applied of the partition (-1: nothing; also before mounting)."""
+        self._check_process()
         partition = self._partitions.get(partition_id)
         return partition.client_high_water_mark if partition else -1
 
+    async def wait_applied(self, partition_id: int, transaction_id: int, timeout: float | None = None) -> None:
+        """Wait until this client has applied the partition up to transaction_id (its client high-water mark reached
+        it): read-your-writes for a transaction another client committed (its context.committed_transaction_id,
+        passed along with the request). This client's own submit_and_wait needs no such wait: its True comes once
+        the transaction is applied here. Raises WaltzTimeoutError after timeout seconds (None: client.requestTimeout)
+        and what stopped the partition (ClientAheadError, WaltzClosedError, ...)."""
+        self._check_open()
+        self._check_partition(partition_id)
+        partition = self._partitions.get(partition_id)
+        if partition is None:
+            raise WaltzError(f"partition {partition_id} is not mounted (client.autoMount is false: call "
+                             "mount_partitions)")
+        if partition.client_high_water_mark >= transaction_id:
+            return
+        timeout = self.config.request_timeout_s if timeout is None else timeout
+        try:
+            async with asyncio.timeout(timeout):
+                await partition.applied_waiters.wait(transaction_id)
+        except TimeoutError:
+            raise WaltzTimeoutError(
+                f"partition {partition_id}: transaction {transaction_id} was not applied here within {timeout:g} s "
+                f"(applied up to {partition.client_high_water_mark})") from None
+
     async def transaction_data(self, partition_id: int, transaction_id: int) -> bytes:
         """A committed transaction's data, checksum verified, with bounded retries."""
+        self._check_process()
         timeout = self.config.request_timeout_s
         problem = "not tried"
         for attempt in range(DATA_ATTEMPTS):
@@ -274,8 +325,14 @@ class AsyncWaltzClient:
         A transaction that ends while closing ends as usual (committed, declined, failed); one failed by close()
         has its on_exception called and its future ended with WaltzClosedError, which asyncio does not report as
         never retrieved (the application closed the client; it may still await the future). flush=False (or
-        client.closeTimeout 0) fails them at once."""
+        client.closeTimeout 0) fails them at once.
+
+        In a forked child of the process that made the client, it only marks the client closed: its connections,
+        threads and loop are the parent's, which goes on using them."""
         if self._closed:
+            return
+        if self._forked_from is not None:
+            self._closed = True
             return
         timeout = self.config.close_timeout_s if timeout is None else timeout
         if flush and timeout > 0 and self._started and not self._closing and self._submitter.pending:
@@ -290,6 +347,7 @@ class AsyncWaltzClient:
                 return
         self._closed = True
         self._usable = False
+        fork_guard.untrack(self)
         self._unregister_metrics()
         if not self._started:
             self._callback_thread.shutdown()
@@ -343,14 +401,25 @@ class AsyncWaltzClient:
             self._metrics.close()
             self._metrics = None
 
+    def _forked(self) -> None:
+        """This process is a forked child of the one that made the client (os.register_at_fork)."""
+        if self._forked_from is None:
+            self._forked_from = self._pid
+            self._usable = False
+
+    def _check_process(self) -> None:
+        if self._forked_from is not None:
+            raise ForkedClientError(self._forked_from)
+
     def _check_open(self) -> None:
+        self._check_process()
         if self._closed:
             raise WaltzClosedError("the client is closed")
         if not self._started:
             raise WaltzError("the client is not started: use `async with` or await start()")
 
     def _check_partition(self, pid: int) -> None:
-        if not isinstance(pid, int) or not 0 <= pid < self.num_partitions:
+        if not isinstance(pid, int) or not 0 <= pid < self._num_partitions:
             raise ValueError(f"partition id {pid!r} is not in 0..{self.num_partitions - 1}")
 
     async def _endpoint(self, partition_id: int) -> str:
@@ -459,3 +528,4 @@ def _make_driver(driver: Any, config: ClientConfig) -> Driver:
     if not isinstance(driver, Driver):
         raise TypeError(f"driver must be a MockServer or a Driver, not {type(driver).__name__}")
     return driver
+

@@ -7,11 +7,15 @@ Every key can also come from the environment: ``WALTZ_`` and the key's name in u
 (``client.servers`` -> ``WALTZ_CLIENT_SERVERS``, ``client.mountTimeout`` -> ``WALTZ_CLIENT_MOUNT_TIMEOUT``,
 ``tls.caFile`` -> ``WALTZ_TLS_CA_FILE``; env_name()). A key the configuration passed to the client sets wins over
 its variable; a variable fills in a key the configuration leaves out; the default applies when neither sets it.
+``WALTZ_CLIENT_CONFIG`` names a YAML file, the configuration of a client given none. Any other ``WALTZ_CLIENT_*``,
+``WALTZ_TLS_*`` or ``WALTZ_ZOOKEEPER_*`` variable that names no key is logged as a warning (with the closest key's
+variable) and ignored: an application's own variables of that shape must not stop it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -40,6 +44,12 @@ from waltz_common.tls import TLS_KEYS, TlsFiles
 from waltz_common.zk_security import ZkSecurity
 
 ENV_PREFIX = "WALTZ_"
+ENV_CONFIG_FILE = "WALTZ_CLIENT_CONFIG"
+"""The variable naming the YAML file of a client given no configuration (config=None)."""
+_KEY_PREFIXES = ("WALTZ_CLIENT_", "WALTZ_TLS_", "WALTZ_ZOOKEEPER_")
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()  # the unknown variables already warned of: once per process, not once per client
 
 CLIENT_KEYS = (
     Key("client.servers", address_list, (),
@@ -106,17 +116,18 @@ def env_name(key: str) -> str:
 
 def from_environment(keys: Iterable[Key], environ: Mapping[str, str]) -> dict[str, str]:
     """The keys set by WALTZ_* variables (empty values are ignored). A WALTZ_CLIENT_*, WALTZ_TLS_* or
-    WALTZ_ZOOKEEPER_* variable that names no key is a ConfigError with a suggestion (other WALTZ_* variables
-    belong to other tools and are left alone)."""
+    WALTZ_ZOOKEEPER_* variable that names no key (other than WALTZ_CLIENT_CONFIG) is logged as a warning, once per
+    process, with the closest key's variable, and ignored (other WALTZ_* variables belong to other tools)."""
     names = {env_name(k.name): k.name for k in keys}
     found: dict[str, str] = {}
     for variable, value in environ.items():
         if variable in names:
             if value.strip():
                 found[names[variable]] = value
-        elif variable.startswith(("WALTZ_CLIENT_", "WALTZ_TLS_", "WALTZ_ZOOKEEPER_")):
-            raise ConfigError(f"environment: {variable} names no client configuration key"
-                              f"{did_you_mean(variable, names)}")
+        elif variable.startswith(_KEY_PREFIXES) and variable != ENV_CONFIG_FILE and variable not in _warned:
+            _warned.add(variable)
+            log.warning("environment: %s names no client configuration key; ignored%s", variable,
+                        did_you_mean(variable, names))
     return found
 
 
@@ -183,10 +194,15 @@ class ClientConfig:
         """Validate a Config, a mapping of (dotted or nested) keys, or a YAML file path, with overrides (a mapping
         of dotted or nested keys that win over it), filled in from WALTZ_* environment variables (environ; None:
         os.environ). ZooKeeper keys are needed only when zookeeper_required and client.servers is empty. Any
-        problem is a ConfigError (a WaltzError and a ValueError)."""
+        problem is a ConfigError (a WaltzError and a ValueError). With config None, the YAML file WALTZ_CLIENT_CONFIG
+        names (if set) is the configuration."""
+        environ = os.environ if environ is None else environ
+        if config is None and (path := environ.get(ENV_CONFIG_FILE, "").strip()):
+            if not Path(path).is_file():
+                raise ConfigError(f"environment: {ENV_CONFIG_FILE}={path}: no such file")
+            config = path
         try:
-            return ClientConfig._of(_with_overrides(config, overrides), zookeeper_required,
-                                    os.environ if environ is None else environ)
+            return ClientConfig._of(_with_overrides(config, overrides), zookeeper_required, environ)
         except CommonConfigError as exc:
             if isinstance(exc, ConfigError):
                 raise

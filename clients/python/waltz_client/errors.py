@@ -111,3 +111,28 @@ class StreamClosedError(WaltzError, ConnectionError):
     """A server stream ended or failed; the client reconnects and remounts by itself."""
 
     retriable = True
+
+
+class ForkedClientError(WaltzError):
+    """The client was made in another process, which then forked this one: its connections, threads and event loop
+    stayed in that process, so it cannot serve here. Also raised when a client connecting over gRPC is made in a
+    process forked after a client had connected in its parent: gRPC's state came along with the fork, not its threads.
+    Make a client in each process after the fork (gunicorn: in post_fork or the application's lifespan; uvicorn
+    --workers: in the lifespan), and none in the process that forks."""
+
+    retriable = False
+
+    def __init__(self, created_in: int, *, new_client: bool = False) -> None:
+        if new_client:
+            message = (
+                f"this process was forked from process {created_in} after a client had connected there: gRPC "
+                f"cannot connect in a child forked once it was in use (its threads stayed in the parent; a new "
+                f"channel would hang or abort the process); create a client in each worker after the fork (gunicorn: "
+                f"post_fork / lifespan) and none in the process that forks; see docs/web-services.md")
+        else:
+            message = (
+                f"this client was created in process {created_in} before a fork; create a client in each worker "
+                f"after the fork (gunicorn: post_fork / lifespan), not at import time (gunicorn --preload imports the "
+                f"application in the master, which then forks); see docs/web-services.md")
+        super().__init__(message)
+        self.created_in = created_in

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from waltz.v1 import server_pb2
 from waltz_client.api import Transaction
+from waltz_client.applied_waiters import AppliedWaiters
 from waltz_client.connection import ServerConnection
 from waltz_client.feed_intake import FeedIntake
 from waltz_client.feed_steps import FeedStep, FeedSteps
@@ -41,6 +42,7 @@ class FeedApply:
     conn: ServerConnection | None
     server_high_water_mark: int
     apply_failure: tuple[int, BaseException] | None
+    applied_waiters: AppliedWaiters
     _batched: bool
     _steps: FeedSteps
     _intake: FeedIntake
@@ -173,12 +175,16 @@ class FeedApply:
             self._notify()
         if applied:
             self._resolve(self.monitor.on_client_high_water_mark(last_applied))
+            if self.applied_waiters:
+                self.applied_waiters.reached(last_applied)
 
     def _settle_plain(self, transactions: list[Transaction], start: int, end: int) -> None:
         """_settle for plain_transactions: transactions[start:end] were applied."""
         if end > start:
             self.env.stats.applied += end - start
             self._resolve(self.monitor.on_client_high_water_mark(transactions[end - 1].transaction_id))
+            if self.applied_waiters:
+                self.applied_waiters.reached(transactions[end - 1].transaction_id)
 
     async def _hook(self, hook: Callable[..., None], txn_id: int, *args: Any) -> None:
         try:

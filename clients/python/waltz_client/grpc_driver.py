@@ -1,6 +1,6 @@
 """The real transport: partition ownership from ZooKeeper, grpc.aio streams and unary calls.
 
-kazoo (the extra waltz-python[zookeeper]) is imported only when a client starts with ZooKeeper discovery
+kazoo (the `zookeeper` extra) is imported only when a client starts with ZooKeeper discovery
 (client.servers empty): require_zookeeper() says what to install when it is missing.
 """
 
@@ -19,6 +19,7 @@ from waltz_client.connection import MAX_RECONNECT_DELAY_S
 from waltz_client.driver import ClusterInfo, Driver, ServerStream, Topology
 from waltz_client.errors import ConfigError, StreamClosedError, UnavailableError, WaltzError
 from waltz_common import tls
+from waltz_common.entry import install_command
 from waltz_common.grpc_env import keepalive_options
 from waltz_common.topology import ZkTopologyWatcher, take_client_id
 
@@ -178,7 +179,7 @@ def require_zookeeper() -> None:
     except ImportError:
         raise ConfigError(
             "ZooKeeper discovery (zookeeper.connectString and cluster.root; client.servers is empty) needs kazoo: "
-            "pip install 'waltz-python[zookeeper]', or set client.servers (WALTZ_CLIENT_SERVERS) to the servers' "
+            f"{install_command('zookeeper')}, or set client.servers (WALTZ_CLIENT_SERVERS) to the servers' "
             "host:port and the client needs no ZooKeeper") from None
 
 

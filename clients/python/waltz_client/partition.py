@@ -12,6 +12,7 @@ from typing import Any
 
 from waltz.v1 import server_pb2
 from waltz_client.api import TransactionBuilder, applies_batches
+from waltz_client.applied_waiters import AppliedWaiters
 from waltz_client.catchup import CatchUp, mount_wait_reason
 from waltz_client.connection import ServerConnection
 from waltz_client.driver import Ownership
@@ -83,6 +84,7 @@ class ClientPartition(FeedApply):
         self._backlog: deque[Any] = deque()  # inbox events taken out while merging feed messages, in order
         self._intake = FeedIntake(partition_id, env, self.monitor)  # feed entries -> steps, other clients' data
         self._inline_asked = 0  # the inline data the current feed was asked for
+        self.applied_waiters = AppliedWaiters()  # AsyncWaltzClient.wait_applied's
 
     # ---- application side -------------------------------------------------------------
 
@@ -220,6 +222,7 @@ class ClientPartition(FeedApply):
         if self.error is None:
             self.error = error
         self._resolve(self.monitor.clear())
+        self.applied_waiters.fail(error)
         for parked in self.own_locks.release_all():  # they execute again and meet the error
             parked.resume()
         self._notify()
@@ -231,6 +234,7 @@ class ClientPartition(FeedApply):
         try:
             hwm = await self.env.call(self.env.callbacks.get_client_high_water_mark, self.partition_id)
             self.monitor.on_client_high_water_mark(hwm)
+            self.applied_waiters.reached(hwm)
             while self.error is None:
                 verdict = await self._mount_and_serve()
                 self._notify()

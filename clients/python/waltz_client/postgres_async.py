@@ -1,6 +1,6 @@
 """AsyncPostgresClientCallbacks: PostgresClientCallbacks for asyncio applications (psycopg's AsyncConnection).
 
-Needs psycopg 3 (`pip install 'waltz-python[postgres]'`).
+Needs psycopg 3: the `postgres` extra (`pip install -e '.[postgres]'` in a checkout; docs/client-guide.md, Installing).
 
 How it runs: the client calls its callbacks on its callback thread (client.callbackThread, the default), as
 plain functions. This helper's are coroutines run on the application's event loop, the one it was opened on

@@ -1,6 +1,6 @@
 """PostgresClientCallbacks: apply the feed exactly once into a PostgreSQL database shared by instances.
 
-Needs psycopg 3 (`pip install 'waltz-python[postgres]'`).
+Needs psycopg 3: the `postgres` extra (`pip install -e '.[postgres]'` in a checkout; docs/client-guide.md, Installing).
 """
 
 from __future__ import annotations

@@ -192,6 +192,7 @@ class _Submission(PendingAppend, Job):
 
     def commit(self, transaction_id: int) -> None:
         """The common path ends here (_set(True), inline)."""
+        self.context.committed_transaction_id = transaction_id
         self._release_locks()
         submitter = self.submitter
         submitter.pending -= 1
@@ -215,7 +216,8 @@ class _Submission(PendingAppend, Job):
         submitter.pending -= len(submissions)
         if not submitter.pending:
             submitter._drained.set()
-        for submission in submissions:
+        for submission, transaction_id in zip(submissions, transaction_ids, strict=True):
+            submission.context.committed_transaction_id = transaction_id
             future = submission.future
             if not future.done():  # the application may have cancelled it
                 future.set_result(True)
@@ -224,6 +226,8 @@ class _Submission(PendingAppend, Job):
         """The append's final outcome (from the partition): its locks go on, whether it ends or executes again."""
         self._release_locks()
         if outcome.kind is OutcomeKind.COMMITTED:
+            if outcome.transaction_id is not None:
+                self.context.committed_transaction_id = outcome.transaction_id
             self._set(True)  # the common path ends here
         else:
             # the slot its entry held passes to the retry at once: a retry that queued for a slot with every new
