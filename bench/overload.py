@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -156,11 +157,31 @@ async def _work(job: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+class GcClock:
+    """The seconds the cyclic garbage collector ran, and how many full (generation 2) collections."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.full += info["generation"] == 2
+
+
 def _worker() -> None:
     from waltz_common import event_loop
 
     job = json.loads(sys.stdin.readline())
-    print(json.dumps(event_loop.run(_work(job))), flush=True)
+    clock = GcClock()
+    result = event_loop.run(_work(job))
+    result.update(gc_s=clock.seconds, gc_full=clock.full)
+    print(json.dumps(result), flush=True)
 
 
 # ---------------------------------------------------------------------------------------- the driver
@@ -224,7 +245,8 @@ def rows(name: str, results: list[dict[str, Any]]) -> list[str]:
     for i, r in enumerate(results):
         lines.append(f"{name:<10} {i:>4} {r['offered'] / r['seconds']:>10,.0f} {r['committed'] / r['seconds']:>12,.0f} "
                      f"{r['p50'] * 1e3:>9.1f} {r['p99'] * 1e3:>9.1f} {r['timeouts']:>9,} {r['errors']:>7,} "
-                     f"{r['overtaken']:>10,} {r['behind'] * 1e3:>9,.0f} {r['cpu'] / r['seconds']:>6.2f}")
+                     f"{r['overtaken']:>10,} {r['behind'] * 1e3:>9,.0f} {r['cpu'] / r['seconds']:>6.2f} "
+                     f"{r['gc_s']:>6.2f} {r['gc_full']:>4}")
         lines.extend(f"{'':<16}error: {sample[:200]}" for sample in r["error_samples"])
     total = sum(r["committed"] for r in results) / results[0]["seconds"]
     lines.append(f"{name:<10} {'all':>4} {sum(r['offered'] for r in results) / results[0]['seconds']:>10,.0f} "
@@ -278,12 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     if baseline is not None:
         print(f"baseline {baseline[0]}; candidate = this checkout")
     print(f"{'client':<10} {'proc':>4} {'offered/s':>10} {'committed/s':>12} {'p50 ms':>9} {'p99 ms':>9} "
-          f"{'time-outs':>9} {'errors':>7} {'overtaken':>10} {'behind ms':>9} {'CPU':>6}")
+          f"{'time-outs':>9} {'errors':>7} {'overtaken':>10} {'behind ms':>9} {'CPU':>6} {'GC s':>6} {'full':>4}")
     for name, results in runs:
         print("\n".join(rows(name, results)))
     print("wait: scheduled time -> committed; time-outs: WaltzTimeoutError naming its setting; overtaken: the most "
           "later arrivals that left the slot queue before one submit; behind: the most the offering loop fell behind "
-          "its schedule (its process too busy to offer on time); CPU: the process's CPU seconds per second")
+          "its schedule (its process too busy to offer on time); CPU: the process's CPU seconds per second; "
+          "GC s: seconds in the cyclic garbage collector, full: its generation-2 collections (the whole run)")
     return 0
 
 
