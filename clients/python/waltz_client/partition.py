@@ -108,9 +108,11 @@ class ClientPartition(FeedApply):
 
     def try_acquire_slot(self) -> bool:
         """Take a pending slot if one is free now, nobody waits ahead, and the partition is mounted and not failed."""
-        conn = self.conn  # can_append(), inline
-        if self.error is None and self.state.appends_allowed and conn is not None and not conn.closed:
-            return self.slots.take(len(self.monitor._entries))  # (pending_count(), inline)
+        conn, slots = self.conn, self.slots  # can_append() and slots.take(), inline: once per submit
+        if (self.error is None and self.state.appends_allowed and conn is not None and not conn.closed
+                and not slots._waiting and len(self.monitor._entries) + slots.reserved < slots.capacity):
+            slots.reserved += 1
+            return True
         return False
 
     async def acquire_slot(self) -> None:
@@ -177,7 +179,7 @@ class ClientPartition(FeedApply):
             return False
         client_id, generation, partition_id = state.client_id, state.generation, self.partition_id
         count = len(appends)
-        self.slots.put_back(count)  # (no grant: they are pending now)
+        self.slots.reserved -= count  # (slots.put_back(), inline; no grant: they are pending now)
         tokens = []
         now = _monotonic()  # the loop's clock
         for (builder, token), seq_num in zip(appends, state.next_seq_nums(count), strict=True):
@@ -274,7 +276,7 @@ class ClientPartition(FeedApply):
 
     def _notify(self) -> None:
         """Something changed (slots freed, mounted or not, failed): wake whoever it concerns."""
-        if self.slots:
+        if self.slots._waiting:  # (len(), inline)
             self._grant()
         if self._mount_waiters:
             self._changed.set()
