@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from waltz.v1 import server_pb2
@@ -33,6 +33,7 @@ from waltz_client.own_locks import OwnLocks
 from waltz_client.partition_env import PartitionEnv, PendingAppend
 from waltz_client.partition_env import Stats as Stats  # where it was before partition_env.py
 from waltz_client.partition_state import ClientPartitionState, MountResult, MountState
+from waltz_client.slot_queue import SlotQueue
 from waltz_client.wire import fill_append_requests, flush_request, mount_request, req_id_from_proto
 from waltz_common.types import ReqId
 
@@ -70,10 +71,14 @@ class ClientPartition(FeedApply):
         self.error: BaseException | None = None
         self.conn: ServerConnection | None = None
         self._owner: Ownership | None = None
-        self._reserved = 0
+        # the slots of monitor's capacity and the submits waiting for one, first come, first served
+        self.slots: SlotQueue[asyncio.Future[None]] = SlotQueue(self.monitor.max_concurrent)
+        self._slot_timer: asyncio.TimerHandle | None = None  # the oldest slot waiter's time-out (one for all)
+        self._slot_timer_at = float("inf")
         self._last_flush = float("-inf")
         self._stalled_at: int | None = None
-        self._changed = asyncio.Event()
+        self._changed = asyncio.Event()  # replaced at each change while _mount_waiters wait on it
+        self._mount_waiters = 0
         self.server_high_water_mark = -1  # the highest id the client heard its server committed (metrics)
         self.mounts = 0  # READY mount answers (metrics: remounts are those after the first)
         self._batched = applies_batches(env.callbacks)  # apply_transactions overridden: one call per feed batch
@@ -104,27 +109,40 @@ class ClientPartition(FeedApply):
         return self.state.appends_allowed and self.conn is not None and not self.conn.closed
 
     def try_acquire_slot(self) -> bool:
-        """Take a pending slot if one is free now and the partition is mounted and not failed."""
-        monitor, conn = self.monitor, self.conn  # can_append(), inline
+        """Take a pending slot if one is free now, nobody waits ahead, and the partition is mounted and not failed."""
+        conn, slots = self.conn, self.slots  # can_append() and slots.take(), inline: once per submit
         if (self.error is None and self.state.appends_allowed and conn is not None and not conn.closed
-                and monitor.pending_count() + self._reserved < monitor.max_concurrent):
-            self._reserved += 1
+                and not slots._waiting and len(self.monitor._entries) + slots.reserved < slots.capacity):
+            slots.reserved += 1
             return True
         return False
 
     async def acquire_slot(self) -> None:
-        """Wait until mounted (mountTimeout) and a pending slot is free (requestTimeout); take it."""
-        if not self.try_acquire_slot():
-            await self._wait(lambda: self.monitor.pending_count() + self._reserved < self.monitor.max_concurrent,
-                             "a free pending-append slot")
-            self._reserved += 1
+        """Take a pending slot, waiting in turn (first come, first served) until one is free and the partition is
+        mounted. WaltzTimeoutError, oldest first, after client.requestTimeout (client.mountTimeout while not
+        mounted); the partition's error at once if it fails or the client closes."""
+        if self.try_acquire_slot():
+            return
+        if self.error is not None:
+            raise self.error
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self.slots.wait(waiter, loop.time())
+        self._grant()  # (a queue whose waiters all gave up meanwhile, after a remount)
+        self._arm_slot_timer()
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if not self.slots.leave(waiter) and not waiter.cancelled() and waiter.exception() is None:
+                self.release_slot()  # handed a slot as it was cancelled: it goes to the next in line
+            raise
 
     def hold_slot(self) -> None:
-        """Take a slot whatever the capacity: for a retry, in the place its resolved entry just left."""
-        self._reserved += 1
+        """Take a slot whatever the capacity and the queue: for a retry, in the place its resolved entry just left."""
+        self.slots.hold()
 
     def release_slot(self) -> None:
-        self._reserved -= 1
+        self.slots.put_back()
         self._notify()
 
     def can_append(self) -> bool:
@@ -134,7 +152,23 @@ class ClientPartition(FeedApply):
 
     async def wait_mounted(self) -> None:
         """Wait until appends are allowed (WaltzTimeoutError after client.mountTimeout)."""
-        await self._wait(lambda: True, "")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.env.config.mount_timeout_s
+        while True:
+            if self.error is not None:
+                raise self.error
+            if self.mounted:
+                return
+            changed = self._changed
+            self._mount_waiters += 1
+            try:
+                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                    await changed.wait()
+            except TimeoutError:
+                error = self._not_mounted_error()
+                raise error from error.__cause__  # (ApplyError's, not the TimeoutError)
+            finally:
+                self._mount_waiters -= 1
 
     def try_append(self, builder: TransactionBuilder, token: PendingAppend) -> bool:
         """Turn a held slot into a registered, queued append, if can_append() (else False)."""
@@ -147,7 +181,7 @@ class ClientPartition(FeedApply):
             return False
         client_id, generation, partition_id = state.client_id, state.generation, self.partition_id
         count = len(appends)
-        self._reserved -= count
+        self.slots.reserved -= count  # (slots.put_back(), inline; no grant: they are pending now)
         tokens = []
         now = _monotonic()  # the loop's clock
         for (builder, token), seq_num in zip(appends, state.next_seq_nums(count), strict=True):
@@ -159,31 +193,72 @@ class ClientPartition(FeedApply):
         fill_append_requests(conn.new_appends(count), appends)
         return True
 
-    async def _wait(self, ready: Callable[[], bool], what: str) -> None:
-        loop = asyncio.get_running_loop()
-        mount_deadline = loop.time() + self.env.config.mount_timeout_s
-        capacity_deadline = loop.time() + self.env.config.request_timeout_s
-        while True:
-            if self.error is not None:
-                raise self.error
-            if self.mounted and ready():
-                return
-            changed = self._changed
-            deadline = capacity_deadline if self.mounted else mount_deadline
-            try:
-                async with asyncio.timeout(max(0.0, deadline - loop.time())):
-                    await changed.wait()
-            except TimeoutError:
-                if not self.mounted and self.apply_failure is not None:  # the mount waits for it: that is the error
-                    txn_id, error = self.apply_failure
-                    raise ApplyError(self.partition_id, txn_id, error) from error
-                if not self.mounted:
-                    raise WaltzTimeoutError(
-                        f"partition {self.partition_id} was not mounted within {self.env.config.mount_timeout_s:g} s "
-                        f"(client.mountTimeout): {self.mount_wait_reason()}") from None
-                raise WaltzTimeoutError(
-                    f"partition {self.partition_id}: no {what} within {self.env.config.request_timeout_s:g} s "
-                    f"({self.monitor.pending_count()} appends pending)") from None
+    def _not_mounted_error(self) -> Exception:
+        if self.apply_failure is not None:  # the mount waits for it: that is the error
+            txn_id, error = self.apply_failure
+            failed = ApplyError(self.partition_id, txn_id, error)
+            failed.__cause__ = error
+            return failed
+        return WaltzTimeoutError(
+            f"partition {self.partition_id} was not mounted within {self.env.config.mount_timeout_s:g} s "
+            f"(client.mountTimeout): {self.mount_wait_reason()}")
+
+    def _grant(self) -> None:
+        """Hand the free slots to the waiters at the head of the queue, one each, if mounted; fail every waiter
+        with the partition's error once it has one."""
+        slots = self.slots
+        if not slots:
+            return
+        if self.error is not None:
+            for waiter in slots.drain():
+                if not waiter.done():
+                    waiter.set_exception(self.error)
+            return
+        if not self.mounted:
+            return
+        while granted := slots.grant(len(self.monitor._entries)):
+            lost = 0
+            for waiter in granted:
+                if waiter.done():  # cancelled, its task not run yet: it leaves, the slot goes on
+                    lost += 1
+                else:
+                    waiter.set_result(None)
+            if not lost:
+                break
+            slots.put_back(lost)
+        if slots:
+            self._arm_slot_timer()  # (mounted now: client.requestTimeout, which may be the earlier deadline)
+
+    def _slot_timeout(self) -> float:
+        config = self.env.config
+        return config.request_timeout_s if self.mounted else config.mount_timeout_s
+
+    def _arm_slot_timer(self) -> None:
+        """One timer, at the oldest waiter's deadline (a later waiter's is never earlier)."""
+        deadline = self.slots.deadline(self._slot_timeout())
+        if deadline is None or deadline >= self._slot_timer_at:
+            return  # an earlier timer is armed: it arms the next one
+        if self._slot_timer is not None:
+            self._slot_timer.cancel()
+        self._slot_timer_at = deadline
+        self._slot_timer = asyncio.get_running_loop().call_at(deadline, self._expire_slot_waiters)
+
+    def _expire_slot_waiters(self) -> None:
+        now = max(self._slot_timer_at, asyncio.get_running_loop().time())  # (a timer may run a little early)
+        self._slot_timer, self._slot_timer_at = None, float("inf")
+        mounted = self.mounted
+        for waiter in self.slots.expire(now, self._slot_timeout()):
+            if not waiter.done():
+                waiter.set_exception(self._slot_timeout_error() if mounted else self._not_mounted_error())
+        self._arm_slot_timer()
+
+    def _slot_timeout_error(self) -> WaltzTimeoutError:
+        slots = self.slots
+        return WaltzTimeoutError(
+            f"partition {self.partition_id}: no pending-append slot came free within "
+            f"{self.env.config.request_timeout_s:g} s (client.requestTimeout): the {slots.capacity} slots "
+            f"(client.maxConcurrentTransactions) are held by {self.monitor.pending_count()} pending appends and "
+            f"{slots.reserved} submits being executed, and {len(slots)} more submits wait")
 
     def mount_wait_reason(self) -> str:
         """What the partition, not mounted, is waiting for (catchup.mount_wait_reason)."""
@@ -202,8 +277,12 @@ class ClientPartition(FeedApply):
         return catchup.remaining(self.client_high_water_mark)
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """Something changed (slots freed, mounted or not, failed): wake whoever it concerns."""
+        if self.slots._waiting:  # (len(), inline)
+            self._grant()
+        if self._mount_waiters:
+            self._changed.set()
+            self._changed = asyncio.Event()
 
     def nudge(self, now: float, min_age: float, min_interval: float) -> None:
         """Send a flush when an append has waited min_age, so that a lost one is detected."""

@@ -169,7 +169,8 @@ def test_timeouts_raise_instead_of_hanging() -> None:
             assert await (await c.submit(Ctx(b"ok"))) is True
             server.hold_requests()
             pending = await c.submit(Ctx(b"held"))
-            with pytest.raises(WaltzTimeoutError, match="free pending-append slot"):
+            with pytest.raises(WaltzTimeoutError,
+                               match=r"no pending-append slot came free within 0.5 s \(client.requestTimeout\)"):
                 await c.submit(Ctx(b"no room"))
             with pytest.raises(WaltzTimeoutError, match="still pending"):
                 await c.flush(timeout=0.3)
