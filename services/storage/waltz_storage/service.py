@@ -189,7 +189,9 @@ class StorageConnection:
 
     def _serve_run(self, run: list[StreamRequest]) -> None:
         partition_id = run[0].msg.partition_id
-        answers = self.node.serve_arrived(run)
+        # Answers of this stream's requests on a thread may be on their way to the loop still (answer): those come
+        # first, so the run waits its turn on the thread.
+        answers = self.node.serve_arrived(run, stream_idle=not self._in_flight)
         if answers is None:
             self._unanswered[partition_id] = self._unanswered.get(partition_id, 0) + len(run)
             self._in_flight += len(run)

@@ -15,6 +15,7 @@ from waltz_common import devcerts, frames
 from waltz_common.port_guard import LimitSettings
 from waltz_storage import server
 from waltz_storage.admin_client import StorageAdminClient
+from waltz_storage.service import StorageConnection
 
 from .node_harness import KEY, NodeThread, SessionClient, records
 
@@ -192,9 +193,9 @@ def test_appends_that_arrived_together_are_served_as_one_run_with_one_fdatasync(
     runs: list[int] = []
     serve_arrived = node.node.serve_arrived
 
-    def recording(run):
+    def recording(run, stream_idle):
         runs.append(len(run))
-        return serve_arrived(run)
+        return serve_arrived(run, stream_idle)
 
     node.node.serve_arrived = recording  # type: ignore[method-assign]
 
@@ -218,6 +219,31 @@ def test_appends_that_arrived_together_are_served_as_one_run_with_one_fdatasync(
             got = [await client.recv() for _ in range(5)]
             assert [r.success.seq_num for r in got] == [101, 102, 103, 104, 105]
             assert runs == [5] and fsyncs() - before == 1
+
+    node.call(scenario())
+
+
+def test_an_append_does_not_overtake_the_answer_of_a_request_that_a_thread_has_served(node, monkeypatch):
+    """A thread's answer reaches the loop after the thread is done (StorageConnection.answer): an append that
+    arrives meanwhile must not run on the loop and be answered first (answers of a partition leave in order)."""
+    with StorageAdminClient("127.0.0.1", node.servers.admin_port, str(KEY), 3) as admin:
+        admin.assign(0)
+
+    def late_answer(self, partition_id, responses):  # the loop takes the thread's answers only 0.3 s later
+        self._loop.call_soon_threadsafe(self._loop.call_later, 0.3, self._answered, partition_id, responses)
+
+    async def scenario():
+        async with node.session_client() as client:
+            assert (await client.open())[0] == "success"
+            assert (await client.ask("set_low_water_mark", low_water_mark=-1))[0] == "success"
+            assert (await client.append(0, records(0, 1)))[0] == "success"
+            assert (await client.append(0, records(1, 1)))[0] == "success"  # on the loop from here on
+            monkeypatch.setattr(StorageConnection, "answer", late_answer)
+            first = await client.send("max_transaction_id")
+            await asyncio.sleep(0.1)  # served by the thread, whose work is done; its answer not yet on the loop
+            second = await client.send("append", records=records(2, 1), record_list_length=1)
+            got = [await client.recv() for _ in range(2)]
+            assert [got[0].max_transaction_id.seq_num, got[1].success.seq_num] == [first, second]
 
     node.call(scenario())
 

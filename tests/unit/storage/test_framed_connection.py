@@ -258,7 +258,10 @@ def test_an_attached_taker_is_called_in_data_received_and_takes_every_request_th
 
         def take() -> None:
             while (got := connection.next_request()) is not None:
-                taken.append(got if got is grpc.aio.EOF else got.max_transaction_id.seq_num)
+                if got is grpc.aio.EOF:
+                    taken.append(got)
+                    return
+                taken.append(got.max_transaction_id.seq_num)
 
         connection.data_received(frame(request(1)))
         connection.attach(take)  # what came before it is taken at once
