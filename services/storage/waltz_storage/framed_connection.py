@@ -1,10 +1,11 @@
 """One connection of the storage node's framed session port, as an asyncio.Protocol: it owns its receive buffer
-(frame_cutter.FrameCutter, fed in data_received), hands the requests to the connection's reader, and is the
-stream StorageConnection reads and writes (read, write, write_now, backlog).
+(frame_cutter.FrameCutter, fed in data_received), hands the requests over as they arrive, and is the stream
+StorageConnection writes (write, write_now).
 
 Why a Protocol of its own and not asyncio.start_server's StreamReader: a request costs one call into the cutter
-instead of two readexactly coroutines (header, body), and whether later requests have arrived (backlog) is known
-from the connection's own state, where it was read from StreamReader's private buffer before.
+instead of two readexactly coroutines (header, body), and the requests are served from data_received itself
+(attach: StorageConnection takes them with next_request, straight-line, no task woken per request), all those
+that arrived together at once, so that appends that came while the node was busy share one write and fdatasync.
 
 Back-pressure both ways: reading stops (transport.pause_reading) while more than twice read_ahead_bytes of
 complete requests wait to be served, and starts again once the reader has taken them down to read_ahead_bytes (or
@@ -51,6 +52,7 @@ class FramedConnection(asyncio.Protocol):
         self._reset = False  # the connection was lost with an error: nothing more is read from it
         self._lost: asyncio.Future[None] | None = None
         self._waiter: asyncio.Future[None] | None = None  # the reader waits on it for a frame or the end
+        self._on_arrival: Callable[[], None] | None = None  # takes the requests as they arrive (attach)
         self._drained: list[asyncio.Future[None]] = []  # writers wait on them while writing is paused
 
     # ------------------------------------------------------------------ the transport's side
@@ -66,14 +68,14 @@ class FramedConnection(asyncio.Protocol):
         cutter = self._cutter
         cutter.feed(data)
         if cutter.frames or cutter.error is not None:
-            self._wake_reader()
+            self._arrived()
             if cutter.queued_bytes > self._pause_above and not self.reading_paused and self.transport is not None:
                 self.reading_paused = True
                 self.transport.pause_reading()
 
     def eof_received(self) -> bool:
         self._cutter.end()
-        self._wake_reader()
+        self._arrived()
         # Keep the connection open to answer what was read (a half-close), except under TLS, which has none.
         return self.transport is None or self.transport.get_extra_info("sslcontext") is None
 
@@ -82,7 +84,7 @@ class FramedConnection(asyncio.Protocol):
             self._cutter.end()
         else:  # reset by the peer: nobody is left to answer the requests still buffered
             self._reset = True
-        self._wake_reader()
+        self._arrived()
         for waiter in self._drained:
             if not waiter.done():
                 waiter.set_exception(ConnectionResetError("the connection was lost"))
@@ -102,41 +104,58 @@ class FramedConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ the reader's side
 
+    def attach(self, on_arrival: Callable[[], None] | None) -> None:
+        """Have on_arrival() called (now, if requests or the end are there already) whenever requests or the end
+        arrive, in the transport's callback; it takes them with next_request. None: back to read."""
+        self._on_arrival = on_arrival
+        cutter = self._cutter
+        if on_arrival is not None and (cutter.frames or cutter.error is not None or cutter.ended or self._reset):
+            on_arrival()
+
+    def next_request(self) -> storage_pb2.StorageRequest | object | None:
+        """The next request that has arrived, None when none has yet, or grpc.aio.EOF at the end of the requests
+        (the stream ended, or a bad frame: bad)."""
+        if self.bad is not None or self._reset:
+            return grpc.aio.EOF
+        cutter = self._cutter
+        if cutter.frames:
+            data = cutter.pop()
+            if self.reading_paused and cutter.queued_bytes <= self._resume_at:
+                self._resume_reading()
+            try:
+                return storage_pb2.StorageRequest.FromString(data)
+            except DecodeError:
+                self.bad = (
+                    f"a frame of {len(data)} bytes is not a valid waltz.v1.StorageRequest: its bytes do not decode"
+                )
+                return grpc.aio.EOF
+        if cutter.error is not None:
+            self.bad = str(cutter.error)
+            if isinstance(cutter.error, frames.FrameTooLarge):
+                self.bad += " (2 x storage.maxBatchBytes + 1 MiB)"
+            return grpc.aio.EOF
+        if cutter.ended:
+            return grpc.aio.EOF
+        return None
+
     async def read(self) -> storage_pb2.StorageRequest | object:
         """The next request, or grpc.aio.EOF at the end of the requests (the stream ended, or a bad frame: bad)."""
-        while True:
-            if self.bad is not None or self._reset:
-                return grpc.aio.EOF
-            cutter = self._cutter
-            if cutter.frames:
-                data = cutter.pop()
-                if self.reading_paused and cutter.queued_bytes <= self._resume_at:
-                    self._resume_reading()
-                try:
-                    return storage_pb2.StorageRequest.FromString(data)
-                except DecodeError:
-                    self.bad = (
-                        f"a frame of {len(data)} bytes is not a valid waltz.v1.StorageRequest: its bytes do not decode"
-                    )
-                    return grpc.aio.EOF
-            if cutter.error is not None:
-                self.bad = str(cutter.error)
-                if isinstance(cutter.error, frames.FrameTooLarge):
-                    self.bad += " (2 x storage.maxBatchBytes + 1 MiB)"
-                return grpc.aio.EOF
-            if cutter.ended:
-                return grpc.aio.EOF
+        while (request := self.next_request()) is None:
             waiter = self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await waiter
             finally:
                 self._waiter = None
+        return request
 
     def backlog(self) -> bool:
         """Whether bytes of a later request have arrived already (they came while the node served this one)."""
         return self._cutter.backlog
 
-    def _wake_reader(self) -> None:
+    def _arrived(self) -> None:
+        if self._on_arrival is not None:
+            self._on_arrival()
+            return
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

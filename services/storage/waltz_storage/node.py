@@ -281,6 +281,24 @@ class StorageNode:
         self._thread(partition_id).post(request)
         return None
 
+    def serve_arrived(self, run: list[StreamRequest], stream_idle: bool) -> list[Answers] | None:
+        """Serve appends of one partition (in range) that arrived together on a stream that hands its requests
+        over as they arrive: their answers now, when they ran right here on the loop (those that can share a
+        write and fdatasync do: RequestExecutor.serve), or None when they are queued on the partition's thread,
+        which answers them to their stream (placement.AppendPlacement.inline).
+
+        stream_idle: the stream has the answers of all its requests before these (none is on a thread)."""
+        partition_id = run[0].msg.partition_id
+        if self._placement.inline(partition_id, stream_idle and not self._work.value):
+            started = time.perf_counter()
+            answers = list(self.executor.serve(run))
+            self._placement.took(time.perf_counter() - started)
+            return answers
+        thread = self._thread(partition_id)
+        for request in run:
+            thread.post(request)
+        return None
+
     def _thread(self, partition_id: int) -> PartitionThread:
         thread = self._threads.get(partition_id)
         if thread is None:

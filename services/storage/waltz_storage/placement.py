@@ -50,8 +50,26 @@ class AppendPlacement:
             return False
         return True
 
+    def inline(self, partition_id: int, idle: bool) -> bool:
+        """Place the node's next appends of partition_id, all that arrived together on a stream that hands them
+        over as they arrive (the framed session port): True for the loop, False for the thread. idle: no work
+        is queued or running on any partition thread.
+
+        No probe here: the caller serves everything that has arrived as one run, so appends a pipelining
+        server sent while the loop was in an fdatasync come together and share the next one, as on the thread.
+        The loop is left to the thread only while another partition is busy (their fdatasyncs go on in
+        parallel there), for the first append after another partition's, and after a slow append (took)."""
+        last, self._last_partition = self._last_partition, partition_id
+        if not idle or last != partition_id:
+            self._streak = min(self._streak, 0)
+            return False
+        if self._streak < 0:
+            self._streak += 1
+            return False
+        return True
+
     def took(self, seconds: float) -> None:
-        """How long the append just placed on the loop took there."""
+        """How long the appends just placed on the loop took there."""
         if seconds > SLOW_APPEND_S:
             self._streak = -SLOW_BACKOFF
 

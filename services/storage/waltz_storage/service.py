@@ -1,5 +1,9 @@
 """The WaltzStorage.Session stream: Open, then requests multiplexed over partitions, each served on its
-partition's thread (or, an append while the node is quiet, on the loop) and answered in completion order."""
+partition's thread (or, an append while the node is quiet, on the loop) and answered in completion order.
+
+A gRPC stream is read by a task; a framed one (session_port) hands its requests over as they arrive
+(Arrivals), and they are served right there, in the transport's callback: the append path of a round is
+straight-line code, from the bytes received to the answer written, with no task woken for it."""
 
 from __future__ import annotations
 
@@ -35,10 +39,24 @@ WriteNow = Callable[[storage_pb2.StorageResponse], bool]
 """Writes an answer at once if the stream takes it without waiting; False when it must go through write."""
 
 
+class Arrivals(Protocol):
+    """A stream that hands its requests over as they arrive (framed_connection.FramedConnection)."""
+
+    def attach(self, on_arrival: Callable[[], None] | None) -> None:
+        """Call on_arrival() whenever requests (or the end) have arrived, now too if some have."""
+
+    def next_request(self) -> storage_pb2.StorageRequest | object | None:
+        """The next request that has arrived, None when none has yet, grpc.aio.EOF at the end."""
+
+
 class StorageConnection:
     """One server connection: reads requests and has the node serve each (StorageNode.serve): on its
-    partition's thread, which answers it (answer, from that thread), or right away; one writer task
-    writes the answers in the order they come.
+    partition's thread, which answers it (answer, from that thread), or right away. An answer goes out at once
+    when the stream takes it (write_now) and nothing waits before it; else one writer task writes the answers
+    in the order they come.
+
+    With arrivals (a framed stream), the requests are taken as they arrive (_take): each run of appends of one
+    partition that came together is served as one (StorageNode.serve_arrived).
 
     Back-pressure: reading stops while one partition has PARTITION_QUEUE_SIZE requests unanswered, or
     RESPONSE_QUEUE_SIZE answers wait to be written.
@@ -52,6 +70,7 @@ class StorageConnection:
         session_port: int = 0,
         backlog: Callable[[], bool] | None = None,
         write_now: WriteNow | None = None,
+        arrivals: Arrivals | None = None,
     ) -> None:
         self.node = node
         self.context = context
@@ -69,11 +88,19 @@ class StorageConnection:
         self._reading = True
         self._writer_idle: asyncio.Future[None] | None = None  # the writer waits on it for answers
         self._reader_held: asyncio.Future[None] | None = None  # the reader waits on it for room
+        self._arrivals = arrivals
+        self._last_partition: int | None = None  # of the last request taken from arrivals
+        self._taking = False  # _take is running (an answer it writes must not take more meanwhile)
+        self._held_back = False  # _take stopped for back-pressure: requests wait until there is room
+        self._taken_all: asyncio.Future[None] | None = None  # set at the end of the arrivals, or on stop()
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._write_loop())
             try:
+                if self._arrivals is not None:
+                    await self._take_arrivals(self._arrivals)
+                    return
                 with StreamReader(self.context, self.node) as reader:
                     while (request := await reader.read()) is not None:
                         partition_id, answered = self._dispatch(request)
@@ -88,6 +115,89 @@ class StorageConnection:
                             await self._reader_held
             finally:
                 self._end_of_requests()
+
+    # ------------------------------------------------------------------ taking the requests as they arrive
+
+    async def _take_arrivals(self, arrivals: Arrivals) -> None:
+        """Serve arrivals' requests as they come, until their end or stop()."""
+        self._taken_all = self._loop.create_future()
+        self.node.register(self)
+        try:
+            if not self.node.stopping:
+                arrivals.attach(self._take)
+                await self._taken_all
+        finally:
+            arrivals.attach(None)
+            self.node.unregister(self)
+
+    def stop(self) -> None:
+        """The node stops: take no more requests (those taken are still answered)."""
+        if self._taken_all is not None and not self._taken_all.done():
+            self._taken_all.set_result(None)
+
+    def _held(self) -> bool:
+        """Back-pressure: too many answers wait to be written, or requests of the last partition to be answered."""
+        return len(self._outbox) >= RESPONSE_QUEUE_SIZE or (
+            self._last_partition is not None
+            and self._unanswered.get(self._last_partition, 0) >= PARTITION_QUEUE_SIZE
+        )
+
+    def _take(self) -> None:
+        """Serve the requests that have arrived, in order, as far as back-pressure lets: consecutive appends of
+        one partition as one run (StorageNode.serve_arrived), anything else one by one (_dispatch)."""
+        taken_all, arrivals = self._taken_all, self._arrivals
+        if self._taking or taken_all is None or taken_all.done() or arrivals is None:
+            return
+        self._taking = True
+        run: list[StreamRequest] = []
+        try:
+            while True:
+                if run and self._unanswered.get(run[0].msg.partition_id, 0) + len(run) >= PARTITION_QUEUE_SIZE:
+                    self._serve_run(run)  # counted now: _held sees whether its partition's queue is full
+                    run = []
+                if self._held():
+                    self._held_back = True
+                    break
+                request = arrivals.next_request()
+                if request is None or request is grpc.aio.EOF:
+                    if request is grpc.aio.EOF:
+                        taken_all.set_result(None)
+                    break
+                assert isinstance(request, storage_pb2.StorageRequest)
+                msg = request.append if request.WhichOneof("request") == "append" else None
+                if run and (msg is None or msg.partition_id != run[0].msg.partition_id):
+                    self._serve_run(run)
+                    run = []
+                if msg is None or not self.opened:
+                    self._last_partition = self._dispatch(request)[0]
+                elif self._valid_partition(msg):
+                    run.append(StreamRequest("append", msg, self, self.caller))
+                    self._last_partition = msg.partition_id
+            if run:
+                self._serve_run(run)
+        finally:
+            self._taking = False
+
+    def _valid_partition(self, msg: storage_pb2.StorageAppendRequest) -> bool:
+        """Whether msg's partition id is in range; if not, it is answered with a Failure here."""
+        try:
+            self.node.manager.control_file.check_partition_id(msg.partition_id)
+        except StorageError as e:
+            self._fail(msg, e)
+            return False
+        return True
+
+    def _serve_run(self, run: list[StreamRequest]) -> None:
+        partition_id = run[0].msg.partition_id
+        # Answers of this stream's requests on a thread may be on their way to the loop still (answer): those come
+        # first, so the run waits its turn on the thread.
+        answers = self.node.serve_arrived(run, stream_idle=not self._in_flight)
+        if answers is None:
+            self._unanswered[partition_id] = self._unanswered.get(partition_id, 0) + len(run)
+            self._in_flight += len(run)
+            return
+        for group in answers:
+            self._send(group.responses)
 
     # ------------------------------------------------------------------ reading
 
@@ -163,13 +273,27 @@ class StorageConnection:
     def _answered(self, partition_id: int, responses: list[storage_pb2.StorageResponse]) -> None:
         self._unanswered[partition_id] -= len(responses)
         self._in_flight -= len(responses)
-        self._outbox.extend(responses)
-        self._wake_writer()
+        self._send(responses)
         self._wake_reader()
+        if not self._reading and not self._in_flight:
+            self._wake_writer()  # the last answer: the writer ends
+
+    def _send(self, responses: list[storage_pb2.StorageResponse]) -> None:
+        """Answers in order: at once while nothing waits before them and the stream takes them (write_now), the
+        rest through the writer task."""
+        write_now, outbox = self._write_now, self._outbox
+        if write_now is not None and not outbox:
+            for i, response in enumerate(responses):
+                if not write_now(response):
+                    outbox.extend(responses[i:])
+                    break
+        else:
+            outbox.extend(responses)
+        if outbox:
+            self._wake_writer()
 
     def _push(self, response: storage_pb2.StorageResponse) -> None:
-        self._outbox.append(response)
-        self._wake_writer()
+        self._send([response])
 
     def _wake_writer(self) -> None:
         if self._writer_idle is not None and not self._writer_idle.done():
@@ -179,6 +303,9 @@ class StorageConnection:
         """Let a reader held by back-pressure look again."""
         if self._reader_held is not None and not self._reader_held.done():
             self._reader_held.set_result(None)
+        elif self._held_back and not self._taking and not self._held():
+            self._held_back = False
+            self._take()
 
     async def _write_loop(self) -> None:
         """Write answers as they come until the stream is read to its end and every request is answered."""

@@ -4,8 +4,8 @@ same StorageConnection as the gRPC stream, under the same trust rules as the gRP
 
 Why: a grpc.aio stream message costs 150-250 us of CPU on each side whatever its size (two thread hops);
 a frame on an asyncio stream about a third of that (bench/session_transport.py, docs/performance.md). Each
-connection is a framed_connection.FramedConnection (an asyncio.Protocol that cuts the frames as they arrive),
-served by a task of this port.
+connection is a framed_connection.FramedConnection (an asyncio.Protocol that cuts the frames as they arrive
+and hands the requests to its StorageConnection in data_received), whose end a task of this port awaits.
 
 Trust, as on storage.port (docs/security.md): with TLS, mutual TLS with the node's certificate, the peer's
 certificate must chain to tls.caFile and carry the server or operator role (else a Failure PERMISSION_DENIED and
@@ -148,7 +148,7 @@ class SessionPort:
             return
         try:
             await StorageConnection(
-                self.node, connection, caller, self.advertised_port, connection.backlog, connection.write_now
+                self.node, connection, caller, self.advertised_port, write_now=connection.write_now, arrivals=connection
             ).run()
         finally:
             self._limits.release(peer, True)

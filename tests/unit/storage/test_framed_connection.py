@@ -249,3 +249,43 @@ def test_a_write_waiting_for_room_fails_when_the_connection_is_lost():
         await asyncio.wait_for(connection.closed(), 1)
 
     run(scenario)
+
+
+def test_an_attached_taker_is_called_in_data_received_and_takes_every_request_that_arrived():
+    async def scenario():
+        connection, _ = connected()
+        taken: list[Any] = []
+
+        def take() -> None:
+            while (got := connection.next_request()) is not None:
+                if got is grpc.aio.EOF:
+                    taken.append(got)
+                    return
+                taken.append(got.max_transaction_id.seq_num)
+
+        connection.data_received(frame(request(1)))
+        connection.attach(take)  # what came before it is taken at once
+        assert taken == [1]
+        connection.data_received(frame(request(2)) + frame(request(3)) + frame(request(4))[:5])
+        assert taken == [1, 2, 3]  # in the transport's callback, no task woken
+        connection.data_received(frame(request(4))[5:])
+        assert taken == [1, 2, 3, 4]
+        connection.eof_received()
+        assert taken == [1, 2, 3, 4, grpc.aio.EOF] and connection.bad is None
+        connection.attach(None)
+        assert await soon(connection.read()) is grpc.aio.EOF
+
+    run(scenario)
+
+
+def test_an_attached_taker_sees_a_bad_frame_as_the_end_after_the_requests_before_it():
+    async def scenario():
+        connection, _ = connected()
+        taken: list[Any] = []
+        connection.attach(lambda: taken.append(connection.next_request()))
+        assert taken == []  # nothing has arrived: not called
+        connection.data_received(frame(request(1)) + b"\x00\x00\x00\x02\xff\xff")
+        assert taken[0].max_transaction_id.seq_num == 1
+        assert connection.next_request() is grpc.aio.EOF and connection.bad is not None
+
+    run(scenario)

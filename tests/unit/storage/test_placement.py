@@ -1,4 +1,5 @@
-"""AppendPlacement: appends run on the loop only while one partition is busy and the node is quiet, with probes."""
+"""AppendPlacement: appends run on the loop only while one partition is busy and the node is quiet, with probes
+on a stream read one request at a time (on_loop), without on one that hands its arrivals over (inline)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,27 @@ def test_a_slow_append_on_the_loop_sends_many_of_the_next_ones_to_the_thread():
     placement.took(SLOW_APPEND_S * 2)
     assert not placement.on_loop(0, quiet=False)  # an overlap meanwhile does not shorten the wait
     assert not any(placement.on_loop(0, quiet=True) for _ in range(SLOW_BACKOFF - 1))
+
+
+def test_appends_handed_over_as_they_arrive_run_on_the_loop_with_no_probe():
+    """A stream that shows what has arrived (inline: the caller serves it as one run) needs no probe."""
+    placement = AppendPlacement(probe_every=3)
+    assert [placement.inline(0, idle=True) for _ in range(10)] == [False] + [True] * 9
+
+
+def test_arrived_appends_keep_off_the_loop_while_a_thread_works_or_partitions_take_turns():
+    placement = AppendPlacement()
+    assert [placement.inline(0, idle=True) for _ in range(2)] == [False, True]
+    assert not placement.inline(0, idle=False)  # another partition (or this one) has work on its thread
+    assert placement.inline(0, idle=True)  # nothing to wait out: overlaps show as runs, not as a streak
+    assert not any(placement.inline(p, idle=True) for _ in range(5) for p in (1, 0))
+    assert not placement.inline(1, idle=True)
+    assert [placement.inline(0, idle=True) for _ in range(2)] == [False, True]
+
+
+def test_a_slow_run_on_the_loop_sends_the_next_ones_to_the_thread():
+    placement = AppendPlacement()
+    assert [placement.inline(0, idle=True) for _ in range(2)] == [False, True]
+    placement.took(SLOW_APPEND_S * 2)
+    placed = [placement.inline(0, idle=True) for _ in range(SLOW_BACKOFF + 1)]
+    assert not any(placed[:SLOW_BACKOFF]) and placed[SLOW_BACKOFF]
