@@ -298,6 +298,16 @@ class ReplicatedStorePartition:
         committed.add_done_callback(lambda _: self._note_commit(session))
         return committed
 
+    def append_now(self, records: Sequence[PendingRecord]) -> asyncio.Future[int] | None:
+        """See StorePartition.append_now."""
+        session = self._session
+        if session is None:
+            return None
+        committed = session.append_now(records)
+        if committed is not None:
+            committed.add_done_callback(lambda _: self._note_commit(session))
+        return committed
+
     def _note_commit(self, session: StoreSession) -> None:
         self._high_water_mark = max(self._high_water_mark, session.high_water_mark)
 
