@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable
+from typing import cast
 
 import grpc
 
@@ -52,9 +53,8 @@ class FramedCall(asyncio.Protocol):
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        transport.set_write_buffer_limits(high=frames.WRITE_HIGH_WATER_BYTES)
+        self._transport = cast(asyncio.Transport, transport)  # (uvloop's is not an asyncio.Transport subclass)
+        self._transport.set_write_buffer_limits(high=frames.WRITE_HIGH_WATER_BYTES)
 
     def data_received(self, data: bytes) -> None:
         """Cut the whole answers out of what arrived, and hand each on at once."""
