@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hops", type=int, default=0,
                         help="count loop iterations, task steps, callbacks and timers (asyncio's loop), print N")
     parser.add_argument("--strace", action="store_true", help="count the server's system calls (strace -c -f)")
+    parser.add_argument("--dump", type=Path, default=None, help="write the last candidate profile there (pstats)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kazoo").setLevel(logging.ERROR)
@@ -250,6 +251,8 @@ def main(argv: list[str] | None = None) -> None:
     means = {name: sum(v) / len(v) for name, v in totals.items()}
     print(f"mean calls per round: baseline {means['baseline']:.1f}, candidate {means['candidate']:.1f}, "
           f"ratio {means['candidate'] / means['baseline']:.2f} (candidate / baseline)")
+    if args.dump is not None and last is not None:
+        last.stats.dump_stats(args.dump)
     if last is not None and last.hops:
         per_round(last.hops, rounds_of(last.stats), args.hops, "loop iterations, task steps, callbacks, timers")
     if last is not None and last.syscalls:
