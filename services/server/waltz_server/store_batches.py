@@ -69,12 +69,13 @@ class StoreBatches(Generic[A]):
         self._unsent: tuple[Sequence[PendingRecord], list[A]] | None = None
         """A batch taken from the pipeline that run() sends (its records and appends): pump() waits behind it."""
         self._resolving = False  # run() resolves a failed batch: nothing is sent meanwhile
+        self._gathering = False  # a commit freed a slot while appends waited: they go at the loop's next turn
         self.closed = False
 
     def pump(self) -> None:
         """Send the batches that can go now, from the caller's stack (appends were offered, or a batch resolved);
         wake run() for what cannot."""
-        if self.closed:
+        if self.closed or self._gathering:
             return
         if self._unsent is not None or self._resolving:
             self._work.set()
@@ -144,8 +145,15 @@ class StoreBatches(Generic[A]):
     def _store_done(self, _: asyncio.Future[int]) -> None:
         if not self.closed:
             self._resolve_commits()  # (a failed head wakes run() itself)
-            if self._pipeline.untaken:  # room for another batch in flight, and appends waiting for it
-                self.pump()
+            if self._pipeline.untaken and not self._gathering:
+                # Room for another batch in flight, and appends waiting for it: sent at the loop's next turn, so
+                # that the appends arriving in this one (the clients the commit's feed answers) join them.
+                self._gathering = True
+                asyncio.get_running_loop().call_soon(self._gathered)
+
+    def _gathered(self) -> None:
+        self._gathering = False
+        self.pump()
 
     def _resolve_commits(self) -> None:
         """Publish the batches at the head of the in-flight queue that committed; leave a failed head
