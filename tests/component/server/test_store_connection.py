@@ -32,7 +32,8 @@ from waltz_storage.node import StorageNode
 from waltz_storage.storage_manager import StorageManager
 
 KEY = str(uuid.UUID(int=42))
-FAST = StoreSettings(initial_retry_interval_s=0.02, max_retry_interval_s=0.2, request_timeout_s=20.0)
+FAST = StoreSettings(initial_retry_interval_s=0.02, max_retry_interval_s=0.2, request_timeout_s=20.0,
+                     use_session_port=True)  # a node's framed port is used when it has one (the param below)
 
 
 @pytest.fixture(autouse=True, params=["framed", "grpc"])
@@ -233,7 +234,7 @@ def test_an_unanswered_request_times_out_and_the_stream_stays_usable() -> None:
         storage_pb2_grpc.add_WaltzStorageServicer_to_server(SilentStorage(), silent)
         port = silent.add_insecure_port("127.0.0.1:0")
         await silent.start()
-        pool = StorageConnections(KEY, 2, StoreSettings(request_timeout_s=0.2))
+        pool = StorageConnections(KEY, 2, StoreSettings(request_timeout_s=0.2, use_session_port=True))
         try:
             connection = pool.get(f"127.0.0.1:{port}")
             await connection.wait_connected()

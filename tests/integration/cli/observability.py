@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 import urllib.request
 
 import grpc
@@ -62,11 +63,16 @@ def naming_problems(exposition: str, prefix: str) -> list[str]:
     return problems
 
 
-def health_status(target: str) -> str:
-    """The overall ("") gRPC health status of the server at target."""
+def health_status(target: str, settle_s: float = 15.0) -> str:
+    """The overall ("") gRPC health status of the server at target, once SERVING or after settle_s: a storage node
+    turns ready only once it holds what ZooKeeper assigns it and a store session counts it in (read every 2 s)."""
+    deadline = time.monotonic() + settle_s
     with grpc.insecure_channel(target) as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+        while True:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            if reply.status == health_pb2.HealthCheckResponse.SERVING or time.monotonic() > deadline:
+                return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+            time.sleep(0.2)
 
 
 def reflected_services(target: str, version: str = "v1") -> set[str]:

@@ -44,7 +44,7 @@ class StoreSettings:
     replica_lag_timeout_s: float = 5.0
     keepalive_time_s: float = 5.0
     damage_check_interval_s: float = 10.0
-    use_session_port: bool = True
+    use_session_port: bool = False
 
     def __post_init__(self) -> None:
         if self.initial_retry_interval_s <= 0 or self.max_retry_interval_s < self.initial_retry_interval_s:
