@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -66,7 +67,8 @@ async def raw_stream(
     async with grpc.aio.insecure_channel(address or cluster.servers[0].address) as channel:
         call = server_pb2_grpc.WaltzServerStub(channel).Stream()
         mount = server_pb2.MountRequest(req_id=req(0), client_high_water_mark=client_hwm, seq_num=1)
-        started = await mount_stream(call, mount)
+        caught_up: list[Any] = []  # the catch-up feed before READY: counted, as the feed after it
+        started = await mount_stream(call, mount, on_feed=caught_up.append)
         for first in range(0, appends, PREFILL_BATCH):
             batch = [
                 server_pb2.AppendRequest(
@@ -76,8 +78,13 @@ async def raw_stream(
                 for i in range(min(PREFILL_BATCH, appends - first))
             ]
             await call.write(server_pb2.ClientMessage(appends=server_pb2.AppendBatch(requests=batch)))
-        seen = mine = 0
-        last = client_hwm
+        seen = sum(len(feed.transactions) for feed in caught_up)
+        mine = 0
+        last = caught_up[-1].transactions[-1].transaction_id if caught_up else client_hwm
+        if not appends and last >= until:
+            elapsed = time.perf_counter() - started
+            call.cancel()
+            return elapsed, seen
         while True:
             response = await call.read()
             if response is grpc.aio.EOF:
@@ -95,14 +102,19 @@ async def raw_stream(
                 return elapsed, seen
 
 
-async def mount_stream(call: Any, mount: server_pb2.MountRequest, timeout: float = 60.0) -> float:
+async def mount_stream(call: Any, mount: server_pb2.MountRequest, timeout: float = 60.0,
+                       on_feed: Callable[[Any], None] | None = None) -> float:
     """Send the mount on a raw Stream call and read its answers until READY (again while the partition is still
-    opening on the server); returns the perf_counter moment of the mount that was answered READY."""
+    opening on the server); returns the perf_counter moment of the mount that was answered READY. The catch-up feed
+    that comes before READY (a mount below the partition's high-water mark) goes to on_feed, message by message."""
     deadline = time.perf_counter() + timeout
     while True:
         sent = time.perf_counter()
         await call.write(server_pb2.ClientMessage(mount=mount))
         response = await call.read()
+        while response is not grpc.aio.EOF and response.WhichOneof("message") == "feed" and on_feed is not None:
+            on_feed(response.feed)
+            response = await call.read()
         if response is grpc.aio.EOF:
             raise RuntimeError("the server ended the stream")
         if response.WhichOneof("message") != "mount":
