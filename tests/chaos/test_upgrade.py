@@ -244,8 +244,7 @@ def test_a_rolling_upgrade_from_the_previous_release_under_load(
     if order == "servers first" and not SLOW:
         pytest.skip("the default suite rolls storage first (the documented order); WALTZ_SLOW=1 runs both")
     previous = previous_release()
-    # this release's servers use the nodes' framed session port only when told to (storage.useSessionPort)
-    overrides = {**SERVER_OVERRIDES, "storage.checkpointInterval": CHECKPOINT_INTERVAL, "storage.useSessionPort": True}
+    overrides = {**SERVER_OVERRIDES, "storage.checkpointInterval": CHECKPOINT_INTERVAL}
     cluster = UpgradingCluster(
         tmp_path / "cluster",
         previous,
