@@ -17,12 +17,10 @@ from waltz_client.catchup import CatchUp, mount_wait_reason
 from waltz_client.connection import ServerConnection
 from waltz_client.driver import Ownership
 from waltz_client.errors import (
-    ApplyError,
     ClientAheadError,
     ClientIdDeniedError,
     StreamClosedError,
     TransactionRejectedError,
-    WaltzTimeoutError,
 )
 from waltz_client.feed_apply import FeedApply
 from waltz_client.feed_apply import Verdict as _Verdict
@@ -34,6 +32,7 @@ from waltz_client.partition_env import PartitionEnv, PendingAppend
 from waltz_client.partition_env import Stats as Stats  # where it was before partition_env.py
 from waltz_client.partition_state import ClientPartitionState, MountResult, MountState
 from waltz_client.slot_queue import SlotQueue
+from waltz_client.slot_waits import SlotWaits
 from waltz_client.wire import fill_append_requests, flush_request, mount_request, req_id_from_proto
 from waltz_common.types import ReqId
 
@@ -58,7 +57,7 @@ _REMOUNT_REJECTIONS = {
 }
 
 
-class ClientPartition(FeedApply):
+class ClientPartition(FeedApply, SlotWaits):
     """Runs one partition: owns its ClientPartitionState and TransactionMonitor (the decisions)."""
 
     def __init__(self, partition_id: int, env: PartitionEnv) -> None:
@@ -117,26 +116,6 @@ class ClientPartition(FeedApply):
             return True
         return False
 
-    async def acquire_slot(self) -> None:
-        """Take a pending slot, waiting in turn (first come, first served) until one is free and the partition is
-        mounted. WaltzTimeoutError, oldest first, after client.requestTimeout (client.mountTimeout while not
-        mounted); the partition's error at once if it fails or the client closes."""
-        if self.try_acquire_slot():
-            return
-        if self.error is not None:
-            raise self.error
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self.slots.wait(waiter, loop.time())
-        self._grant()  # (a queue whose waiters all gave up meanwhile, after a remount)
-        self._arm_slot_timer()
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if not self.slots.leave(waiter) and not waiter.cancelled() and waiter.exception() is None:
-                self.release_slot()  # handed a slot as it was cancelled: it goes to the next in line
-            raise
-
     def hold_slot(self) -> None:
         """Take a slot whatever the capacity and the queue: for a retry, in the place its resolved entry just left."""
         self.slots.hold()
@@ -192,73 +171,6 @@ class ClientPartition(FeedApply):
         self.monitor.register_all(tokens, now)
         fill_append_requests(conn.new_appends(count), appends)
         return True
-
-    def _not_mounted_error(self) -> Exception:
-        if self.apply_failure is not None:  # the mount waits for it: that is the error
-            txn_id, error = self.apply_failure
-            failed = ApplyError(self.partition_id, txn_id, error)
-            failed.__cause__ = error
-            return failed
-        return WaltzTimeoutError(
-            f"partition {self.partition_id} was not mounted within {self.env.config.mount_timeout_s:g} s "
-            f"(client.mountTimeout): {self.mount_wait_reason()}")
-
-    def _grant(self) -> None:
-        """Hand the free slots to the waiters at the head of the queue, one each, if mounted; fail every waiter
-        with the partition's error once it has one."""
-        slots = self.slots
-        if not slots:
-            return
-        if self.error is not None:
-            for waiter in slots.drain():
-                if not waiter.done():
-                    waiter.set_exception(self.error)
-            return
-        if not self.mounted:
-            return
-        while granted := slots.grant(len(self.monitor._entries)):
-            lost = 0
-            for waiter in granted:
-                if waiter.done():  # cancelled, its task not run yet: it leaves, the slot goes on
-                    lost += 1
-                else:
-                    waiter.set_result(None)
-            if not lost:
-                break
-            slots.put_back(lost)
-        if slots:
-            self._arm_slot_timer()  # (mounted now: client.requestTimeout, which may be the earlier deadline)
-
-    def _slot_timeout(self) -> float:
-        config = self.env.config
-        return config.request_timeout_s if self.mounted else config.mount_timeout_s
-
-    def _arm_slot_timer(self) -> None:
-        """One timer, at the oldest waiter's deadline (a later waiter's is never earlier)."""
-        deadline = self.slots.deadline(self._slot_timeout())
-        if deadline is None or deadline >= self._slot_timer_at:
-            return  # an earlier timer is armed: it arms the next one
-        if self._slot_timer is not None:
-            self._slot_timer.cancel()
-        self._slot_timer_at = deadline
-        self._slot_timer = asyncio.get_running_loop().call_at(deadline, self._expire_slot_waiters)
-
-    def _expire_slot_waiters(self) -> None:
-        now = max(self._slot_timer_at, asyncio.get_running_loop().time())  # (a timer may run a little early)
-        self._slot_timer, self._slot_timer_at = None, float("inf")
-        mounted = self.mounted
-        for waiter in self.slots.expire(now, self._slot_timeout()):
-            if not waiter.done():
-                waiter.set_exception(self._slot_timeout_error() if mounted else self._not_mounted_error())
-        self._arm_slot_timer()
-
-    def _slot_timeout_error(self) -> WaltzTimeoutError:
-        slots = self.slots
-        return WaltzTimeoutError(
-            f"partition {self.partition_id}: no pending-append slot came free within "
-            f"{self.env.config.request_timeout_s:g} s (client.requestTimeout): the {slots.capacity} slots "
-            f"(client.maxConcurrentTransactions) are held by {self.monitor.pending_count()} pending appends and "
-            f"{slots.reserved} submits being executed, and {len(slots)} more submits wait")
 
     def mount_wait_reason(self) -> str:
         """What the partition, not mounted, is waiting for (catchup.mount_wait_reason)."""
