@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from tests.chaos.history import Append
+from tests.chaos.history import Append, compare_replicas
 from waltz.v1 import metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_client import AsyncWaltzClient, Transaction, WaltzClientCallbacks
 from waltz_common import tls
@@ -206,6 +206,23 @@ def replica_records(cluster: LocalCluster) -> dict[str, dict[int, list[Record]]]
         ) as admin:
             found[node.name] = node_records(admin)
     return found
+
+
+async def assigned_replicas_hold_the_log(cluster: LocalCluster, log: dict[int, list[Record]],
+                                         serving: dict[str, list[int]], timeout: float = 90.0) -> None:
+    """Wait until every node in serving (name -> partitions assigned) holds exactly the log of those partitions (a
+    replica may still be catching up the last batches); else fail with the differences."""
+    problems: list[str] = []
+
+    def identical() -> bool:
+        problems[:] = [problem for name, records in replica_records(cluster).items() if name in serving
+                       for problem in compare_replicas({name: records}, {p: log[p] for p in serving[name]})]
+        return not problems
+
+    try:
+        await until(identical, "every assigned replica holds exactly the log", timeout=timeout)
+    except AssertionError:
+        raise AssertionError(problems) from None
 
 
 def node_records(admin: StorageAdminClient) -> dict[int, list[Record]]:

@@ -21,14 +21,13 @@ from pathlib import Path
 from tests.chaos.cluster import (
     CLIENT,
     PARTITIONS,
+    assigned_replicas_hold_the_log,
     chaos_cluster,
     healthy_owners,
     read_everything,
-    replica_records,
     run,
     until,
 )
-from tests.chaos.history import compare_replicas
 from tests.chaos.load_history import LoadProcesses, check_load
 from waltz_common import cluster_admin
 from waltz_common import zk as zkmeta
@@ -144,14 +143,4 @@ async def scenario(cluster: LocalCluster, workdir: Path) -> None:
     held = await asyncio.to_thread(assignments, cluster)
     serving = {n.name: held[n.connect_string] for n in cluster.storage if n.connect_string in held}
     assert sorted(len(pids) for pids in serving.values()) == [1, 4, 4, 4]  # slow: first and fourth swapped
-    problems: list[str] = []
-
-    def identical() -> bool:  # a replica may still be catching up the last batches
-        problems[:] = [problem for name, records in replica_records(cluster).items() if name in serving
-                       for problem in compare_replicas({name: records}, {p: log[p] for p in serving[name]})]
-        return not problems
-
-    try:
-        await until(identical, "every assigned replica holds exactly the log", timeout=90)
-    except AssertionError:
-        raise AssertionError(problems) from None
+    await assigned_replicas_hold_the_log(cluster, log, serving)

@@ -73,8 +73,8 @@ def add_step(view: PartitionView, node: str, facts: ReplicaFacts) -> Step | Refu
         if facts.max_transaction_id >= 0 and node not in view.states:
             return Refusal(
                 f"{node} holds an old copy of partition {view.partition_id} (up to transaction "
-                f"{facts.max_transaction_id}) that ZooKeeper neither assigns nor lists: a recovery cannot take it "
-                "as a new replica",
+                f"{facts.max_transaction_id}) that ZooKeeper neither assigns nor lists: a new replica is built "
+                "from nothing, copied from the write set",
                 f"delete it first (waltz storage remove-partition -s {node} -p {view.partition_id} -d), then run "
                 "this again",
             )

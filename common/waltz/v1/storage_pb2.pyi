@@ -244,6 +244,7 @@ class LastSessionInfoResponse(_message.Message):
     LAST_SESSION_ID_FIELD_NUMBER: _builtins.int
     LOW_WATER_MARK_FIELD_NUMBER: _builtins.int
     LOCAL_LOW_WATER_MARK_FIELD_NUMBER: _builtins.int
+    COMMITTED_HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
     """Session ID: the store session ID (echoed from the request)."""
     seq_num: _builtins.int
@@ -261,6 +262,12 @@ class LastSessionInfoResponse(_message.Message):
     this replica held when that session started; on-disk-format.txt, Control File Body). It can
     be smaller than low_water_mark when the replica was behind.
     """
+    committed_high_water_mark: _builtins.int
+    """ADDITION: the highest transaction id this replica knows to be committed: its low-water mark, or the
+    highest high-water mark an append told it (AppendRequest.committed_high_water_mark, capped at what it
+    held), whichever is higher. It refuses any Truncate below it, so a recovery keeps what the replica holds up to it (those
+    records are the committed log). Unset from a storage node before this field: nothing is known.
+    """
     def __init__(
         self,
         *,
@@ -270,12 +277,15 @@ class LastSessionInfoResponse(_message.Message):
         last_session_id: _builtins.int = ...,
         low_water_mark: _builtins.int = ...,
         local_low_water_mark: _builtins.int = ...,
+        committed_high_water_mark: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_committed_high_water_mark", b"_committed_high_water_mark", "committed_high_water_mark", b"committed_high_water_mark"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_session_id", b"last_session_id", "local_low_water_mark", b"local_low_water_mark", "low_water_mark", b"low_water_mark", "partition_id", b"partition_id", "seq_num", b"seq_num", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_committed_high_water_mark", b"_committed_high_water_mark", "committed_high_water_mark", b"committed_high_water_mark", "last_session_id", b"last_session_id", "local_low_water_mark", b"local_low_water_mark", "low_water_mark", b"low_water_mark", "partition_id", b"partition_id", "seq_num", b"seq_num", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__committed_high_water_mark: _TypeAlias = _typing.Literal["committed_high_water_mark"]  # noqa: Y015
+    _WhichOneofArgType__committed_high_water_mark: _TypeAlias = _typing.Literal["_committed_high_water_mark", b"_committed_high_water_mark"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__committed_high_water_mark) -> _WhichOneofReturnType__committed_high_water_mark | None: ...
 
 Global___LastSessionInfoResponse: _TypeAlias = LastSessionInfoResponse  # noqa: Y015
 

@@ -32,6 +32,9 @@ class ReplicaFacts:
     max_transaction_id: int
     damaged: frozenset[int] = frozenset()
     """Ids up to max_transaction_id that the replica holds but cannot serve (they fail their checksums)."""
+    committed_high_water_mark: int = -1
+    """The highest id the replica knows committed (its low-water mark or a high-water mark an append told it):
+    it refuses a Truncate below it, and what it holds up to it is the committed log. -1: not reported."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,8 +295,13 @@ class RecoveryManager:
             truncate_to = max(previous.closing_high_water_mark, facts.low_water_mark)
         elif max_id >= facts.low_water_mark:
             proposal = max_id  # may hold uncommitted transactions: it votes
-        if truncate_to is not None and max_id <= truncate_to:
-            truncate_to = None
+        if truncate_to is not None:
+            # What the replica knows committed is the log: keep it (its storage refuses to cut it anyway). A node
+            # unassigned while running and assigned again is new here, yet appends told it more than its low-water
+            # mark; truncating it to that mark was refused at every try and it never caught up.
+            truncate_to = max(truncate_to, facts.committed_high_water_mark)
+            if max_id <= truncate_to:
+                truncate_to = None
         return _Replica(True, max_id, is_new, proposal, truncate_to, False, set(facts.damaged))
 
     def _evaluate(self) -> None:

@@ -219,6 +219,7 @@ class RequestExecutor:
                 last_session_id=info.session_id,
                 low_water_mark=info.low_water_mark,
                 local_low_water_mark=info.local_low_water_mark,
+                committed_high_water_mark=p.committed_high_water_mark,
             )
         )
 

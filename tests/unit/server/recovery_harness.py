@@ -36,17 +36,26 @@ class FakeStorage:
     session_id: int = -1
     low_water_mark: int = -1
     damaged: set[int] = field(default_factory=set)  # ids whose records fail their checksums here
+    told_committed: int = -1  # the highest high-water mark an append told the node (memory only)
+
+    @property
+    def committed_high_water_mark(self) -> int:
+        """The node's truncation floor (waltz_storage.rules.truncation_floor, online)."""
+        return max(self.low_water_mark, min(self.told_committed, self.max_transaction_id))
 
     @classmethod
-    def with_records(cls, session_id: int, low_water_mark: int, max_transaction_id: int, tag: str = "t"):
-        return cls([f"{tag}{i}" for i in range(max_transaction_id + 1)], session_id, low_water_mark)
+    def with_records(cls, session_id: int, low_water_mark: int, max_transaction_id: int, tag: str = "t",
+                     told_committed: int = -1):
+        return cls([f"{tag}{i}" for i in range(max_transaction_id + 1)], session_id, low_water_mark,
+                   told_committed=told_committed)
 
     @property
     def max_transaction_id(self) -> int:
         return len(self.log) - 1
 
     def facts(self) -> ReplicaFacts:
-        return ReplicaFacts(self.session_id, self.low_water_mark, -1, self.max_transaction_id, frozenset(self.damaged))
+        return ReplicaFacts(self.session_id, self.low_water_mark, -1, self.max_transaction_id, frozenset(self.damaged),
+                            self.committed_high_water_mark)
 
 
 @dataclass
@@ -89,6 +98,11 @@ class Driver:
         storage = self.storages[replica]
         match action:
             case Truncate(transaction_id):
+                # the node refuses (COMMITTED_DATA) to cut what appends told it committed (waltz_storage.rules;
+                # its low-water mark is a floor too, which older cases here use as stale data of a recreated
+                # cluster's metadata, where an operator truncates offline)
+                told = min(storage.told_committed, storage.max_transaction_id)
+                assert transaction_id >= storage.max_transaction_id or transaction_id >= told, (replica, action, told)
                 del storage.log[transaction_id + 1 :]
                 storage.damaged = {t for t in storage.damaged if t <= transaction_id}
                 self.manager.replica_progress(replica, storage.max_transaction_id)

@@ -390,3 +390,17 @@ def test_a_closed_replica_whose_storage_recorded_a_later_session_keeps_its_low_w
     driver.connect(C)
     assert not isinstance(driver.manager.decide().actions[C], Truncate)
     two_phases(*args, ALL5, lo=120, hi=120)
+
+
+def test_a_replica_assigned_again_keeps_what_it_knows_committed() -> None:
+    """A running node unassigned (dropped from the metadata) and assigned again is new to the next session, but
+    appends told it that its records up to 1203 are committed: recovery keeps them and copies from 1204. Before,
+    it was truncated to its low-water mark (567), which the node refuses at every try: it never caught up."""
+    storages = {r: FakeStorage.with_records(SESSION - 1, 1204, 1443) for r in (A, B, C)}
+    storages[D] = FakeStorage.with_records(SESSION - 3, 567, 1203, told_committed=1203)
+    previous = {r: ReplicaState(SESSION - 1, U) for r in (A, B, C)}
+    driver = Driver(RecoveryManager(SESSION, previous, [A, B, C, D]), storages)
+    driver.connect(A, B, C, D)
+    assert driver.manager.decide().actions[D] == CatchUp(A, 1204, 1443)
+    decision = driver.run()
+    assert decision.recovered == {A, B, C, D} and storages[D].log == storages[A].log

@@ -16,6 +16,8 @@ class LastSessionInfo:
     session_id: int
     low_water_mark: int
     local_low_water_mark: int
+    committed_high_water_mark: int = -1
+    """The highest id the replica knows committed, below which it refuses a Truncate (-1: an older node)."""
 
 
 class ReplicaSession:
@@ -49,7 +51,8 @@ class ReplicaSession:
             )
         )
         info = r.last_session_info
-        return LastSessionInfo(info.last_session_id, info.low_water_mark, info.local_low_water_mark)
+        committed = info.committed_high_water_mark if info.HasField("committed_high_water_mark") else -1
+        return LastSessionInfo(info.last_session_id, info.low_water_mark, info.local_low_water_mark, committed)
 
     async def max_transaction_id(self) -> int:
         return (await self.max_transaction_id_and_damage())[0]

@@ -295,7 +295,12 @@ class StoreSession(ReplicaCatchUp):
             held = max_id
         else:
             facts = ReplicaFacts(
-                info.session_id, info.low_water_mark, info.local_low_water_mark, max_id, frozenset(damaged)
+                info.session_id,
+                info.low_water_mark,
+                info.local_low_water_mark,
+                max_id,
+                frozenset(damaged),
+                info.committed_high_water_mark,
             )
             self._manager.replica_online(replica, facts)
             self._changed.notify()
