@@ -118,12 +118,29 @@ def spread(values: Sequence[float]) -> tuple[float, float, float]:
     return percentile(list(values), 0.5), percentile(list(values), 0.99), max(values, default=float("nan"))
 
 
-def rate_rows(rows: int, timings: Sequence[tuple[str, float]], ceiling: float) -> str:
-    """The table of steady-state runs: seconds, rows/s and the ratio to the ceiling's rows/s (seconds)."""
-    ceiling_rate = rows / ceiling
-    body = [("Spark: in-memory DataFrame -> Parquet (ceiling)", ceiling, ceiling_rate, 1.0)]
-    body += [(name, seconds, rows / seconds, rows / seconds / ceiling_rate) for name, seconds in timings]
-    return table(("measurement", "seconds", "rows/s", "vs ceiling"), [(n, s, r, f"{x:.2f}x") for n, s, r, x in body])
+@dataclass(frozen=True)
+class Run:
+    """One steady-state measurement: wall seconds, and CPU seconds of Spark's processes and of the cluster's."""
+
+    name: str
+    seconds: float
+    spark_cpu: float
+    cluster_cpu: float
+
+
+def rate_rows(rows: int, ceiling: Run, runs: Sequence[Run]) -> str:
+    """The steady-state table: seconds, rows/s and its ratio to the ceiling's; CPU seconds per 100k rows of Spark's
+    processes (its ratio to the ceiling's: a count the machine's load moves less than the wall clock) and the
+    cluster's."""
+    body = []
+    for run in [ceiling, *runs]:
+        rate = rows / run.seconds
+        spark, cluster = run.spark_cpu * 100_000 / rows, run.cluster_cpu * 100_000 / rows
+        body.append((run.name, run.seconds, rate, f"{ceiling.seconds / run.seconds:.2f}x", spark,
+                     f"{run.spark_cpu / ceiling.spark_cpu:.2f}x" if ceiling.spark_cpu else "-", cluster))
+    header = ("measurement", "seconds", "rows/s", "vs ceiling", "Spark CPU s/100k", "vs ceiling",
+              "cluster CPU s/100k")
+    return table(header, body)
 
 
 def fit_table(line: Line, by_size: Mapping[int, Sequence[Batch]], ceiling_rate: float) -> str:

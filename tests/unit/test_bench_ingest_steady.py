@@ -10,6 +10,7 @@ import pytest
 
 from bench.ingest_stream import SinkWatcher
 from bench.ingest_tables import (
+    Run,
     batches,
     fit_line,
     fit_table,
@@ -84,8 +85,9 @@ def test_batches_keep_those_with_rows_and_their_phases() -> None:
 
 
 def test_tables_give_ratios_to_the_ceiling() -> None:
-    text = rate_rows(1000, [("stream", 4.0)], ceiling=1.0)
-    assert "0.25x" in text and "1.00x" in text
+    text = rate_rows(1000, Run("ceiling", 1.0, 2.0, 0.0), [Run("stream", 4.0, 3.0, 0.5)])
+    stream = next(line for line in text.splitlines() if line.startswith("stream"))
+    assert stream.split()[1:] == ["4", "250", "0.25x", "300", "1.50x", "50"]
     line = fit_line([(1000, 300.0), (2000, 310.0)])  # 10 us per row: 100,000 rows/s
     assert "0.50x" in fit_table(line, {}, ceiling_rate=200_000)
 
