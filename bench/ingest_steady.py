@@ -33,11 +33,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from bench.curves.common import table, verdict
 from bench.ingest_bench import Target, batch_to_parquet, bulk_append, in_memory_to_parquet, ingest, spark_session, timed
-from bench.ingest_stream import continuous, stream_rows
+from bench.ingest_stream import ProcessCpu, continuous, stream_rows
 from bench.ingest_tables import Batch, Run, batches, fit_line, fit_table, rate_rows
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_spark.cluster import ClusterDirectory
@@ -60,37 +58,6 @@ def fill(cluster: LocalCluster, rows: int, partitions: int) -> float:
 
     with ThreadPoolExecutor(partitions) as pool:
         return timed(lambda: list(pool.map(one, range(partitions))))
-
-
-class ProcessCpu:
-    """CPU seconds of this process's tree, split: the cluster's processes (and theirs) and the rest, Spark's (this
-    driver, the JVM, its Python workers). Per pid, so that a worker started in between counts from zero."""
-
-    def __init__(self, cluster_pids: list[int]) -> None:
-        self.cluster = {pid: psutil.Process(pid) for pid in cluster_pids}
-
-    def sample(self) -> dict[int, tuple[bool, float]]:
-        """pid -> (a cluster process, its CPU seconds and its reaped children's)."""
-        cluster = {p.pid for root in self.cluster.values() for p in [root, *root.children(recursive=True)]}
-        me = psutil.Process()
-        found = {}
-        for process in [me, *me.children(recursive=True)]:
-            try:
-                t = process.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            found[process.pid] = (process.pid in cluster, t.user + t.system + t.children_user + t.children_system)
-        return found
-
-    def measure(self, call: Callable[[], float]) -> tuple[float, float, float]:
-        """(call's result, Spark's CPU seconds, the cluster's) while call runs."""
-        before = self.sample()
-        result = call()
-        after = self.sample()
-        used = {in_cluster: 0.0 for in_cluster in (False, True)}
-        for pid, (in_cluster, seconds) in after.items():
-            used[in_cluster] += seconds - before.get(pid, (in_cluster, 0.0))[1]
-        return result, used[False], used[True]
 
 
 def steady(spark: Any, target: Target, cpu: ProcessCpu, rows: int, partitions: int, repeat: int,
@@ -199,7 +166,7 @@ def run(args: argparse.Namespace, workdir: Path) -> str:
             sections: dict[str, Callable[[], str]] = {
                 "costs": lambda: costs(spark, target, args.rows, args.partitions, args.quick, ceiling_rate,
                                        workdir / "costs"),
-                "stream": lambda: _stream(spark, target, args, workdir / "stream"),
+                "stream": lambda: _stream(spark, target, cpu, args, workdir / "stream"),
             }
             out.append(f"\n== steady\n{steady_table}")
             for name in PARTS:
@@ -210,11 +177,11 @@ def run(args: argparse.Namespace, workdir: Path) -> str:
     return "\n".join(out)
 
 
-def _stream(spark: Any, target: Target, args: argparse.Namespace, workdir: Path) -> str:
+def _stream(spark: Any, target: Target, cpu: ProcessCpu, args: argparse.Namespace, workdir: Path) -> str:
     workdir.mkdir(parents=True, exist_ok=True)
     with ClusterDirectory(target.zookeeper, target.root) as directory:
         owners = directory.owners()
-    result = continuous(spark, target, owners, args, workdir)
+    result = continuous(spark, target, owners, cpu, args, workdir)
     title = (f"continuous stream: {args.rate:,.0f} appends/s offered by {args.appenders} process(es) for "
              f"{args.seconds:g} s, trigger {args.interval:g} s, sink polled every {args.poll:g} s")
     return f"{title}\n{table(('measurement', 'value'), stream_rows(result, args.rate, args.interval))}"

@@ -19,15 +19,16 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 import grpc
+import psutil
 
 from bench.curves.common import verdict
 from bench.ingest_bench import REPO, _append, payload
@@ -46,6 +47,7 @@ from waltz.v1 import common_pb2, server_pb2, server_pb2_grpc
 from waltz_common import event_loop
 
 TICK = 0.01
+T = TypeVar("T")
 TARGET_P99_S = 2.0
 DRAIN_S = 15.0  # how long an appender waits for its last commits after it stopped sending
 
@@ -102,8 +104,40 @@ async def _append_at_rate(spec: dict[str, Any]) -> dict[str, Any]:
             reader.result()  # the stream's end, raised
         reader.cancel()
         call.cancel()
-    return {"partition": partition, "sent": sent, "errors": errors, "txns": txns.tolist(),
+    cpu = sum(psutil.Process().cpu_times()[:2])
+    return {"partition": partition, "sent": sent, "errors": errors, "cpu": cpu, "txns": txns.tolist(),
             "commits": commits.tolist(), "latencies": latencies.tolist()}
+
+
+class ProcessCpu:
+    """CPU seconds of this process's tree, split: the cluster's processes (and theirs) and the rest, Spark's (this
+    driver, the JVM, its Python workers). Per pid, so that a worker started in between counts from zero."""
+
+    def __init__(self, cluster_pids: list[int]) -> None:
+        self.cluster = {pid: psutil.Process(pid) for pid in cluster_pids}
+
+    def sample(self) -> dict[int, tuple[bool, float]]:
+        """pid -> (a cluster process, its CPU seconds and its reaped children's)."""
+        cluster = {p.pid for root in self.cluster.values() for p in [root, *root.children(recursive=True)]}
+        me = psutil.Process()
+        found = {}
+        for process in [me, *me.children(recursive=True)]:
+            try:
+                t = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            found[process.pid] = (process.pid in cluster, t.user + t.system + t.children_user + t.children_system)
+        return found
+
+    def measure(self, call: Callable[[], T]) -> tuple[T, float, float]:
+        """(call's result, Spark's CPU seconds, the cluster's) while call runs."""
+        before = self.sample()
+        result = call()
+        after = self.sample()
+        used = {in_cluster: 0.0 for in_cluster in (False, True)}
+        for pid, (in_cluster, seconds) in after.items():
+            used[in_cluster] += seconds - before.get(pid, (in_cluster, 0.0))[1]
+        return result, used[False], used[True]
 
 
 @dataclass
@@ -112,6 +146,7 @@ class Appended:
 
     sent: int
     errors: int
+    cpu: float  # the appender processes' CPU seconds
     commits: dict[Key, float]
     latencies: list[float]
 
@@ -126,11 +161,12 @@ def run_appenders(specs: list[dict[str, Any]], workdir: Path) -> Appended:
     for process in processes:
         if process.wait() != 0:
             raise RuntimeError(f"an appender exited with {process.returncode}")
-    merged = Appended(0, 0, {}, [])
+    merged = Appended(0, 0, 0.0, {}, [])
     for out in outputs:
         result = json.loads(out.read_text())
         merged.sent += result["sent"]
         merged.errors += result["errors"]
+        merged.cpu += result["cpu"]
         merged.commits.update(((result["partition"], t), at) for t, at in zip(result["txns"], result["commits"],
                                                                                 strict=True))
         merged.latencies += result["latencies"]
@@ -144,6 +180,7 @@ class SinkWatcher:
         self.log = output / "_spark_metadata"
         self.interval = interval
         self.visible: dict[Key, float] = {}
+        self.cpu = 0.0  # CPU seconds of its polls (this process's, not Spark's)
         self._seen_logs: set[str] = set()
         self._seen_files: set[str] = set()
         self._stop = threading.Event()
@@ -151,7 +188,9 @@ class SinkWatcher:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            begin = time.thread_time()
             self.poll()
+            self.cpu += time.thread_time() - begin
 
     def poll(self) -> None:
         import pyarrow.parquet as pq
@@ -190,6 +229,8 @@ class StreamResult:
     ingested_per_s: float
     drain_s: float
     progress: list[dict[str, Any]]
+    spark_cpu: float  # CPU seconds over the load and its drain
+    cluster_cpu: float
 
 
 @contextmanager
@@ -211,7 +252,8 @@ def running_query(spark: Any, zookeeper: str, root: str, output: Path, interval_
         query.stop()
 
 
-def continuous(spark: Any, target: Any, owners: dict[int, str], options: Any, workdir: Path) -> StreamResult:
+def continuous(spark: Any, target: Any, owners: dict[int, str], cpu: ProcessCpu, options: Any,
+               workdir: Path) -> StreamResult:
     """options: rate, appenders, seconds, interval, poll. Appenders take the partitions in turn."""
     output = workdir / "stream"
     per = options.rate / options.appenders
@@ -224,22 +266,30 @@ def continuous(spark: Any, target: Any, owners: dict[int, str], options: Any, wo
                  "address": owners[pids[n % len(pids)]], "rate": per, "seconds": options.seconds, "start_at": start_at}
                 for n in range(options.appenders)
             ]
-            appended = run_appenders(specs, workdir)
-            deadline = time.monotonic() + 3 * options.interval + 10  # the last micro-batch lands
-            while any(key not in watcher.visible for key in appended.commits) and time.monotonic() < deadline:
-                time.sleep(options.poll)
+
+            def load() -> Appended:
+                appended = run_appenders(specs, workdir)
+                deadline = time.monotonic() + 3 * options.interval + 10  # the last micro-batch lands
+                while any(key not in watcher.visible for key in appended.commits) and time.monotonic() < deadline:
+                    time.sleep(options.poll)
+                return appended
+
+            appended, spark_cpu, cluster_cpu = cpu.measure(load)
         progress = list(query.recentProgress)
     fresh = freshness(appended.commits, watcher.visible)
     landed = [watcher.visible[key] for key in appended.commits if key in watcher.visible]
     span = max(landed, default=0.0) - min(landed, default=0.0)
     drain = max(landed, default=start_at) - (start_at + options.seconds)
+    # The appenders (reaped children) and the watcher thread ran in this process's tree: not Spark's.
+    spark_cpu -= appended.cpu + watcher.cpu
     return StreamResult(appended, options.seconds, fresh, len(landed) / span if span > 0 else 0.0, drain,
-                        [p for p in progress if p["numInputRows"]])
+                        [p for p in progress if p["numInputRows"]], spark_cpu, cluster_cpu)
 
 
 def stream_rows(result: StreamResult, offered: float, interval: float) -> list[tuple[str, object]]:
     """The rows of the continuous stream's table."""
     done = batches(result.progress)
+    landed, sent = result.fresh.landed, result.appended.sent
     lat50, lat99, _ = spread(result.appended.latencies)
     ms50, ms99, ms_max = spread([b.ms for b in done])
     return [
@@ -257,6 +307,10 @@ def stream_rows(result: StreamResult, offered: float, interval: float) -> list[t
         (f"micro-batches with rows (trigger {interval:g} s)", len(done)),
         ("micro-batch ms p50 / p99 / max", f"{ms50:,.0f} / {ms99:,.0f} / {ms_max:,.0f}"),
         ("rows per micro-batch p50", sorted(b.rows for b in done)[len(done) // 2] if done else 0),
+        ("Spark CPU s per 100k rows landed", result.spark_cpu * 100_000 / landed if landed else float("nan")),
+        ("cluster CPU s per 100k rows landed (appends, feeds, reads)",
+         result.cluster_cpu * 100_000 / landed if landed else float("nan")),
+        ("appender CPU s per 100k appends", result.appended.cpu * 100_000 / sent if sent else float("nan")),
     ]
 
 
