@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bench.ingest_stream import SinkWatcher
+from bench.ingest_stream import ProcessCpu, SinkWatcher
 from bench.ingest_tables import (
     Run,
     batches,
@@ -113,3 +113,20 @@ def test_the_sink_watcher_stamps_each_transaction_once_when_its_batch_log_appear
     (log / "1.compact").write_text(f"v1\n{first}\n{data_file(1, 'b.parquet', [0])}\n")
     watcher.poll()
     assert watcher.visible[(0, 0)] == stamp and (1, 0) in watcher.visible and len(watcher.visible) == 3
+
+
+class CannedCpu(ProcessCpu):
+    """ProcessCpu with the samples given: the accounting without processes."""
+
+    def __init__(self, samples: list[dict[int, tuple[bool, float]]]) -> None:
+        super().__init__([])
+        self.samples = samples
+
+    def sample(self) -> dict[int, tuple[bool, float]]:
+        return self.samples.pop(0)
+
+
+def test_process_cpu_splits_cluster_from_spark_and_counts_a_new_process_from_zero() -> None:
+    before = {1: (False, 10.0), 2: (True, 5.0), 3: (False, 1.0)}
+    after = {1: (False, 12.0), 2: (True, 5.5), 4: (False, 0.25)}  # 3 ended (lost), 4 started
+    assert CannedCpu([before, after]).measure(lambda: "done") == ("done", 2.25, 0.5)
