@@ -71,7 +71,7 @@ class ClientPartition(FeedApply, SlotWaits):
         self.conn: ServerConnection | None = None
         self._owner: Ownership | None = None
         # the slots of monitor's capacity and the submits waiting for one, first come, first served
-        self.slots: SlotQueue[asyncio.Future[None]] = SlotQueue(self.monitor.max_concurrent)
+        self.slots: SlotQueue[asyncio.Future[BaseException | None]] = SlotQueue(self.monitor.max_concurrent)
         self._slot_timer: asyncio.TimerHandle | None = None  # the oldest slot waiter's time-out (one for all)
         self._slot_timer_at = float("inf")
         self._last_flush = float("-inf")
