@@ -145,7 +145,7 @@ class AsyncWaltzClient:
             connections=self._connections, ownership=self._topology.get, topology_changed=lambda: self._topology_event,
             fetch=self._fetch_blocking, fetch_range=self._fetch_range_blocking, read_range=self.transaction_range,
             stats=self.stats, latency=self._latency,
-            refresh_topology=self._driver.refresh, high_water_mark=self._server_high_water_mark,
+            refresh_topology=self._driver.refresh, high_water_mark=self._server_high_water_mark, loop=self._loop,
         )
         self._usable = not self._closed
         if self.config.auto_mount:

@@ -49,11 +49,13 @@ class SlotWaits:
             return
         if self.error is not None:
             raise self.error
-        loop = asyncio.get_running_loop()
+        loop = self.env.loop or asyncio.get_running_loop()
         waiter: asyncio.Future[BaseException | None] | None = loop.create_future()
         assert waiter is not None
-        self.slots.wait(waiter, loop.time())
-        self._grant()  # (a queue whose waiters all gave up meanwhile, after a remount)
+        slots = self.slots
+        slots.wait(waiter, loop.time())
+        if slots.free(len(self.monitor._entries)):
+            self._grant()  # (a queue whose waiters all gave up meanwhile, after a remount)
         self._arm_slot_timer()
         error: BaseException | None = None
         try:
@@ -117,15 +119,19 @@ class SlotWaits:
         if self._slot_timer is not None:
             self._slot_timer.cancel()
         self._slot_timer_at = deadline
-        self._slot_timer = asyncio.get_running_loop().call_at(deadline, self._expire_slot_waiters)
+        self._slot_timer = (self.env.loop or asyncio.get_running_loop()).call_at(deadline, self._expire_slot_waiters)
 
     def _expire_slot_waiters(self) -> None:
-        now = max(self._slot_timer_at, asyncio.get_running_loop().time())  # (a timer may run a little early)
+        now = max(self._slot_timer_at, (self.env.loop or asyncio.get_running_loop()).time())  # (may run early)
         self._slot_timer, self._slot_timer_at = None, float("inf")
         mounted = self.mounted
-        for waiter in self.slots.expire(now, self._slot_timeout()):
-            if not waiter.done():
-                waiter.set_result(self._slot_timeout_error() if mounted else self._not_mounted_error())
+        expired = self.slots.expire(now, self._slot_timeout())
+        if expired:
+            # one message for the batch (each waiter raises its own error: a traceback is per raise)
+            message = str(self._slot_timeout_error()) if mounted else None
+            for waiter in expired:
+                if not waiter.done():
+                    waiter.set_result(WaltzTimeoutError(message) if message is not None else self._not_mounted_error())
         self._arm_slot_timer()
 
     def _slot_timeout_error(self) -> WaltzTimeoutError:
