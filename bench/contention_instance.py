@@ -274,12 +274,12 @@ def _wrap_deliver(fed_at: dict[int, float]) -> None:
     """Record when each transaction id first reached the client's loop in a feed message (fed_at)."""
     original = partition_module.ClientPartition.deliver
 
-    async def deliver(self: Any, conn: Any, message: Any) -> None:
+    def deliver(self: Any, conn: Any, message: Any) -> Any:
         if message is not None and message.WhichOneof("message") == "feed":
             now = time.monotonic()
             for entry in message.feed.transactions:
                 fed_at.setdefault(entry.transaction_id, now)
-        await original(self, conn, message)
+        return original(self, conn, message)
 
     partition_module.ClientPartition.deliver = deliver  # type: ignore[method-assign]
 

@@ -106,8 +106,10 @@ async def feed_once(messages: list[bytes], on_loop: bool = False,
         wall, cpu = time.perf_counter(), time.process_time()
         serving = asyncio.get_running_loop().create_task(partition._serve(conn, owner))
         for raw in messages:
-            await partition.deliver(conn, decode(raw))
-        await partition.deliver(conn, None)  # the stream's end: the serve loop returns after the rest of its inbox
+            if (waiting := partition.deliver(conn, decode(raw))) is not None:  # (None: taken at once)
+                await waiting
+        if (waiting := partition.deliver(conn, None)) is not None:  # the stream's end: the serve loop returns
+            await waiting  # after the rest of its inbox
         await serving
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     finally:

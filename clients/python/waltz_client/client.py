@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,7 @@ class AsyncWaltzClient:
         if self._own_grpc:
             fork_guard.grpc_used()
         self._submitter.bind(self._loop)
+        self._callback_thread.bind(self._loop)
         try:
             info = await self._driver.start(self._on_topology)
         except BaseException:
@@ -144,7 +145,7 @@ class AsyncWaltzClient:
             connections=self._connections, ownership=self._topology.get, topology_changed=lambda: self._topology_event,
             fetch=self._fetch_blocking, fetch_range=self._fetch_range_blocking, read_range=self.transaction_range,
             stats=self.stats, latency=self._latency,
-            refresh_topology=self._driver.refresh, high_water_mark=self._server_high_water_mark,
+            refresh_topology=self._driver.refresh, high_water_mark=self._server_high_water_mark, loop=self._loop,
         )
         self._usable = not self._closed
         if self.config.auto_mount:
@@ -449,15 +450,21 @@ class AsyncWaltzClient:
         for partition in self._partitions.values():
             partition.recheck_owner()
 
-    async def _dispatch(self, conn: ServerConnection, pid: int, message: server_pb2.ServerMessage | None) -> None:
+    def _dispatch(self, conn: ServerConnection, pid: int,
+                  message: server_pb2.ServerMessage | None) -> Awaitable[None] | None:
+        """A message from conn to its partition, at once (None) unless the partition's inbox is full (what to await);
+        message None: the stream ended, every partition on it is told."""
         if message is None:
-            for each in list(self._partitions.values()):
-                if each.conn is conn:
-                    await each.deliver(conn, None)
-            return
+            return self._stream_ended(conn)
         partition = self._partitions.get(pid)
-        if partition is not None:
-            await partition.deliver(conn, message)
+        return partition.deliver(conn, message) if partition is not None else None
+
+    async def _stream_ended(self, conn: ServerConnection) -> None:
+        for each in list(self._partitions.values()):
+            if each.conn is conn:
+                waiting = each.deliver(conn, None)
+                if waiting is not None:
+                    await waiting
 
     async def transaction_range(self, partition_id: int, first: int, last: int) -> dict[int, bytes]:
         """Committed transactions first..last's data by id, checksums verified, in one ReadTransactions call

@@ -19,8 +19,9 @@ MAX_RECONNECT_DELAY_S = 1.0
 
 log = logging.getLogger(__name__)
 
-Dispatch = Callable[["ServerConnection", int, server_pb2.ServerMessage | None], Awaitable[None]]
-"""(connection, partition id, message); message None tells every partition the stream is gone."""
+Dispatch = Callable[["ServerConnection", int, server_pb2.ServerMessage | None], Awaitable[None] | None]
+"""(connection, partition id, message); message None tells every partition the stream is gone. Returns None when the
+message was taken at once (the common case: no coroutine per message), else what to await first (a full inbox)."""
 
 
 class ServerConnection:
@@ -39,14 +40,14 @@ class ServerConnection:
         self._open: server_pb2.ClientMessage | None = None  # the last queued message, if appends can join it
         self._open_requests: Any = None  # its repeated AppendRequest field: two lookups fewer per append
         self._open_count = 0
-        self._wake = asyncio.Event()
+        self._idle: asyncio.Future[None] | None = None  # the send loop's while it waits for a message to send
 
     def enqueue(self, message: server_pb2.ClientMessage) -> None:
         """Queue a message (not an append: see new_append) in order."""
         if not self.closed:
             self._out.append(message)
             self._open = None
-            self._wake.set()
+            self._wake()
 
     def new_append(self) -> server_pb2.AppendRequest:
         """A new, empty AppendRequest at the end of the queue, for the caller to fill in now: it
@@ -63,7 +64,7 @@ class ServerConnection:
                 message.appends.SetInParent()
                 if not self.closed:
                     self._out.append(message)
-                    self._wake.set()
+                    self._wake()
                 self._open = message
                 self._open_requests = message.appends.requests
                 self._open_count = 0
@@ -73,6 +74,16 @@ class ServerConnection:
             self._open_count += take
             count -= take
         return made
+
+    def _wake(self) -> None:
+        """The send loop, if it waits: it resumes on the loop's next iteration, so what this one queues goes
+        together (a batch's appends are queued at once). A bare future: an asyncio.Event's wait and set cost a
+        coroutine and a waiter list per round."""
+        idle = self._idle
+        if idle is not None:
+            self._idle = None
+            if not idle.done():
+                idle.set_result(None)
 
     async def run(self, dispatch: Dispatch) -> None:
         """Send and receive until the stream fails; then tell the partitions and return."""
@@ -90,13 +101,17 @@ class ServerConnection:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
             await self._stream.close()
-        await dispatch(self, -1, None)
+        waiting = dispatch(self, -1, None)
+        if waiting is not None:
+            await waiting
 
     async def _send_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                await self._wake.wait()  # resumes on the iteration after the set(): what the iteration
-                self._wake.clear()  # of the set() queued goes together (a batch's appends are queued at once)
+                if not self._out:
+                    self._idle = idle = loop.create_future()
+                    await idle  # (_wake)
                 while self._out:
                     message = self._out.popleft()
                     if message is self._open:
@@ -110,7 +125,9 @@ class ServerConnection:
             message = await self._stream.receive()
             self.received_any = True
             for partition_id, part in message_partitions(message):
-                await dispatch(self, partition_id, part)
+                waiting = dispatch(self, partition_id, part)
+                if waiting is not None:
+                    await waiting
 
 
 class ConnectionManager:
@@ -147,10 +164,12 @@ class ConnectionManager:
             return conn
 
     async def _run(self, conn: ServerConnection) -> None:
-        async def dispatch(c: ServerConnection, pid: int, msg: server_pb2.ServerMessage | None) -> None:
-            if c.received_any:
-                self._failures[c.endpoint] = 0
-            await self._dispatch(c, pid, msg)
+        failures, forward = self._failures, self._dispatch
+
+        def dispatch(c: ServerConnection, pid: int, msg: server_pb2.ServerMessage | None) -> Awaitable[None] | None:
+            if c.received_any and failures.get(c.endpoint):
+                failures[c.endpoint] = 0
+            return forward(c, pid, msg)
 
         await conn.run(dispatch)
 

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from waltz.v1 import server_pb2
@@ -71,7 +71,7 @@ class ClientPartition(FeedApply, SlotWaits):
         self.conn: ServerConnection | None = None
         self._owner: Ownership | None = None
         # the slots of monitor's capacity and the submits waiting for one, first come, first served
-        self.slots: SlotQueue[asyncio.Future[None]] = SlotQueue(self.monitor.max_concurrent)
+        self.slots: SlotQueue[asyncio.Future[BaseException | None]] = SlotQueue(self.monitor.max_concurrent)
         self._slot_timer: asyncio.TimerHandle | None = None  # the oldest slot waiter's time-out (one for all)
         self._slot_timer_at = float("inf")
         self._last_flush = float("-inf")
@@ -452,24 +452,29 @@ class ClientPartition(FeedApply, SlotWaits):
         log.info("partition %d: sending %d pending appends again after the mount, with their sequence numbers "
                  "(%d..%d)", self.partition_id, len(tokens), tokens[0].seq_num, tokens[-1].seq_num)
 
-    async def deliver(self, conn: ServerConnection, message: server_pb2.ServerMessage | None) -> None:
-        """Called by the connection, in stream order; waits when the partition is behind. A lock failure is
+    def deliver(self, conn: ServerConnection, message: server_pb2.ServerMessage | None) -> Awaitable[None] | None:
+        """Called by the connection, in stream order: None once taken, or (the partition is behind: its inbox is
+        full) the put to await before the stream's next message. A lock failure is
         settled at once (it decides nothing about the feed before it: the append waits in the monitor until
         the conflicting transaction is applied), and a feed message's last id is heard on arrival (the lag
         counts what is received but not applied yet)."""
         if conn is not self.conn:  # anything else is stale, and must not block the other partitions
-            return
+            return None
         if message is not None:
             kind = message.WhichOneof("message")
             if kind == "lock_failure":
                 failure = message.lock_failure
                 self._on_lock_failure(req_id_from_proto(failure.req_id), failure.transaction_id)
-                return
+                return None
             if kind == "feed":
                 entries = message.feed.transactions
                 if entries and entries[-1].transaction_id > self.server_high_water_mark:
                     self.server_high_water_mark = entries[-1].transaction_id
-        await self.inbox.put((conn, message))
+        inbox = self.inbox
+        if inbox.full():  # (one stream delivers at a time: no put of this stream waits ahead of this one)
+            return inbox.put((conn, message))
+        inbox.put_nowait((conn, message))
+        return None
 
     def _on_lock_failure(self, req_id: ReqId, transaction_id: int) -> None:
         """The monitor's notice, the on_lock_failure hooks queued on the callback thread (not awaited: the stream

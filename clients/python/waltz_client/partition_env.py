@@ -104,3 +104,4 @@ class PartitionEnv:
     high_water_mark: Callable[[str, int], Awaitable[int]] | None = None  # (endpoint, partition): a catch-up's target
     post_first: Callable[..., None] | None = None  # post, ahead of what waits there (a lock failure's hook); None: post
     progress_interval_s: float = 5.0  # seconds between a catch-up's progress lines (INFO)
+    loop: asyncio.AbstractEventLoop | None = None  # the client's (None: the running one, asked each time: a getpid)

@@ -164,20 +164,28 @@ class CallbackThread:
         self.busy_seconds = 0.0  # written by the thread only
         self._shut = False
         self._shut_lock = threading.Lock()  # nothing is queued after the thread's stop signal
+        self._loop: asyncio.AbstractEventLoop | None = None  # bind()
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop every job is scheduled from (the client's): asyncio.get_running_loop() is a system call
+        (getpid) on Linux, and a lone append schedules two batches. Unbound: the running loop, each time."""
+        self._loop = loop
 
     def is_current(self) -> bool:
         return threading.current_thread() is self._thread
 
-    async def call(self, fn: Callable[..., R], *args: Any) -> R:
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+    def call(self, fn: Callable[..., R], *args: Any) -> asyncio.Future[R]:
+        """fn(*args) on the thread: the future of what it returns (a plain future, not a coroutine: one frame fewer
+        per apply; cancelling it before its batch starts keeps fn from running)."""
+        future: asyncio.Future[R] = (self._loop or asyncio.get_running_loop()).create_future()
         self.schedule(_Call(fn, args, future))
-        return await future
+        return future
 
-    async def call_first(self, fn: Callable[..., R], *args: Any) -> R:
+    def call_first(self, fn: Callable[..., R], *args: Any) -> asyncio.Future[R]:
         """call(), ahead of the jobs that were not scheduled first (schedule_first)."""
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[R] = (self._loop or asyncio.get_running_loop()).create_future()
         self.schedule_first(_Call(fn, args, future))
-        return await future
+        return future
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run fn(*args) on the thread, in order with the other jobs, without waiting for it (it must not
@@ -204,7 +212,7 @@ class CallbackThread:
             self._kind = type(job) if len(self._waiting) == 1 else Job
         if not self._busy:
             self._busy = True
-            asyncio.get_running_loop().call_soon(self._run_waiting)
+            (self._loop or asyncio.get_running_loop()).call_soon(self._run_waiting)
 
     def schedule(self, job: Job) -> None:
         """Run job on the thread; its done() is called on the event loop, later, never from inside
@@ -214,7 +222,7 @@ class CallbackThread:
             self._kind = type(job) if len(self._waiting) == 1 else Job
         if not self._busy:
             self._busy = True  # start on the next iteration: jobs scheduled in this one join the batch
-            asyncio.get_running_loop().call_soon(self._run_waiting)
+            (self._loop or asyncio.get_running_loop()).call_soon(self._run_waiting)
 
     def _run_waiting(self) -> None:
         batch, kind = self._take_waiting()
@@ -222,7 +230,7 @@ class CallbackThread:
             return
         with self._shut_lock:
             if not self._shut:
-                self._queue.put((batch, kind, asyncio.get_running_loop()))
+                self._queue.put((batch, kind, self._loop or asyncio.get_running_loop()))
                 return
         self._finish(batch, kind, _refused(len(batch)))
 
@@ -300,6 +308,7 @@ class LoopCallbacks(CallbackThread):
         self._urgent = deque()  # (only from a done_all: the batch's jobs run on the loop, nothing comes between)
         self.busy_seconds = 0.0
         self._shut = False
+        self._loop = None
 
     def is_current(self) -> bool:
         """Whether this is the loop's thread, on which the callbacks run."""
@@ -316,7 +325,7 @@ class LoopCallbacks(CallbackThread):
 
     def _next_batch(self) -> None:
         # on the next iteration, with whatever else it schedules: never a batch inside another's done_all
-        asyncio.get_running_loop().call_soon(self._run_waiting)
+        (self._loop or asyncio.get_running_loop()).call_soon(self._run_waiting)
 
     def shutdown(self) -> None:
         """What has not run yet never will: it is refused (RuntimeError) when its batch comes."""

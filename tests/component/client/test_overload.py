@@ -5,6 +5,7 @@ a remount."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Generator
 from typing import Any
 
@@ -154,5 +155,36 @@ def test_waiters_go_on_after_a_remount() -> None:
             server.release_requests()
             assert await asyncio.gather(*held, *tasks) == [True] * 8
             assert sorted(payloads(server)) == sorted([b"held0", b"held1", *(b"w%d" % i for i in range(6))])
+
+    run(main())
+
+
+def test_a_submit_that_times_out_waiting_for_a_slot_leaves_no_cycle_for_the_collector() -> None:
+    """Under overload thousands of waiters a second time out: each must be freed by reference counting (the cycle
+    of a future holding the exception whose traceback holds the waiting frame cost ~13 objects each)."""
+    async def main() -> None:
+        server = MockServer(1)
+        config = {"client.maxConcurrentTransactions": 1, "client.requestTimeout": 0.1}
+        async with client(server, **config) as c:
+            held = await fill(c, server, 1)
+
+            async def submit(i: int) -> str:
+                try:
+                    await c.submit(Ctx(b"w%d" % i))
+                except WaltzTimeoutError as exc:
+                    return str(exc)
+                return "no time-out"
+
+            gc.collect()
+            gc.disable()
+            try:
+                messages = await asyncio.gather(*(submit(i) for i in range(50)))
+                garbage = gc.collect()
+            finally:
+                gc.enable()
+            assert all("(client.requestTimeout)" in m for m in messages), messages[:1]
+            assert garbage == 0
+            server.release_requests()
+            assert await held[0] is True
 
     run(main())

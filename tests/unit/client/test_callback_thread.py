@@ -214,9 +214,8 @@ def test_in_loop_mode_calls_run_in_order_with_their_own_results_and_a_cancelled_
         return i * 10
 
     async def main() -> None:
-        calls = [asyncio.ensure_future(runner.call(record, i)) for i in range(10)]
-        await asyncio.sleep(0)  # each call() has scheduled its job
-        calls[4].cancel()
+        calls = [asyncio.ensure_future(runner.call(record, i)) for i in range(10)]  # each call() schedules its job
+        calls[4].cancel()  # before the batch starts (the loop's next iteration)
         results = await asyncio.gather(*calls, return_exceptions=True)
         assert [r for i, r in enumerate(results) if i not in (4, 7)] == [i * 10 for i in range(10) if i not in (4, 7)]
         assert isinstance(results[4], asyncio.CancelledError) and isinstance(results[7], ValueError)
