@@ -326,3 +326,25 @@ def test_a_failure_with_batches_in_flight_resolves_them_in_order_after_recovery(
         await partition.close()
 
     run(scenario)
+
+
+def test_a_lone_append_goes_to_the_store_from_the_submit_and_the_next_ones_gather_behind_it():
+    """A round is straight-line code: the batch is at the store when submit returns (no task step of the append
+    task between), and appends offered while it is in flight (storage.maxBatchesInFlight 1) form the next batch by
+    themselves, sent when it commits."""
+
+    async def scenario():
+        partition, store, stream = await mounted_client()
+        store.gate.clear()
+        await partition.submit(stream, [append(seq=1)])
+        assert store.most_in_flight == 1  # before anything else ran on the loop
+        for seq in range(2, 6):  # separate client messages while the first batch is in flight
+            await partition.submit(stream, [append(seq=seq)])
+        assert store.most_in_flight == 1
+        store.gate.set()
+        await stream.wait_for(lambda s: len(s.fed()) == 5)
+        assert store.batches == [1, 4]
+        assert stream.fed() == [(i, i + 1) for i in range(5)]
+        await partition.close()
+
+    run(scenario)
