@@ -193,7 +193,10 @@ class Partition(AppendAdmission, MountedRequests):
             done += room
         if self._pipeline is not None:
             self._answer_lock_failures(self._pipeline.poll())
-            self._send()
+            if self._batches is not None:
+                self._batches.offered()
+            else:
+                self._work.set()
         return others
 
     def _send(self) -> None:

@@ -62,6 +62,11 @@ class FakeStore:
     def high_water_mark(self) -> int:
         return len(self.records) - 1
 
+    @property
+    def in_flight(self) -> int:
+        """Batches begun and not resolved now."""
+        return self._in_flight
+
     async def start(self, generation: int) -> None:
         self.generation = generation
         asyncio.get_running_loop().call_later(self.ready_delay, self._open_session)
