@@ -15,7 +15,9 @@ next, so that both sides of a row are measured seconds apart on this shared mach
   CPU us per committed append of the server, of each storage node and of the client process (all threads) over
   --seconds after a warm-up;
 - open: 3 client processes (AsyncWaltzClient, each append in its own task on a fixed schedule, latency from the
-  scheduled time) at 1,000 / 3,000 / 5,000 / 10,000 appends/s offered in all.
+  scheduled time) at 1,000 / 3,000 / 5,000 / 10,000 appends/s offered in all, with the appends per store batch
+  (the server's waltz_server_store_batch_appends over the load, warm-up included): a count that tells whether group
+  commit forms, which a busy machine's timings hide.
 Before the loads of each round, the floors (section "floors"): one grpc.aio bidirectional-stream round (512 B each
 way, echo server in its own process, both on the services' event loop), one framed storage round
 (bench.session_port's "append 1": a storage node's CPU for an append of one 512 B record on its framed session port,
@@ -42,7 +44,7 @@ from typing import Any
 
 from bench import round_load, session_port
 from bench.append_bench import WRITER_CLIENT
-from bench.curves.common import LoadLog, wait_owned
+from bench.curves.common import LoadLog, metric, wait_owned
 from bench.package_baseline import default_baseline, export, run_worker
 from bench.revisions import REPO
 from bench.round_tables import (
@@ -107,7 +109,20 @@ def side_cluster(workdir: Path, zookeeper: str, root: str, package_root: Path | 
         common = {"config": cluster.client_config(**WRITER_CLIENT), "address": wait_owned(cluster, 1)[0],
                   "pids": cluster.pids(), "zookeeper": zookeeper, "root": root, "warmup": timing.warmup,
                   "seconds": timing.seconds}
-        yield lambda spec: worker({**common, **spec}, package_root, baseline_root)
+        batches_url = f"http://127.0.0.1:{cluster.servers[0].metrics_port}/metrics"
+
+        def run(spec: dict[str, Any]) -> dict[str, Any]:
+            before = store_batches(batches_url)
+            result = worker({**common, **spec}, package_root, baseline_root)
+            after = store_batches(batches_url)
+            return {**result, "store_batches": after[0] - before[0], "store_batch_appends": after[1] - before[1]}
+
+        yield run
+
+
+def store_batches(url: str) -> tuple[float, float]:
+    """The server's store batches so far and the appends they held (waltz_server_store_batch_appends)."""
+    return (metric(url, "waltz_server_store_batch_appends_count"), metric(url, "waltz_server_store_batch_appends_sum"))
 
 
 def loads(sections: set[str], seconds: float) -> list[tuple[dict[str, Any], Callable[[dict[str, Any]],

@@ -38,13 +38,17 @@ def cpu_rows(load: str, result: Mapping[str, Any], seconds: float) -> dict[Row, 
 
 
 def open_rows(rate: int, result: Mapping[str, Any], seconds: float) -> dict[Row, float]:
-    """An open loop's result: committed/s, latency percentiles in ms, errors."""
+    """An open loop's result: committed/s, latency percentiles in ms, errors, and appends per store batch when the
+    result has the server's counts."""
     load = f"{rate:,}/s offered"
-    return {
+    rows = {
         (load, "committed/s"): result["committed"] / seconds,
         **{(load, f"{q} ms"): result[q] * 1e3 for q in ("p50", "p99", "p99.9")},
         (load, "errors"): float(result["errors"]),
     }
+    if result.get("store_batches"):
+        rows[(load, "appends/store batch")] = result["store_batch_appends"] / result["store_batches"]
+    return rows
 
 
 def floor_values(echo: Mapping[str, Any], session: Mapping[str, Mapping[str, float]] | None, fdatasync_us: float

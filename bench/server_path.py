@@ -101,6 +101,9 @@ class _MemoryStore:
         pass
 
     async def begin_append(self, records: Any) -> asyncio.Future[int]:
+        return self.append_now(records)
+
+    def append_now(self, records: Any) -> asyncio.Future[int]:
         first, self._next = self._next, self._next + len(records)
         request = _storage_request()(7, PARTITION, first, records, self.high_water_mark)
         self.encoded_bytes += len(request.SerializeToString())

@@ -41,6 +41,9 @@ def test_open_rows_are_in_ms_by_rate_offered() -> None:
     assert rows == {("5,000/s offered", "committed/s"): 5000, ("5,000/s offered", "p50 ms"): 2.0,
                     ("5,000/s offered", "p99 ms"): 10.0, ("5,000/s offered", "p99.9 ms"): 50.0,
                     ("5,000/s offered", "errors"): 3.0}
+    counted = open_rows(5000, {"committed": 10_000, "errors": 0, "p50": 0.002, "p99": 0.01, "p99.9": 0.05,
+                               "store_batches": 400, "store_batch_appends": 12_000}, 2.0)
+    assert counted[("5,000/s offered", "appends/store batch")] == 30
 
 
 def test_floors_per_round_and_without_a_framed_port() -> None:

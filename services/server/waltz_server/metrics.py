@@ -199,6 +199,12 @@ class PartitionMetrics:
         for state, child in self.replicas.items():
             child.set_function(partial(_status_field, status, REPLICA_STATES[state]))
 
+    def watch_appends(self, high_water_mark: Callable[[], int], queued: Callable[[], int]) -> None:
+        """Read the high-water mark and the append queue's size at each scrape: they change with every append and
+        commit, and the append path does not pay for them."""
+        self.high_water_mark.set_function(high_water_mark)
+        self.append_queue_size.set_function(queued)
+
     def watch_feed_lag(self, lag: Callable[[], int]) -> None:
         """Read the feed lag from lag() at each scrape: a client reading slowly changes it between commits."""
         self.feed_lag.set_function(lag)

@@ -56,6 +56,8 @@ class Partition(AppendAdmission, MountedRequests):
         if metrics is not None:
             metrics.watch_store(store.status)
             metrics.watch_feed_lag(self.feed_lag)
+            metrics.watch_appends(lambda: self.feeds.high_water_mark, self.pending_appends)
+            metrics.generation.set(generation)
         self._clock = clock
         self._ready = asyncio.Event()
         self._closed = False
@@ -191,8 +193,18 @@ class Partition(AppendAdmission, MountedRequests):
             done += room
         if self._pipeline is not None:
             self._answer_lock_failures(self._pipeline.poll())
-            self._work.set()
+            if self._batches is not None:
+                self._batches.offered()
+            else:
+                self._work.set()
         return others
+
+    def _send(self) -> None:
+        """The appends offered go to the store now when it takes them without waiting (else the append task does)."""
+        if self._batches is not None:
+            self._batches.pump()
+        else:
+            self._work.set()
 
     def _must_wait(self) -> bool:
         pipeline = self._pipeline
@@ -204,7 +216,7 @@ class Partition(AppendAdmission, MountedRequests):
         while not self._closed:
             if self._pipeline is not None and len(self._pipeline) >= self.settings.append_queue_size:
                 self._answer_lock_failures(self._pipeline.poll())
-                self._work.set()
+                self._send()
                 self._room.clear()
                 await self._room.wait()
             else:
@@ -235,7 +247,6 @@ class Partition(AppendAdmission, MountedRequests):
             LockTable(hwm, s.lock_table_size), s.max_batch_size, s.max_batch_bytes, s.max_batches_in_flight
         )
         self._pipeline = pipeline
-        self._update_gauges()
         self._ready.set()
         log.info("partition %d ready: generation %d, high-water mark %d", self.partition_id, self.generation, hwm)
         self._batches = StoreBatches(
@@ -332,7 +343,6 @@ class Partition(AppendAdmission, MountedRequests):
         for waiter in self._pending.resolved_all(resolved.failed):
             waiter()
         self._room.set()
-        self._update_gauges()
 
     def _resolved(self, item: AdmittedAppend) -> None:
         for waiter in self._pending.resolved(item.client_id, item.ticket):
@@ -351,11 +361,3 @@ class Partition(AppendAdmission, MountedRequests):
     def _resolve_unsent(self, item: AdmittedAppend, reason: Reason.ValueType, message: str) -> None:
         self._reject(item.origin.stream, item.request.req_id, reason, message)
         self._resolved(item)
-
-    def _update_gauges(self) -> None:
-        if self.metrics is None:
-            return
-        m = self.metrics
-        m.high_water_mark.set(self.feeds.high_water_mark)
-        m.generation.set(self.generation)
-        m.append_queue_size.set(self.pending_appends())

@@ -244,11 +244,17 @@ class PartitionFeeds:
             self._last_inline = {self.inline_max_bytes: inline}
         elif self._last_inline:
             self._last_inline = {}  # (the next batch kept leaves a gap: the inline cache starts again there)
-        self.high_water_mark = max(self.high_water_mark, first + len(entries) - 1)
+        self.high_water_mark = high_water_mark = max(self.high_water_mark, first + len(entries) - 1)
+        wake = False  # a feed task waits for what committed now and did not get it here: it steps itself
         for context in self._contexts.values():
-            if context.waiting_for == first:
+            waiting = context.waiting_for
+            if waiting == first:
                 self._deliver(context, first, message)
-        self._wake()
+                waiting = context.waiting_for
+            if waiting is not None and waiting <= high_water_mark:
+                wake = True
+        if wake:  # (the feeds this batch went to wait on, not woken for nothing once per commit)
+            self._wake()
 
     def _deliver(self, context: FeedContext, first: int, message: server_pb2.ServerMessage) -> None:
         """Queue the newest batch on a feed waiting for it, when its cursor would send exactly that batch now

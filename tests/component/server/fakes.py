@@ -62,6 +62,11 @@ class FakeStore:
     def high_water_mark(self) -> int:
         return len(self.records) - 1
 
+    @property
+    def in_flight(self) -> int:
+        """Batches begun and not resolved now."""
+        return self._in_flight
+
     async def start(self, generation: int) -> None:
         self.generation = generation
         asyncio.get_running_loop().call_later(self.ready_delay, self._open_session)
@@ -90,6 +95,14 @@ class FakeStore:
         if self.unavailable_once:
             self.unavailable_once = False
             raise StoreUnavailable("session closed before the batch was sent")
+        return self._begin(records)
+
+    def append_now(self, records: Sequence[PendingRecord]) -> asyncio.Future[int] | None:
+        if self._closed or not self._ready.is_set() or self.unavailable_once:
+            return None  # begin_append says why
+        return self._begin(records)
+
+    def _begin(self, records: Sequence[PendingRecord]) -> asyncio.Future[int]:
         if self._next_session != self.session_id:  # a new session: it starts after what was recovered
             self._next_session, self._next_id = self.session_id, len(self.records)
         first, self._next_id = self._next_id, self._next_id + len(records)

@@ -162,12 +162,12 @@ def test_the_records_a_partition_hands_the_store_encode_as_its_requests_do():
             super().__init__(0)
             self.requests: list[tuple[bytes, bytes]] = []
 
-        async def begin_append(self, records):
+        def _begin(self, records):
             first = len(self.records)
             ours = storage_append_request(9, 0, first, records, first - 1).SerializeToString()
             theirs = append_pending_request(9, 0, first, list(records), first - 1).SerializeToString()
             self.requests.append((ours, theirs))
-            return await super().begin_append(records)
+            return super()._begin(records)
 
     async def scenario():
         rng = random.Random(34)

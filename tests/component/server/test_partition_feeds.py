@@ -326,3 +326,62 @@ def test_a_failure_with_batches_in_flight_resolves_them_in_order_after_recovery(
         await partition.close()
 
     run(scenario)
+
+
+def test_a_lone_append_goes_to_the_store_from_the_submit_and_the_next_ones_gather_behind_it():
+    """A round is straight-line code: the batch is at the store when submit returns (no task step of the append
+    task between), and appends offered while it is in flight (storage.maxBatchesInFlight 1) form the next batch by
+    themselves, sent when it commits."""
+
+    async def scenario():
+        partition, store, stream = await mounted_client()
+        store.gate.clear()
+        await partition.submit(stream, [append(seq=1)])
+        assert store.most_in_flight == 1  # before anything else ran on the loop
+        for seq in range(2, 6):  # separate client messages while the first batch is in flight
+            await partition.submit(stream, [append(seq=seq)])
+        assert store.most_in_flight == 1
+        store.gate.set()
+        await stream.wait_for(lambda s: len(s.fed()) == 5)
+        assert store.batches == [1, 4]
+        assert stream.fed() == [(i, i + 1) for i in range(5)]
+        await partition.close()
+
+    run(scenario)
+
+
+def test_once_busy_the_next_batch_waits_a_turn_for_the_messages_arriving_with_it():
+    """Group commit under load (issue 42's open loop at 5,000-10,000/s offered): after a batch of several client
+    messages, a message that finds the store idle does not go alone from its submit; the messages submitted in the
+    same turn join its batch. A partition quiet again (a lone message's batch) sends from the submit."""
+
+    async def scenario():
+        partition, store, stream = await mounted_client()
+        store.gate.clear()
+        await partition.submit(stream, [append(seq=1)])
+        for seq in (2, 3):  # two client messages behind it
+            await partition.submit(stream, [append(seq=seq)])
+        store.gate.set()
+        await stream.wait_for(lambda s: len(s.fed()) == 3)
+        assert store.batches == [1, 2]
+        store.gate.clear()
+        await partition.submit(stream, [append(seq=4)])
+        assert store.most_in_flight == 1 and store.in_flight == 0  # not sent from the submit: the partition is busy
+        await partition.submit(stream, [append(seq=5)])  # (the same turn)
+        store.gate.set()
+        await stream.wait_for(lambda s: len(s.fed()) == 5)
+        assert store.batches == [1, 2, 2]
+        store.gate.clear()
+        await partition.submit(stream, [append(seq=6)])  # after a batch of two messages: still busy
+        store.gate.set()
+        await stream.wait_for(lambda s: len(s.fed()) == 6)
+        store.gate.clear()
+        await partition.submit(stream, [append(seq=7)])  # after a lone message's batch: quiet, sent at once
+        assert store.in_flight == 1
+        store.gate.set()
+        await stream.wait_for(lambda s: len(s.fed()) == 7)
+        assert store.batches == [1, 2, 2, 1, 1]
+        assert stream.fed() == [(i, i + 1) for i in range(7)]
+        await partition.close()
+
+    run(scenario)

@@ -37,6 +37,16 @@ class CancellingStore(FakeStore):
             return await future  # type: ignore[no-any-return]
         return await super().begin_append(records)
 
+    def append_now(self, records: Sequence[PendingRecord]) -> asyncio.Future[int] | None:
+        if self.cancel_next:
+            return None  # begin_append raises it
+        if self.cancel_commit_next:
+            self.cancel_commit_next = False
+            future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            future.cancel()
+            return future
+        return super().append_now(records)
+
 
 @pytest.mark.parametrize("where", ["call", "commit"])
 def test_a_stray_cancelled_error_from_the_store_is_reported_as_a_failure(where: str):

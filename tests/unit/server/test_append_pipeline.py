@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from waltz_server.append_pipeline import AppendPipeline, ClientPending, QueuedAppend
+from waltz_server.append_pipeline import AppendPipeline, ClientPending, QueuedAppend, Send
 from waltz_server.locks import LockRequest, LockTable
 
 
@@ -424,3 +424,38 @@ def test_every_lock_of_a_resolved_append_is_recorded_and_released_whatever_the_m
         for append, transaction_id in committed:
             for h in append.locks.recorded:
                 assert table.lock_high_water_mark(LockRequest(read=(h,))) >= transaction_id
+
+
+def test_a_quiet_partition_sends_at_once_and_a_busy_one_gathers_for_the_next_turn() -> None:
+    """Group commit under load (issue 42's open loop): the batch that an offer to an idle store makes goes from the
+    offer itself only while the partition is quiet. Once a batch held several client messages, or appends waited
+    behind one, the next goes after the loop's next turn, so that the messages arriving together join it; a lone
+    message's batch with nothing waiting behind it makes the partition quiet again."""
+    p = pipeline()
+    p.offer(item(1, "m1"))
+    p.poll()
+    assert p.pace() is Send.NOW  # a lone writer: no loop turn in its round
+    p.take_batch()
+    p.offer(item(2, "m2"))
+    p.poll()
+    assert p.pace() is Send.LATER  # a batch is in flight: its commit sends the next
+    p.committed(0)  # with m2 waiting behind it: busy
+    assert p.pace() is Send.NEXT_TURN
+    assert names(p.take_batch()) == ["m2"]
+    p.committed(1)  # one message's batch, nothing behind it: quiet again
+    p.offer(item(3, "m3"))
+    p.offer(item(3, "m3"))  # (one message's two appends)
+    p.poll()
+    assert p.pace() is Send.NOW
+    p.take_batch()
+    p.committed(2)
+    for message in ("m4", "m5"):
+        p.offer(item(4, message))
+    p.poll()
+    assert p.pace() is Send.NOW
+    assert names(p.take_batch()) == ["m4", "m5"]
+    p.committed(4)  # two messages in one batch: busy, though nothing waited behind it
+    p.offer(item(5, "m6"))
+    p.poll()
+    assert p.pace() is Send.NEXT_TURN
+    assert pipeline().pace() is Send.LATER  # nothing to send

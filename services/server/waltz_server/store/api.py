@@ -122,6 +122,11 @@ class StorePartition(Protocol):
         """
         ...
 
+    def append_now(self, records: Sequence[PendingRecord]) -> asyncio.Future[int] | None:
+        """begin_append when the batch can be sent without waiting (a session takes appends, its replicas have
+        room, no begin_append is under way); None, with nothing sent, when it cannot (then use begin_append)."""
+        ...
+
     async def append(self, records: Sequence[PendingRecord]) -> int:
         """Append a batch at quorum and wait for it; returns the first assigned transaction id (ids are dense).
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -83,13 +84,60 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+class Answer:
+    """The slot of one request's answer that calls back as the answer comes (from the transport's callback, or the
+    gRPC stream's read loop), where a Future schedules its callbacks for the loop's next turn: a store batch's
+    answers are counted without a hop. The Future's methods that its users call, with the same meaning; cancel()
+    calls nothing back (the canceller knows)."""
+
+    __slots__ = ("_callback", "_cancelled", "_error", "_response")
+
+    def __init__(self, callback: Callable[[Answer], None]) -> None:
+        self._callback = callback
+        self._response: storage_pb2.StorageResponse | None = None
+        self._error: BaseException | None = None
+        self._cancelled = False
+
+    def done(self) -> bool:
+        return self._response is not None or self._error is not None or self._cancelled
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def set_result(self, response: storage_pb2.StorageResponse) -> None:
+        if not self.done():
+            self._response = response
+            self._callback(self)
+
+    def set_exception(self, error: BaseException) -> None:
+        if not self.done():
+            self._error = error
+            self._callback(self)
+
+    def cancel(self) -> None:
+        if not self.done():
+            self._cancelled = True
+
+    def result(self) -> storage_pb2.StorageResponse:
+        if self._cancelled:
+            raise asyncio.CancelledError()
+        if self._error is not None:
+            raise self._error
+        if self._response is None:
+            raise asyncio.InvalidStateError("no answer yet")
+        return self._response
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+
 @dataclass(eq=False)
 class _Stream:
     """One open Session stream: outgoing messages, requests awaiting answers by sequence number."""
 
     epoch: int
     outgoing: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
-    pending: dict[int, asyncio.Future[storage_pb2.StorageResponse]] = field(default_factory=dict)
+    pending: dict[int, asyncio.Future[storage_pb2.StorageResponse] | Answer] = field(default_factory=dict)
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     next_seq: int = 0
     direct: FramedCall | None = None
@@ -106,6 +154,12 @@ class _Stream:
             # Unbounded: what is in flight on a connection is bounded by its callers (each request is awaited,
             # and a store session holds at most MAX_OUTSTANDING_BATCHES appends per replica).
             self.outgoing.put_nowait(data)
+
+    def answered(self, response: storage_pb2.StorageResponse) -> None:
+        """An answer came: to the request waiting for its seq_num (none: given up, or a keepalive ping's)."""
+        waiting = self.pending.pop(response_body(response).seq_num, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(response)
 
     def fail(self, reason: str) -> None:
         self.lost.set()
@@ -223,6 +277,18 @@ class StorageConnection:
 
         StorageConnectionLost at once when the stream (of epoch, if given) is gone.
         """
+        future: asyncio.Future[storage_pb2.StorageResponse] = asyncio.get_running_loop().create_future()
+        self._send(message, epoch, serialized, future)
+        return future
+
+    def send_answered(self, message: storage_pb2.StorageRequest, answer: Answer, *, epoch: int | None = None,
+                      serialized: bytes | None = None) -> None:
+        """send(), its raw answer (or StorageConnectionLost when the stream ends first) set on answer, which calls
+        back at once. StorageConnectionLost at once when the stream (of epoch, if given) is gone."""
+        self._send(message, epoch, serialized, answer)
+
+    def _send(self, message: storage_pb2.StorageRequest, epoch: int | None, serialized: bytes | None,
+              slot: asyncio.Future[storage_pb2.StorageResponse] | Answer) -> None:
         stream = self._stream
         if stream is None or stream.lost.is_set() or (epoch is not None and stream.epoch != epoch):
             raise StorageConnectionLost(f"{self.connect_string}: not connected ({self._last_error})")
@@ -233,10 +299,8 @@ class StorageConnection:
             data = message.SerializeToString()  # now, so one message object can go to several nodes
         else:
             data = serialized + seq_num_patch(message, seq)
-        future: asyncio.Future[storage_pb2.StorageResponse] = asyncio.get_running_loop().create_future()
-        stream.pending[seq] = future
+        stream.pending[seq] = slot
         stream.put(data)
-        return future
 
     async def answer(
         self, sent: asyncio.Future[storage_pb2.StorageResponse], timeout: float | None = None
@@ -315,9 +379,12 @@ class StorageConnection:
                 "gRPC stream" if framed is None else f"framed session port {answer.success.session_port}",
             )
             # Not a TaskGroup: _run retries after an error, and must not lose close()'s cancellation meanwhile.
-            loops = [self._write_loop(call, stream), self._read_loop(call, stream)]
+            loops = [self._write_loop(call, stream)]
             if framed is not None:
-                loops.append(self._keepalive(framed, stream))
+                loops += [self._framed_answers(framed, stream), self._keepalive(framed, stream)]
+            else:
+                assert not isinstance(call, FramedCall)
+                loops.append(self._read_loop(call, stream))
             await first_to_end(*loops)
         except BaseException as exc:
             if stream is not None:
@@ -389,12 +456,17 @@ class StorageConnection:
         while True:
             await call.write(await stream.outgoing.get())
 
-    async def _read_loop(self, call: grpc.aio.StreamStreamCall | FramedCall, stream: _Stream) -> None:
+    async def _read_loop(self, call: grpc.aio.StreamStreamCall, stream: _Stream) -> None:
         while True:
             response = await call.read()
             if response is grpc.aio.EOF:
                 raise StorageConnectionLost("the storage node ended the stream")
             assert isinstance(response, storage_pb2.StorageResponse)
-            future = stream.pending.pop(response_body(response).seq_num, None)
-            if future is not None and not future.done():
-                future.set_result(response)
+            stream.answered(response)
+
+    @staticmethod
+    async def _framed_answers(call: FramedCall, stream: _Stream) -> None:
+        """The framed connection hands each answer on as it arrives (no task step per answer); wait for its end."""
+        call.deliver(stream.answered)
+        error = await call.ended()
+        raise error if error is not None else StorageConnectionLost("the storage node ended the stream")

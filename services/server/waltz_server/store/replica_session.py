@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from waltz.v1 import common_pb2, storage_pb2
-from waltz_server.store.connection import StorageConnection, StorageConnectionLost
+from waltz_server.store.connection import Answer, StorageConnection, StorageConnectionLost
 from waltz_server.store.wire import append_request
 
 
@@ -102,14 +101,13 @@ class ReplicaSession:
     async def append(self, records: Sequence[common_pb2.Record]) -> None:
         await self._call(append_request(self.session_id, self.partition_id, records))
 
-    def send_append(
-        self, request: storage_pb2.StorageRequest, serialized: bytes
-    ) -> asyncio.Future[storage_pb2.StorageResponse]:
-        """Queue a prepared append shared by every replica (serialized: it with seq_num 0) without waiting;
-        check_acknowledged() reads its answer. StorageConnectionLost at once when the stream is gone."""
-        return self.connection.send(request, epoch=self.epoch, serialized=serialized)
+    def send_append(self, request: storage_pb2.StorageRequest, serialized: bytes, answer: Answer) -> None:
+        """Queue a prepared append shared by every replica (serialized: it with seq_num 0) without waiting; its
+        answer calls back as it comes, and check_acknowledged() reads it. StorageConnectionLost at once when the
+        stream is gone."""
+        self.connection.send_answered(request, answer, epoch=self.epoch, serialized=serialized)
 
-    def check_acknowledged(self, answered: asyncio.Future[storage_pb2.StorageResponse]) -> None:
+    def check_acknowledged(self, answered: Answer) -> None:
         """Whether the node acknowledged an append send_append() queued, once its answer came (the future is
         done): StorageError when it did not."""
         if answered.cancelled():

@@ -86,7 +86,10 @@ class ReplicatedStorePartition:
 
     @property
     def high_water_mark(self) -> int:
-        return self._high_water_mark
+        # The open session's mark is read here, not copied on each commit (a callback per batch): it only holds
+        # what its write set committed, and the session's last is kept when it ends.
+        session = self._session
+        return self._high_water_mark if session is None else max(self._high_water_mark, session.high_water_mark)
 
     async def start(self, generation: int) -> None:
         if self._task is not None or self._closed:
@@ -257,6 +260,7 @@ class ReplicatedStorePartition:
         else:
             reason = SessionFailed("store session ended")
         finally:
+            self._high_water_mark = max(self._high_water_mark, session.high_water_mark)
             self._session = None
             self._state.notify()
         self._planned_restart = isinstance(reason, SessionRestart)
@@ -294,12 +298,12 @@ class ReplicatedStorePartition:
         session = self._session
         if session is None or not session.appendable:
             raise StoreUnavailable(f"partition {self.partition_id}: {self._describe()}")
-        committed = await session.begin_append(records)
-        committed.add_done_callback(lambda _: self._note_commit(session))
-        return committed
+        return await session.begin_append(records)
 
-    def _note_commit(self, session: StoreSession) -> None:
-        self._high_water_mark = max(self._high_water_mark, session.high_water_mark)
+    def append_now(self, records: Sequence[PendingRecord]) -> asyncio.Future[int] | None:
+        """See StorePartition.append_now."""
+        session = self._session
+        return None if session is None else session.append_now(records)
 
     async def append(self, records: Sequence[PendingRecord]) -> int:
         """See StorePartition.append. During a planned session change (checkpoint, reassignment, new
@@ -312,7 +316,7 @@ class ReplicatedStorePartition:
         return await asyncio.shield(await self.begin_append(records))
 
     async def get_record(self, transaction_id: int) -> Record | None:
-        if transaction_id > self._high_water_mark or transaction_id < 0:
+        if transaction_id > self.high_water_mark or transaction_id < 0:
             return None
         found = await self._usable_session().records(transaction_id, 1)
         return record_from_proto(found[0]) if found else None
@@ -346,7 +350,7 @@ class ReplicatedStorePartition:
             connected += self._connections.is_connected(replica)
         return StoreStatus(
             session_id=self._last_session_id,
-            high_water_mark=self._high_water_mark,
+            high_water_mark=self.high_water_mark,
             healthy=session is not None and session.usable and self._fenced is None and not self._closed,
             detail=self._describe(),
             replicas_connected=connected,

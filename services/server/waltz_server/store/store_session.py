@@ -371,13 +371,24 @@ class StoreSession(ReplicaCatchUp):
         async with self._append_lock:
             await self._wait_until(self._progress, lambda: not self.appendable or self._writes.has_room())
             self._check_appendable()
-            # Each append tells the replicas the high-water mark: they refuse any truncation below it.
-            return self._writes.send(
-                len(records),
-                lambda first: storage_append_request(
-                    self.session_id, self.partition_id, first, records, self.high_water_mark
-                ),
-            )
+            return self._send(records)
+
+    def append_now(self, records: Sequence[PendingRecord]) -> asyncio.Future[int] | None:
+        """begin_append without waiting: None (nothing sent) when the session does not take appends, a member has
+        MAX_OUTSTANDING_BATCHES unacknowledged, or a begin_append is under way (batches go in call order)."""
+        if not records:
+            raise ValueError("an append needs at least one record")
+        if not self.appendable or self._append_lock.locked() or not self._writes.has_room():
+            return None
+        return self._send(records)
+
+    def _send(self, records: Sequence[PendingRecord]) -> asyncio.Future[int]:
+        # Each append tells the replicas the high-water mark: they refuse any truncation below it.
+        return self._writes.send(
+            len(records),
+            lambda first: storage_append_request(self.session_id, self.partition_id, first, records,
+                                                 self.high_water_mark),
+        )
 
     async def append(self, records: Sequence[PendingRecord]) -> int:
         """begin_append, then wait for the commit; returns the first id. See StorePartition.append.

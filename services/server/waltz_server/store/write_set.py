@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from waltz.v1 import storage_pb2
-from waltz_server.store.connection import StorageError, StorageTimeout
+from waltz_server.store.connection import Answer, StorageError, StorageTimeout
 from waltz_server.store.events import Signal
 from waltz_server.store.replica_session import ReplicaSession
 
@@ -43,7 +43,7 @@ class Member:
         self.error: BaseException | None = None  # why it ends (serve() raises it)
         self._on_ack = on_ack
         self._loop = asyncio.get_running_loop()
-        self._sent: deque[tuple[Batch, asyncio.Future[storage_pb2.StorageResponse]]] = deque()  # unacknowledged
+        self._sent: deque[tuple[Batch, Answer]] = deque()  # unacknowledged, their answers called back as they come
         self._head_since = 0.0  # loop time since the oldest of them is the one awaited
         self._timer: asyncio.TimerHandle | None = None
         self._failure: asyncio.Future[None] | None = None  # serve() waits on it
@@ -61,19 +61,18 @@ class Member:
     def send(self, batch: Batch) -> None:
         if self.failed:
             return
-        try:
-            answer = self.session.send_append(batch.request, batch.serialized)
-        except StorageError as exc:  # the member's stream is gone: the answer's callback fails it
-            answer = self._loop.create_future()
-            answer.set_exception(exc)
+        answer = Answer(self._answered)
         if not self._sent:
             self._head_since = self._loop.time()
         self._sent.append((batch, answer))
         if self._timer is None:
             self._timer = self._loop.call_at(self._head_since + self.session.request_timeout_s, self._check_time)
-        answer.add_done_callback(self._answered)
+        try:
+            self.session.send_append(batch.request, batch.serialized, answer)
+        except StorageError as exc:  # the member's stream is gone: the answer's callback fails it
+            answer.set_exception(exc)
 
-    def _answered(self, _: asyncio.Future[storage_pb2.StorageResponse]) -> None:
+    def _answered(self, _: Answer) -> None:
         sent = self._sent
         counted = False
         while sent and sent[0][1].done() and self.error is None and not self.failed:

@@ -9,6 +9,7 @@ from waltz.v1 import common_pb2, storage_pb2
 from waltz_common.types import crc32
 from waltz_common.wire import record_to_proto
 from waltz_server.store.connection import (
+    Answer,
     Code,
     StorageConnectionLost,
     StorageRpcError,
@@ -158,6 +159,18 @@ class FakeConnection:
         self._pending.add(work)
         work.add_done_callback(self._pending.discard)
         return work
+
+    def send_answered(self, message: storage_pb2.StorageRequest, answer: Answer, *, epoch: int | None = None,
+                      serialized: bytes | None = None) -> None:
+        def answered(work: asyncio.Future[storage_pb2.StorageResponse]) -> None:
+            if work.cancelled():
+                answer.set_exception(StorageConnectionLost(f"{self.connect_string}: request cancelled"))
+            elif work.exception() is not None:
+                answer.set_exception(work.exception())  # type: ignore[arg-type]
+            else:
+                answer.set_result(work.result())
+
+        self.send(message, epoch=epoch, serialized=serialized).add_done_callback(answered)
 
     request_timeout_s = 20.0
 

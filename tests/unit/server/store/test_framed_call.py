@@ -10,12 +10,16 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+import uvloop
 
 from waltz.v1 import storage_pb2
 from waltz_common import frames
 from waltz_server.store.connection import _Stream
-from waltz_server.store.framed_session import READ_BUFFER_BYTES, FramedCall
+from waltz_server.store.framed_session import FramedCall
 from waltz_server.store.wire import response_body
+
+LARGE_BYTES = 1024 * 1024
+"""Above what a transport reads at once."""
 
 
 def answer(seq: int, padding: int = 0) -> bytes:
@@ -37,9 +41,8 @@ def framed(data: bytes) -> bytes:
 async def pair() -> AsyncIterator[tuple[FramedCall, asyncio.StreamReader, asyncio.StreamWriter]]:
     """A FramedCall on one end of a socket pair; the other end's reader and writer play the storage node."""
     ours, theirs = socket.socketpair()
-    reader, writer = await asyncio.open_connection(sock=ours, limit=READ_BUFFER_BYTES)
+    _, call = await asyncio.get_running_loop().create_connection(FramedCall, sock=ours)
     node_reader, node_writer = await asyncio.open_connection(sock=theirs)
-    call = FramedCall(reader, writer)
     try:
         yield call, node_reader, node_writer
     finally:
@@ -69,7 +72,7 @@ def test_answers_are_cut_out_however_the_bytes_arrive() -> None:
                 await node.drain()
                 await asyncio.sleep(0)
             assert await reading == [3]
-            big = answer(4, padding=3 * READ_BUFFER_BYTES)
+            big = answer(4, padding=3 * LARGE_BYTES)
             reading = asyncio.ensure_future(read_seqs(call, 2))
             node.write(framed(big) + framed(answer(5))[:3])  # and the next answer's first bytes
             await node.drain()
@@ -82,6 +85,48 @@ def test_answers_are_cut_out_however_the_bytes_arrive() -> None:
             empty = await call.read()
             assert isinstance(empty, storage_pb2.StorageResponse) and empty.WhichOneof("response") is None
             assert await call.read() is grpc.aio.EOF
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_after_deliver_every_answer_is_handed_on_as_it_arrives_in_order(loop: str) -> None:
+    """deliver() hands the answers read() had not returned first, then each one in data_received, however the
+    bytes arrive; ended() says how the connection ended. On uvloop too (the servers' loop), whose transports are
+    not asyncio.Transport subclasses."""
+
+    async def main() -> None:
+        async with pair() as (call, _, node):
+            node.write(framed(answer(0)) + framed(answer(1)))
+            await node.drain()
+            assert await read_seqs(call, 1) == [0]
+            await asyncio.sleep(0.05)  # answer 1 arrived before deliver()
+            got: list[int] = []
+            call.deliver(lambda response: got.append(response_body(response).seq_num))
+            assert got == [1]
+            node.write(b"".join(framed(answer(seq)) for seq in range(2, 5)) + framed(answer(5))[:3])
+            await node.drain()
+            await asyncio.sleep(0.05)
+            assert got == [1, 2, 3, 4]
+            node.write(framed(answer(5))[3:] + framed(answer(6, padding=3 * LARGE_BYTES)))
+            await node.drain()
+            node.write_eof()
+            assert await call.ended() is None
+            assert got == [1, 2, 3, 4, 5, 6]
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None) as runner:
+        runner.run(asyncio.wait_for(main(), 10))
+
+
+def test_an_answer_that_does_not_decode_ends_the_connection() -> None:
+    async def main() -> None:
+        async with pair() as (call, _, node):
+            call.deliver(lambda response: None)
+            node.write(framed(b"\xff\xff\xff"))
+            await node.drain()
+            error = await asyncio.wait_for(call.ended(), 5)
+            assert error is not None
+            assert not call.write_now(b"x")
 
     asyncio.run(main())
 
