@@ -38,6 +38,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help='where a new checkpoint starts: earliest, latest or JSON {"<pid>": <first id>} (default: earliest)',
     )
     parser.add_argument("--max-records-per-partition", type=int, help="at most this many per partition per batch")
+    parser.add_argument("--max-records-per-trigger", type=int, help="at most this many in all per batch")
+    parser.add_argument(
+        "--max-bytes-per-trigger", type=int, help="about this many bytes of data per batch (from sampled sizes)"
+    )
     parser.add_argument("--batch-size", type=int, help="records per ReadTransactions message (default: the server's)")
     parser.add_argument("--records-per-task", type=int, help="a range longer than this is read by several tasks")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to retry an unavailable partition")
@@ -79,6 +83,8 @@ def source_options(args: argparse.Namespace) -> dict[str, str]:
         "root": args.root,
         "partitions": args.partitions,
         "maxRecordsPerPartition": args.max_records_per_partition,
+        "maxRecordsPerTrigger": args.max_records_per_trigger,
+        "maxBytesPerTrigger": args.max_bytes_per_trigger,
         "batchSize": args.batch_size,
         "recordsPerTask": args.records_per_task,
         "timeoutSeconds": max(1, round(args.timeout)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -102,10 +103,30 @@ def fetch(
     )
     # The whole range gets a deadline that grows with its size (at least 1000 records/s is assumed).
     deadline = timeout_s + (last - first + 1) / 1000.0
-    with tls.channel(address, tls_files, CHANNEL_OPTIONS) as channel:
-        stub = server_pb2_grpc.WaltzServerStub(channel)
-        for response in stub.ReadTransactions(request, timeout=deadline):
-            yield response.records
+    stub = server_pb2_grpc.WaltzServerStub(channel(address, tls_files))
+    for response in stub.ReadTransactions(request, timeout=deadline):
+        yield response.records
+
+
+_channels: OrderedDict[tuple[str, TlsFiles | None, tuple[tuple[int, int], ...]], grpc.Channel] = OrderedDict()
+CACHED_CHANNELS = 16
+
+
+def channel(address: str, tls_files: TlsFiles | None) -> grpc.Channel:
+    """A channel to address kept for the worker's next tasks: a micro-batch's task connects no more than once.
+
+    Spark reuses its Python workers, so without this every task of every micro-batch paid a connection (and a
+    TLS handshake). Certificate files that change on disk get a new channel, as tls.channel reads them again.
+    """
+    stamps = () if tls_files is None else tls_files.stamp()
+    key = (address, tls_files, stamps)
+    found = _channels.get(key)
+    if found is None:
+        found = _channels[key] = tls.channel(address, tls_files, CHANNEL_OPTIONS)
+        while len(_channels) > CACHED_CHANNELS:
+            _channels.popitem(last=False)[1].close()
+    _channels.move_to_end(key)
+    return found
 
 
 def check(partition: int, expected_first: int, records: Sequence[common_pb2.Record]) -> None:

@@ -133,3 +133,13 @@ def test_empty_builder_and_signed_checksums():
     assert builder.take().to_pylist()[0]["partition"] == 3
     assert builder.rows == 0
     assert isinstance(grpc.StatusCode.UNAVAILABLE, grpc.StatusCode)
+
+
+def test_a_worker_reads_its_next_tasks_over_the_same_channel(server):
+    from waltz_spark import reading
+
+    list(read_task(task(server, 0, 0, 9)))
+    kept = reading.channel(server.address, None)
+    list(read_task(task(server, 1, 0, 9)))
+    assert reading.channel(server.address, None) is kept
+    assert len(server.requests) == 2
