@@ -13,6 +13,7 @@ from waltz_common.zk_security import ZkSecurity
 
 DEFAULT_RECORDS_PER_TASK = 250_000
 DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_READ_STREAMS = 2
 
 Position = Literal["earliest", "latest"]
 
@@ -35,6 +36,7 @@ class SourceOptions:
     max_bytes_per_trigger: int | None = None
     batch_size: int = 0
     records_per_task: int = DEFAULT_RECORDS_PER_TASK
+    read_streams: int = DEFAULT_READ_STREAMS
     timeout_s: float = DEFAULT_TIMEOUT_S
     tls: TlsFiles | None = None
     zookeeper_security: ZkSecurity | None = None
@@ -83,6 +85,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         max_bytes_per_trigger=caps["maxBytesPerTrigger"],
         batch_size=_positive("batchSize", lowered["batchsize"]) if "batchsize" in lowered else 0,
         records_per_task=_positive("recordsPerTask", lowered.get("recordspertask", str(DEFAULT_RECORDS_PER_TASK))),
+        read_streams=_positive("readStreams", lowered.get("readstreams", str(DEFAULT_READ_STREAMS))),
         timeout_s=float(_positive("timeoutSeconds", lowered.get("timeoutseconds", str(int(DEFAULT_TIMEOUT_S))))),
         tls=tls,
         zookeeper_security=zk_security,

@@ -99,6 +99,14 @@ def plan_ranges(start: Mapping[int, int], end: Mapping[int, int], records_per_ta
     return ranges
 
 
+def split_range(first: int, last: int, pieces: int, min_records: int) -> list[tuple[int, int]]:
+    """first..last cut into at most `pieces` consecutive ranges of nearly equal size, none under min_records."""
+    count = last - first + 1
+    n = max(1, min(pieces, count // max(1, min_records)))
+    bounds = [first + count * i // n for i in range(n + 1)]
+    return [(bounds[i], bounds[i + 1] - 1) for i in range(n)]
+
+
 def check_not_behind(start: Mapping[int, int], hwms: Mapping[int, int]) -> None:
     """A high-water mark below what was already read means another cluster or a lost log: never silently skip."""
     for pid, hwm in sorted(hwms.items()):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 import pyarrow as pa
@@ -16,6 +18,7 @@ from waltz_common.tls import TlsFiles
 from waltz_common.types import crc32_unsigned
 from waltz_common.zk_security import ZkSecurity
 from waltz_spark.cluster import CHANNEL_OPTIONS, ClusterDirectory, PartitionUnavailable, describe, is_retryable
+from waltz_spark.planning import split_range
 
 ARROW_SCHEMA = pa.schema(
     [
@@ -29,6 +32,8 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 ARROW_BATCH_ROWS = 8192
+MIN_STREAM_RECORDS = 10_000
+"""A task reads over several streams only when each gets at least this many records."""
 
 
 class ChecksumMismatch(RuntimeError):
@@ -54,10 +59,69 @@ class ReadTask:
     tls: TlsFiles | None = None
     zookeeper_security: ZkSecurity | None = None
     servers: tuple[str, ...] = ()
+    streams: int = 1
 
 
 def read_task(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = None) -> Iterator[pa.RecordBatch]:
-    """The task's records as Arrow batches; after a retryable failure resumes at the next id from the current owner."""
+    """The task's records as Arrow batches, over task.streams ReadTransactions calls at once when it is long enough.
+
+    Rows come in no particular order when there are several streams (a micro-batch is the whole range or fails).
+    """
+    pieces = split_range(task.first, task.last, task.streams, MIN_STREAM_RECORDS)
+    if len(pieces) == 1:
+        return read_stream(task, locate)
+    return merged([replace(task, first=first, last=last, streams=1) for first, last in pieces], locate)
+
+
+def merged(tasks: Sequence[ReadTask], locate: Callable[[ReadTask, str], str] | None) -> Iterator[pa.RecordBatch]:
+    """The batches of every task as each thread reads them; the first error of any ends the whole read.
+
+    While the worker's Python checks one stream's records, the servers fill the others: a read waits less on the
+    round trips between the server and its storage nodes (bench/ingest_bench.py: 1 reader against 2).
+    """
+    results: queue.Queue[object] = queue.Queue(maxsize=2 * len(tasks))
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                results.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(task: ReadTask) -> None:
+        try:
+            for batch in read_stream(task, locate):
+                if not put(batch):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # handed to the consumer, which raises it in the task
+            put(exc)
+
+    threads = [threading.Thread(target=run, args=(t,), name=f"waltz-read-{t.first}", daemon=True) for t in tasks]
+    for thread in threads:
+        thread.start()
+    try:
+        finished = 0
+        while finished < len(threads):
+            item = results.get()
+            if item is _DONE:
+                finished += 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        stop.set()  # a thread still reading stops at its next batch
+
+
+_DONE = object()
+
+
+def read_stream(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = None) -> Iterator[pa.RecordBatch]:
+    """One ReadTransactions of the task's range; after a retryable failure resumes at the next id from the owner."""
     locate = locate or locate_owner
     builder = BatchBuilder(task.partition)
     next_id = task.first

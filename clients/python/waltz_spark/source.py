@@ -87,6 +87,7 @@ def _input_partitions(
                 tls=options.tls,
                 zookeeper_security=options.zookeeper_security,
                 servers=options.servers,
+                streams=options.read_streams,
             )
         )
         for r in plan_ranges(start, end, options.records_per_task)

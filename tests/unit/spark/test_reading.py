@@ -143,3 +143,30 @@ def test_a_worker_reads_its_next_tasks_over_the_same_channel(server):
     list(read_task(task(server, 1, 0, 9)))
     assert reading.channel(server.address, None) is kept
     assert len(server.requests) == 2
+
+
+def test_a_long_task_reads_over_several_streams_each_record_once():
+    with FakeWaltzServer(partitions=1, batch_size=500) as fake:
+        fake.append(0, 30_100)
+        got = rows(read_task(task(fake, 0, 100, 30_099, streams=3)))
+        assert sorted(r["transaction_id"] for r in got) == list(range(100, 30_100))
+        assert sorted(r.from_transaction_id for r in fake.requests) == [100, 10_100, 20_100]
+        fake.requests.clear()
+        assert len(rows(read_task(task(fake, 0, 0, 15_000, streams=3)))) == 15_001
+        assert [r.from_transaction_id for r in fake.requests] == [0]  # too short to be worth a second stream
+
+
+def test_an_error_in_one_stream_fails_the_whole_read():
+    with FakeWaltzServer(partitions=1, batch_size=500) as fake:
+        fake.append(0, 30_000)
+        fake.corrupt(0, 21_000)
+        with pytest.raises(ChecksumMismatch, match="partition 0 transaction 21000"):
+            list(read_task(task(fake, 0, 0, 29_999, streams=2)))
+
+
+def test_split_range():
+    from waltz_spark.planning import split_range
+
+    assert split_range(0, 99, 3, 10) == [(0, 32), (33, 65), (66, 99)]
+    assert split_range(5, 24, 4, 10) == [(5, 14), (15, 24)]
+    assert split_range(5, 10, 4, 10) == [(5, 10)]
