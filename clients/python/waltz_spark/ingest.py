@@ -48,7 +48,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--batch-size", type=int, help="records per ReadTransactions message (default: the server's)")
     parser.add_argument("--records-per-task", type=int, help="a range longer than this is read by several tasks")
-    parser.add_argument("--read-streams", type=int, help="ReadTransactions calls at once per task (default 2)")
+    parser.add_argument("--read-streams", type=int, help="ReadTransactions calls at once per task (default 1)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to retry an unavailable partition")
     parser.add_argument("--decoder", default="waltz_spark.decoders:raw", help="module:function decoding the data")
     parser.add_argument(

@@ -13,7 +13,7 @@ from waltz_common.zk_security import ZkSecurity
 
 DEFAULT_RECORDS_PER_TASK = 250_000
 DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_READ_STREAMS = 2
+DEFAULT_READ_STREAMS = 1
 
 Position = Literal["earliest", "latest"]
 
