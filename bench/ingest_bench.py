@@ -237,9 +237,7 @@ def conversions(rows: int) -> list[tuple[str, float]]:
     def arrow() -> None:
         builder, next_id = BatchBuilder(0), 0
         for chunk in chunks:
-            check(0, next_id, chunk)
-            next_id += len(chunk)
-            builder.add(chunk)
+            next_id = builder.add(next_id, chunk)
             if builder.rows >= 8192:
                 builder.take()
         builder.take()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import grpc
@@ -53,6 +54,10 @@ class ClusterDirectory:
         self._servers = servers
         self._zk = None if servers else zkmeta.connect(zookeeper, timeout_s=timeout_s, security=zk_security)
         self._channels: dict[str, grpc.Channel] = {}
+        self._known_owners: dict[int, str] | None = None
+        self.lookups = 0
+        """Owner lookups made (ZooKeeper reads or GetClusterInfo calls): a streaming query's driver makes one,
+        and another only after a partition was not where it was known to be."""
 
     def close(self) -> None:
         for channel in self._channels.values():
@@ -98,7 +103,18 @@ class ClusterDirectory:
             raise ValueError(f"option 'partitions': {exc}") from None
 
     def owners(self) -> dict[int, str]:
-        """host:port of the live server owning each owned partition."""
+        """host:port of the live server owning each owned partition, looked up now."""
+        self.lookups += 1
+        self._known_owners = self._owners()
+        return dict(self._known_owners)
+
+    def known_owners(self) -> dict[int, str]:
+        """The owners as last looked up (looked up when never): where a partition was when planned."""
+        if self._known_owners is None:
+            return self.owners()
+        return dict(self._known_owners)
+
+    def _owners(self) -> dict[int, str]:
         if self._zk is None:
             return {p.partition_id: p.address for p in self._cluster_info().partitions if p.address}
         found = zkmeta.read(self._zk, self.paths.server_assignment, metadata_pb2.ServerAssignment)
@@ -130,20 +146,54 @@ class ClusterDirectory:
         return self._channels[address]
 
     def high_water_marks(self, partitions: Iterable[int]) -> dict[int, int]:
-        """The committed high-water mark of each partition, asking each partition's owner (-1: empty)."""
+        """The committed high-water mark of each partition, asking each partition's owner (-1: empty).
+
+        The owners known from the last lookup are asked first, all at once; the owners are looked up again
+        only after a failure (the partition moved or its server went away), then the calls are retried.
+        """
         wanted = list(partitions)
         return with_retry(lambda: self._high_water_marks(wanted), self.timeout_s, "high-water marks")
 
     def _high_water_marks(self, partitions: list[int]) -> dict[int, int]:
-        owners = self.owners()
-        result = {}
-        for pid in partitions:
-            if pid not in owners:
-                raise PartitionUnavailable(f"partition {pid} has no live server in {self.where}")
-            stub = server_pb2_grpc.WaltzServerStub(self.channel(owners[pid]))
-            request = server_pb2.HighWaterMarkRequest(partition_id=pid)
-            result[pid] = int(stub.GetHighWaterMark(request, timeout=self.timeout_s).high_water_mark)
-        return result
+        with self._owners_may_move():
+            calls = {}
+            for pid in partitions:
+                stub = server_pb2_grpc.WaltzServerStub(self.channel(self._known_owner(pid)))
+                request = server_pb2.HighWaterMarkRequest(partition_id=pid)
+                calls[pid] = stub.GetHighWaterMark.future(request, timeout=self.timeout_s)
+            return {pid: int(call.result().high_water_mark) for pid, call in calls.items()}
+
+    def _known_owner(self, partition: int) -> str:
+        address = self.known_owners().get(partition)
+        if address is None:
+            raise PartitionUnavailable(f"partition {partition} has no live server in {self.where}")
+        return address
+
+    @contextmanager
+    def _owners_may_move(self) -> Iterator[None]:
+        """A failed call to a known owner makes the next try look the owners up again."""
+        try:
+            yield
+        except (grpc.RpcError, PartitionUnavailable):
+            self._known_owners = None
+            raise
+
+
+    def sample_sizes(self, partition: int, last: int, batch_size: int = 0, count: int = 16) -> tuple[int, int]:
+        """(data bytes, records) of the newest count records up to last: what a record of the partition weighs."""
+        first = max(0, last - count + 1)
+
+        def sample() -> tuple[int, int]:
+            with self._owners_may_move():
+                stub = server_pb2_grpc.WaltzServerStub(self.channel(self._known_owner(partition)))
+                request = server_pb2.ReadTransactionsRequest(
+                    partition_id=partition, from_transaction_id=first, to_transaction_id=last, batch_size=batch_size
+                )
+                responses = stub.ReadTransactions(request, timeout=self.timeout_s)
+                sizes = [r.data_length for message in responses for r in message.records]
+                return sum(sizes), len(sizes)
+
+        return with_retry(sample, self.timeout_s, f"record sizes of partition {partition}")
 
 
 def with_retry(call: Callable[[], T], timeout_s: float, what: str) -> T:

@@ -13,6 +13,7 @@ from waltz_common.zk_security import ZkSecurity
 
 DEFAULT_RECORDS_PER_TASK = 250_000
 DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_READ_STREAMS = 1
 
 Position = Literal["earliest", "latest"]
 
@@ -31,8 +32,11 @@ class SourceOptions:
     starting: Position | dict[int, int] = "earliest"
     ending: Position | dict[int, int] = "latest"
     max_records_per_partition: int | None = None
+    max_records_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
     batch_size: int = 0
     records_per_task: int = DEFAULT_RECORDS_PER_TASK
+    read_streams: int = DEFAULT_READ_STREAMS
     timeout_s: float = DEFAULT_TIMEOUT_S
     tls: TlsFiles | None = None
     zookeeper_security: ZkSecurity | None = None
@@ -55,7 +59,10 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         )
     if not servers and not root.startswith("/"):
         raise OptionError("option 'root' is required: the cluster root znode, e.g. /waltz/my_cluster")
-    cap = lowered.get("maxrecordsperpartition")
+    caps = {
+        name: None if lowered.get(name.lower()) is None else _positive(name, lowered[name.lower()])
+        for name in ("maxRecordsPerPartition", "maxRecordsPerTrigger", "maxBytesPerTrigger")
+    }
     try:  # the files must be readable at these paths on the driver and on every executor
         tls = TlsFiles.of(lowered.get("tls.certfile"), lowered.get("tls.keyfile"), lowered.get("tls.cafile"), "options")
         zk_security = ZkSecurity.of(
@@ -73,9 +80,12 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         partitions=lowered.get("partitions") or None,
         starting=_parse_offsets("startingOffsets", lowered.get("startingoffsets", "earliest")),
         ending=_parse_offsets("endingOffsets", lowered.get("endingoffsets", "latest")),
-        max_records_per_partition=None if cap is None else _positive("maxRecordsPerPartition", cap),
+        max_records_per_partition=caps["maxRecordsPerPartition"],
+        max_records_per_trigger=caps["maxRecordsPerTrigger"],
+        max_bytes_per_trigger=caps["maxBytesPerTrigger"],
         batch_size=_positive("batchSize", lowered["batchsize"]) if "batchsize" in lowered else 0,
         records_per_task=_positive("recordsPerTask", lowered.get("recordspertask", str(DEFAULT_RECORDS_PER_TASK))),
+        read_streams=_positive("readStreams", lowered.get("readstreams", str(DEFAULT_READ_STREAMS))),
         timeout_s=float(_positive("timeoutSeconds", lowered.get("timeoutseconds", str(int(DEFAULT_TIMEOUT_S))))),
         tls=tls,
         zookeeper_security=zk_security,

@@ -1,7 +1,8 @@
-"""Pure offset arithmetic: start/end positions, read ranges per task and admission control."""
+"""Pure offset arithmetic: start/end positions, read ranges per task and admission control by rows and bytes."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -9,6 +10,8 @@ from waltz_spark.options import OptionError, Position
 
 NOTHING = -1
 """The offset of a partition nothing of which has been read: the id before transaction 0."""
+ROW_OVERHEAD_BYTES = 32
+"""A row's bytes besides its data: the six fixed-width columns (28 B) and the data's Arrow offset (4 B)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,14 @@ def plan_ranges(start: Mapping[int, int], end: Mapping[int, int], records_per_ta
     return ranges
 
 
+def split_range(first: int, last: int, pieces: int, min_records: int) -> list[tuple[int, int]]:
+    """first..last cut into at most `pieces` consecutive ranges of nearly equal size, none under min_records."""
+    count = last - first + 1
+    n = max(1, min(pieces, count // max(1, min_records)))
+    bounds = [first + count * i // n for i in range(n + 1)]
+    return [(bounds[i], bounds[i + 1] - 1) for i in range(n)]
+
+
 def check_not_behind(start: Mapping[int, int], hwms: Mapping[int, int]) -> None:
     """A high-water mark below what was already read means another cluster or a lost log: never silently skip."""
     for pid, hwm in sorted(hwms.items()):
@@ -134,3 +145,39 @@ def _share(wanted: Mapping[int, int], total: int) -> dict[int, int]:
             if left == 0:
                 break
     return granted
+
+
+def admit_bytes(
+    start: Mapping[int, int], ends: Mapping[int, int], bytes_per_record: Mapping[int, float], max_bytes: int
+) -> dict[int, int]:
+    """Narrow ends so the rows (start, end] weigh at most max_bytes by the estimates, each partition getting the
+    same share of bytes (water-filling); one record at least when any is pending, so a big record still passes."""
+    pending = {pid: max(0, ends[pid] - start.get(pid, NOTHING)) for pid in ends}
+    weight = {pid: max(1.0, float(bytes_per_record.get(pid, 0.0)) + ROW_OVERHEAD_BYTES) for pid in ends}
+    wanted = {pid: math.ceil(n * weight[pid]) for pid, n in pending.items()}
+    granted = _share(wanted, max_bytes) if sum(wanted.values()) > max_bytes else wanted
+    rows = {pid: min(pending[pid], int(granted[pid] // weight[pid])) for pid in ends}
+    if not any(rows.values()) and any(pending.values()):
+        first = min((pid for pid in ends if pending[pid]), key=lambda p: (weight[p], p))
+        rows[first] = 1
+    return {pid: start.get(pid, NOTHING) + rows[pid] for pid in ends}
+
+
+class RecordSizes:
+    """Bytes per record of each partition, learned from samples of its newest records; a sample older than
+    max_age_s is taken again, so that admission by bytes follows a feed whose records grow or shrink."""
+
+    def __init__(self, max_age_s: float) -> None:
+        self.max_age_s = max_age_s
+        self._known: dict[int, tuple[float, float]] = {}
+
+    def stale(self, partitions: Iterable[int], now: float) -> list[int]:
+        """The partitions to sample now: never sampled, or longer ago than max_age_s."""
+        return [pid for pid in partitions if pid not in self._known or now - self._known[pid][1] > self.max_age_s]
+
+    def learn(self, partition: int, data_bytes: int, records: int, now: float) -> None:
+        if records > 0:
+            self._known[partition] = (data_bytes / records, now)
+
+    def per_record(self) -> dict[int, float]:
+        return {pid: size for pid, (size, _) in self._known.items()}

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 import pyarrow as pa
@@ -15,6 +18,7 @@ from waltz_common.tls import TlsFiles
 from waltz_common.types import crc32_unsigned
 from waltz_common.zk_security import ZkSecurity
 from waltz_spark.cluster import CHANNEL_OPTIONS, ClusterDirectory, PartitionUnavailable, describe, is_retryable
+from waltz_spark.planning import split_range
 
 ARROW_SCHEMA = pa.schema(
     [
@@ -28,6 +32,8 @@ ARROW_SCHEMA = pa.schema(
     ]
 )
 ARROW_BATCH_ROWS = 8192
+MIN_STREAM_RECORDS = 10_000
+"""A task reads over several streams only when each gets at least this many records."""
 
 
 class ChecksumMismatch(RuntimeError):
@@ -53,10 +59,69 @@ class ReadTask:
     tls: TlsFiles | None = None
     zookeeper_security: ZkSecurity | None = None
     servers: tuple[str, ...] = ()
+    streams: int = 1
 
 
 def read_task(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = None) -> Iterator[pa.RecordBatch]:
-    """The task's records as Arrow batches; after a retryable failure resumes at the next id from the current owner."""
+    """The task's records as Arrow batches, over task.streams ReadTransactions calls at once when it is long enough.
+
+    Rows come in no particular order when there are several streams (a micro-batch is the whole range or fails).
+    """
+    pieces = split_range(task.first, task.last, task.streams, MIN_STREAM_RECORDS)
+    if len(pieces) == 1:
+        return read_stream(task, locate)
+    return merged([replace(task, first=first, last=last, streams=1) for first, last in pieces], locate)
+
+
+def merged(tasks: Sequence[ReadTask], locate: Callable[[ReadTask, str], str] | None) -> Iterator[pa.RecordBatch]:
+    """The batches of every task as each thread reads them; the first error of any ends the whole read.
+
+    While the worker's Python checks one stream's records, the servers fill the others: a read waits less on the
+    round trips between the server and its storage nodes (bench/ingest_bench.py: 1 reader against 2).
+    """
+    results: queue.Queue[object] = queue.Queue(maxsize=2 * len(tasks))
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                results.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(task: ReadTask) -> None:
+        try:
+            for batch in read_stream(task, locate):
+                if not put(batch):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # handed to the consumer, which raises it in the task
+            put(exc)
+
+    threads = [threading.Thread(target=run, args=(t,), name=f"waltz-read-{t.first}", daemon=True) for t in tasks]
+    for thread in threads:
+        thread.start()
+    try:
+        finished = 0
+        while finished < len(threads):
+            item = results.get()
+            if item is _DONE:
+                finished += 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        stop.set()  # a thread still reading stops at its next batch
+
+
+_DONE = object()
+
+
+def read_stream(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = None) -> Iterator[pa.RecordBatch]:
+    """One ReadTransactions of the task's range; after a retryable failure resumes at the next id from the owner."""
     locate = locate or locate_owner
     builder = BatchBuilder(task.partition)
     next_id = task.first
@@ -68,9 +133,7 @@ def read_task(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = No
             for records in fetch(
                 address, task.partition, next_id, task.last, task.batch_size, task.timeout_s, task.tls
             ):
-                check(task.partition, next_id, records)
-                next_id += len(records)
-                builder.add(records)
+                next_id = builder.add(next_id, records)
                 if builder.rows >= ARROW_BATCH_ROWS:
                     yield builder.take()
                 deadline = time.monotonic() + task.timeout_s
@@ -104,10 +167,30 @@ def fetch(
     )
     # The whole range gets a deadline that grows with its size (at least 1000 records/s is assumed).
     deadline = timeout_s + (last - first + 1) / 1000.0
-    with tls.channel(address, tls_files, CHANNEL_OPTIONS) as channel:
-        stub = server_pb2_grpc.WaltzServerStub(channel)
-        for response in stub.ReadTransactions(request, timeout=deadline):
-            yield response.records
+    stub = server_pb2_grpc.WaltzServerStub(channel(address, tls_files))
+    for response in stub.ReadTransactions(request, timeout=deadline):
+        yield response.records
+
+
+_channels: OrderedDict[tuple[str, TlsFiles | None, tuple[tuple[int, int], ...]], grpc.Channel] = OrderedDict()
+CACHED_CHANNELS = 16
+
+
+def channel(address: str, tls_files: TlsFiles | None) -> grpc.Channel:
+    """A channel to address kept for the worker's next tasks: a micro-batch's task connects no more than once.
+
+    Spark reuses its Python workers, so without this every task of every micro-batch paid a connection (and a
+    TLS handshake). Certificate files that change on disk get a new channel, as tls.channel reads them again.
+    """
+    stamps = () if tls_files is None else tls_files.stamp()
+    key = (address, tls_files, stamps)
+    found = _channels.get(key)
+    if found is None:
+        found = _channels[key] = tls.channel(address, tls_files, CHANNEL_OPTIONS)
+        while len(_channels) > CACHED_CHANNELS:
+            _channels.popitem(last=False)[1].close()
+    _channels.move_to_end(key)
+    return found
 
 
 def check(partition: int, expected_first: int, records: Sequence[common_pb2.Record]) -> None:
@@ -164,15 +247,34 @@ class BatchBuilder:
     def rows(self) -> int:
         return len(self.ids)
 
-    def add(self, records: Sequence[common_pb2.Record]) -> None:
+    def add(self, expected_first: int, records: Sequence[common_pb2.Record]) -> int:
+        """Check (as check() does) and append records that must start at expected_first; returns the next id.
+
+        One pass with the appends bound once: the reader's Python time is this loop's attribute reads, and
+        a second pass for the checks cost a third more per record (bench/ingest_bench.py, worker rows).
+        """
+        partition, expected = self.partition, expected_first
+        crc = crc32_unsigned
+        ids, headers, client_ids = self.ids.append, self.headers.append, self.client_ids.append
+        generations, seq_nums, data_ = self.generations.append, self.seq_nums.append, self.data.append
         for record in records:
+            data = record.data
             req_id = record.req_id
-            self.ids.append(record.transaction_id)
-            self.headers.append(record.header)
-            self.client_ids.append(req_id.client_id)
-            self.generations.append(req_id.generation)
-            self.seq_nums.append(req_id.seq_num)
-            self.data.append(record.data)
+            if (
+                record.transaction_id != expected
+                or record.data_length != len(data)
+                or (crc(data) - record.checksum) & 0xFFFFFFFF
+                or req_id.partition_id != partition
+            ):
+                check(partition, expected, [record])  # raises, naming what is wrong
+            ids(expected)
+            headers(record.header)
+            client_ids(req_id.client_id)
+            generations(req_id.generation)
+            seq_nums(req_id.seq_num)
+            data_(data)
+            expected += 1
+        return expected
 
     def take(self) -> pa.RecordBatch:
         batch = pa.RecordBatch.from_arrays(

@@ -6,12 +6,20 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
 from waltz_spark.options import SourceOptions, parse_options
 from waltz_spark.planning import (
+    RecordSizes,
     admit,
+    admit_bytes,
     check_not_behind,
     end_positions,
     from_offset,
@@ -19,6 +27,9 @@ from waltz_spark.planning import (
     start_positions,
     to_offset,
 )
+
+SIZE_SAMPLE_AGE_S = 60.0
+"""How old a partition's record size sample may grow before maxBytesPerTrigger samples it again."""
 
 SCHEMA = StructType(
     [
@@ -76,6 +87,7 @@ def _input_partitions(
                 tls=options.tls,
                 zookeeper_security=options.zookeeper_security,
                 servers=options.servers,
+                streams=options.read_streams,
             )
         )
         for r in plan_ranges(start, end, options.records_per_task)
@@ -118,7 +130,11 @@ class WaltzBatchReader(DataSourceReader):
 
 
 class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches of newly committed transactions; offsets are {"p<pid>": last id read} (-1: none)."""
+    """Micro-batches of newly committed transactions; offsets are {"p<pid>": last id read} (-1: none).
+
+    Planning a micro-batch costs one GetHighWaterMark per partition, all in flight at once, to the owners the
+    driver knows; ZooKeeper (or GetClusterInfo) is read once per query and again only after a failed call.
+    """
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
@@ -126,6 +142,7 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._pids: list[int] | None = None
         self._target: dict[int, int] | None = None
         self._latest: dict[int, int] | None = None
+        self._sizes = RecordSizes(SIZE_SAMPLE_AGE_S)
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get the options only; the ZooKeeper session and channels stay on the driver.
@@ -167,19 +184,42 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._high_water_marks()
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        per_partition = self.options.max_records_per_partition
-        if per_partition is None:
-            return ReadAllAvailable()
-        return ReadMaxRows(per_partition * len(self._partitions()))
+        options = self.options
+        per_partition = options.max_records_per_partition
+        rows = [
+            cap
+            for cap in (options.max_records_per_trigger, per_partition and per_partition * len(self._partitions()))
+            if cap
+        ]
+        if rows:
+            return ReadMaxRows(min(rows))
+        if options.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(options.max_bytes_per_trigger)
+        return ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         pids = self._partitions()
         begin = from_offset(start, pids)
         available = self._target if self._target is not None else self._high_water_marks()
         check_not_behind(begin, available)
-        if isinstance(limit, ReadMaxRows):
-            return to_offset(admit(begin, available, self.options.max_records_per_partition, limit.max_rows))
-        return to_offset(admit(begin, available, None, None))
+        if isinstance(limit, ReadAllAvailable):  # Trigger.Once: everything, whatever the options say
+            return to_offset(admit(begin, available, None, None))
+        options = self.options
+        ends = admit(begin, available, options.max_records_per_partition, options.max_records_per_trigger)
+        if options.max_bytes_per_trigger is not None:
+            ends = admit_bytes(begin, ends, self._record_sizes(begin, ends), options.max_bytes_per_trigger)
+        return to_offset(ends)
+
+    def _record_sizes(self, begin: dict[int, int], ends: dict[int, int]) -> dict[int, float]:
+        """Bytes per record of the partitions with something pending, sampled when never or long ago."""
+        import time
+
+        now = time.monotonic()
+        for pid in self._sizes.stale([pid for pid in ends if ends[pid] > begin[pid]], now):
+            last = (self._latest or ends)[pid]
+            data_bytes, records = self._cluster().sample_sizes(pid, last, self.options.batch_size)
+            self._sizes.learn(pid, data_bytes, records, now)
+        return self._sizes.per_record()
 
     def reportLatestOffset(self) -> dict | None:
         return None if self._latest is None else to_offset(self._latest)
@@ -189,7 +229,7 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, finish = from_offset(start, pids), from_offset(end, pids)
         if begin == finish:
             return []
-        return _input_partitions(self.options, begin, finish, self._cluster().owners())
+        return _input_partitions(self.options, begin, finish, self._cluster().known_owners())
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(partition)

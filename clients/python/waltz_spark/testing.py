@@ -33,6 +33,7 @@ class FakeWaltzServer(server_pb2_grpc.WaltzServerServicer):
         self.batch_size = batch_size
         self.cut_after: int | None = None
         self.requests: list[server_pb2.ReadTransactionsRequest] = []
+        self.high_water_mark_calls = 0
         self._lock = threading.Lock()
         self._server: grpc.Server | None = None
         self.port = 0
@@ -71,6 +72,7 @@ class FakeWaltzServer(server_pb2_grpc.WaltzServerServicer):
     def GetHighWaterMark(
         self, request: server_pb2.HighWaterMarkRequest, context: grpc.ServicerContext
     ) -> server_pb2.HighWaterMarkResponse:
+        self.high_water_mark_calls += 1
         if request.partition_id not in self.logs:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"partition {request.partition_id} is not here")
         return server_pb2.HighWaterMarkResponse(

@@ -9,13 +9,16 @@ ARGS = ["--zookeeper", "127.0.0.1:1", "--root", "/w", "--output", "/tmp/out"]
 
 
 def test_source_options_from_the_command_line():
-    args = ingest.parse_args([*ARGS, "--partitions", "0-2", "--max-records-per-partition", "100", "--timeout", "5"])
+    caps = ["--max-records-per-partition", "100", "--max-records-per-trigger", "150", "--max-bytes-per-trigger", "9000"]
+    args = ingest.parse_args([*ARGS, "--partitions", "0-2", *caps, "--timeout", "5"])
     assert ingest.source_options(args) == {
         "startingOffsets": "earliest",
         "zookeeper": "127.0.0.1:1",
         "root": "/w",
         "partitions": "0-2",
         "maxRecordsPerPartition": "100",
+        "maxRecordsPerTrigger": "150",
+        "maxBytesPerTrigger": "9000",
         "timeoutSeconds": "5",
     }
 

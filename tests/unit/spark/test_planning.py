@@ -6,7 +6,9 @@ from waltz_spark.options import OptionError, parse_options
 from waltz_spark.planning import (
     NOTHING,
     ReadRange,
+    RecordSizes,
     admit,
+    admit_bytes,
     check_not_behind,
     end_positions,
     from_offset,
@@ -97,6 +99,39 @@ def test_admit_caps_per_partition_and_in_total():
     assert capped[1] == 10  # the small partition gets all it has, the rest is shared evenly
     assert abs((capped[0] - start[0]) - (capped[2] - start[2])) <= 1
     assert admit(start, {0: -1, 1: 9, 2: 0}, 5, 5) == {0: -1, 1: 9, 2: 0}
+
+
+def test_rows_and_bytes_per_trigger_options():
+    options = parse_options({**BASE, "maxRecordsPerTrigger": "1000", "MAXBYTESPERTRIGGER": "1048576"})
+    assert (options.max_records_per_trigger, options.max_bytes_per_trigger) == (1000, 1_048_576)
+    with pytest.raises(OptionError, match="maxBytesPerTrigger"):
+        parse_options({**BASE, "maxBytesPerTrigger": "0"})
+
+
+def test_admit_bytes_shares_bytes_evenly_by_each_partition_s_record_size():
+    start = {0: 9, 1: NOTHING, 2: 4}
+    ends = {0: 109, 1: 99, 2: 4}  # 100 pending, 100 pending, none
+    sizes = {0: 68.0, 1: 468.0}  # rows of 100 B and 500 B with the 32 B of other columns
+    assert admit_bytes(start, ends, sizes, 10_000) == {0: 9 + 50, 1: NOTHING + 10, 2: 4}
+    # room for all: unchanged; the small partition's unused share goes to the big one
+    assert admit_bytes(start, ends, sizes, 10**9) == ends
+    assert admit_bytes({0: 98, 1: NOTHING}, {0: 99, 1: 99}, sizes, 10_000) == {0: 99, 1: NOTHING + 19}
+
+
+def test_admit_bytes_lets_one_record_through_when_it_alone_is_over_the_cap():
+    assert admit_bytes({0: 5, 1: 5}, {0: 9, 1: 9}, {0: 5000.0, 1: 3000.0}, 100) == {0: 5, 1: 6}
+    assert admit_bytes({0: 5}, {0: 5}, {0: 5000.0}, 100) == {0: 5}  # nothing pending: nothing admitted
+    assert admit_bytes({0: 5}, {0: 7}, {}, 32) == {0: 6}  # unsampled: only the fixed columns count
+
+
+def test_record_sizes_are_sampled_once_and_again_when_old():
+    sizes = RecordSizes(max_age_s=60.0)
+    assert sizes.stale([0, 1], now=100.0) == [0, 1]
+    sizes.learn(0, data_bytes=1600, records=16, now=100.0)
+    sizes.learn(1, data_bytes=0, records=0, now=100.0)  # an empty sample teaches nothing
+    assert sizes.per_record() == {0: 100.0}
+    assert sizes.stale([0, 1], now=150.0) == [1]
+    assert sizes.stale([0], now=160.5) == [0]
 
 
 def test_a_high_water_mark_below_the_checkpoint_is_an_error():

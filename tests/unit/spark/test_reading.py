@@ -76,15 +76,40 @@ def test_a_checksum_mismatch_fails_with_the_transaction(server):
         list(read_task(task(server, 1, 0, 9)))
 
 
-def test_records_out_of_order_or_of_another_partition_are_refused():
-    with pytest.raises(BrokenRange, match="expected transaction 1, got 2"):
-        check(0, 0, [record(0, 0, b"a"), record(0, 2, b"b")])
-    with pytest.raises(BrokenRange, match="ReqId names partition 1"):
-        check(0, 0, [record(1, 0, b"a")])
-    bad_length = record(0, 0, b"abc")
-    bad_length.data_length = 2
-    with pytest.raises(BrokenRange, match="data_length"):
-        check(0, 0, [bad_length])
+def bad_length() -> object:
+    bad = record(0, 0, b"abc")
+    bad.data_length = 2
+    return bad
+
+
+def bad_checksum() -> object:
+    bad = record(0, 1, b"abc")
+    bad.checksum ^= 4
+    return bad
+
+
+BROKEN = [
+    ([record(0, 0, b"a"), record(0, 2, b"b")], BrokenRange, "expected transaction 1, got 2"),
+    ([record(1, 0, b"a")], BrokenRange, "ReqId names partition 1"),
+    ([bad_length()], BrokenRange, "data_length"),
+    ([record(0, 0, b"a"), bad_checksum()], ChecksumMismatch, "partition 0 transaction 1: data CRC-32"),
+]
+
+
+@pytest.mark.parametrize(("records", "error", "message"), BROKEN)
+def test_records_out_of_order_of_another_partition_or_corrupt_are_refused(records, error, message):
+    with pytest.raises(error, match=message):
+        check(0, 0, records)
+    builder = BatchBuilder(0)  # the reader's one-pass check refuses the same records with the same words
+    with pytest.raises(error, match=message):
+        builder.add(0, records)
+
+
+def test_the_builder_continues_from_the_id_it_returns():
+    builder = BatchBuilder(0)
+    assert builder.add(0, [record(0, 0, b"a"), record(0, 1, b"b")]) == 2
+    assert builder.add(2, [record(0, 2, b"c")]) == 3
+    assert builder.take().column("transaction_id").to_pylist() == [0, 1, 2]
 
 
 def test_a_range_beyond_the_high_water_mark_is_not_retried(server):
@@ -104,7 +129,44 @@ def test_empty_builder_and_signed_checksums():
     builder = BatchBuilder(3)
     high_crc = next(d for d in (bytes([i]) for i in range(256)) if record(0, 0, d).checksum < 0)
     check(3, 0, [record(3, 0, high_crc)])  # a CRC above 2^31 travels as a negative int32
-    builder.add([record(3, 0, high_crc)])
+    builder.add(0, [record(3, 0, high_crc)])
     assert builder.take().to_pylist()[0]["partition"] == 3
     assert builder.rows == 0
     assert isinstance(grpc.StatusCode.UNAVAILABLE, grpc.StatusCode)
+
+
+def test_a_worker_reads_its_next_tasks_over_the_same_channel(server):
+    from waltz_spark import reading
+
+    list(read_task(task(server, 0, 0, 9)))
+    kept = reading.channel(server.address, None)
+    list(read_task(task(server, 1, 0, 9)))
+    assert reading.channel(server.address, None) is kept
+    assert len(server.requests) == 2
+
+
+def test_a_long_task_reads_over_several_streams_each_record_once():
+    with FakeWaltzServer(partitions=1, batch_size=500) as fake:
+        fake.append(0, 30_100)
+        got = rows(read_task(task(fake, 0, 100, 30_099, streams=3)))
+        assert sorted(r["transaction_id"] for r in got) == list(range(100, 30_100))
+        assert sorted(r.from_transaction_id for r in fake.requests) == [100, 10_100, 20_100]
+        fake.requests.clear()
+        assert len(rows(read_task(task(fake, 0, 0, 15_000, streams=3)))) == 15_001
+        assert [r.from_transaction_id for r in fake.requests] == [0]  # too short to be worth a second stream
+
+
+def test_an_error_in_one_stream_fails_the_whole_read():
+    with FakeWaltzServer(partitions=1, batch_size=500) as fake:
+        fake.append(0, 30_000)
+        fake.corrupt(0, 21_000)
+        with pytest.raises(ChecksumMismatch, match="partition 0 transaction 21000"):
+            list(read_task(task(fake, 0, 0, 29_999, streams=2)))
+
+
+def test_split_range():
+    from waltz_spark.planning import split_range
+
+    assert split_range(0, 99, 3, 10) == [(0, 32), (33, 65), (66, 99)]
+    assert split_range(5, 24, 4, 10) == [(5, 14), (15, 24)]
+    assert split_range(5, 10, 4, 10) == [(5, 10)]
