@@ -32,6 +32,7 @@ SERIAL = frozenset({
     # Spark's JVM waits 10 s for each Python worker it starts to connect back: beside the parallel pass's clusters
     # it did not ("Python worker failed to connect back", 1 run of 2)
     "tests/integration/spark/test_spark_source.py",
+    "tests/integration/spark/test_standalone.py",  # a Spark master and worker of its own, the same JVM waits
 })
 """Test files marked serial: scripts/test runs them alone after the parallel pass (pytest -n, the rest)."""
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,7 +23,7 @@ from tests.integration.spark.standalone import StandaloneSpark
 from waltz_common.testing.local_cluster import LocalCluster
 from waltz_spark.cluster import ClusterDirectory
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.serial]
+pytestmark = [pytest.mark.spark, pytest.mark.slow]  # serial: tests/conftest.py SERIAL
 PARTITIONS = 2
 SCALE = 20 if os.environ.get("WALTZ_SLOW") == "1" else 1
 
