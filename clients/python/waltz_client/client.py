@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import grpc
 from prometheus_client import CollectorRegistry
 
 from waltz.v1 import server_pb2
@@ -21,7 +20,6 @@ from waltz_client.connection import ConnectionManager, ServerConnection
 from waltz_client.driver import Driver, Ownership, Topology
 from waltz_client.errors import (
     ForkedClientError,
-    TransactionDataError,
     WaltzClosedError,
     WaltzError,
     WaltzTimeoutError,
@@ -29,21 +27,16 @@ from waltz_client.errors import (
 from waltz_client.metrics import COUNTERS, LatencyHistogram, PartitionView
 from waltz_client.partition import ClientPartition
 from waltz_client.partition_env import PartitionEnv, Stats
+from waltz_client.reads import ClientReads
 from waltz_client.submission import Submitter
 from waltz_client.tasks import TaskSet, callback_runner
-from waltz_client.wire import req_id_to_proto
 from waltz_common.config import Config
-from waltz_common.types import ReqId, crc32
 
 log = logging.getLogger(__name__)
-# what GetHighWaterMark answers while a partition moves or recovers: ask again (AsyncWaltzClient.high_water_mark)
-_ASK_AGAIN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
-
-DATA_ATTEMPTS = 5  # original: up to 5 tries on a checksum mismatch
 ConfigSource = Config | Mapping[str, Any] | str | Path | None
 
 
-class AsyncWaltzClient:
+class AsyncWaltzClient(ClientReads):
     """The Waltz client for asyncio code; use `async with AsyncWaltzClient(...) as client:`.
 
     driver: None for a real cluster (gRPC + ZooKeeper from config), or a MockServer (or any
@@ -233,32 +226,6 @@ class AsyncWaltzClient:
                 partition.nudge(now, 0.0, 1.0)
             await self._submitter.wait_drained(min(1.0, deadline - now))
 
-    async def high_water_mark(self, partition_id: int) -> int:
-        """The partition's current high-water mark, asked of its server (-1: empty). While the partition is not
-        ready on its owner (recovering after a move: UNAVAILABLE) or has just moved (FAILED_PRECONDITION), asks
-        again, of the owner as the client then knows it, until client.requestTimeout; other errors raise at once."""
-        self._check_open()
-        self._check_partition(partition_id)
-        loop = asyncio.get_running_loop()
-        timeout = self.config.request_timeout_s
-        deadline = loop.time() + timeout
-        delay = 0.05
-        while True:
-            endpoint = await self._endpoint(partition_id)
-            left = max(0.001, deadline - loop.time())
-            try:
-                return await asyncio.wait_for(self._driver.get_high_water_mark(endpoint, partition_id, left), left)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in _ASK_AGAIN or loop.time() + delay >= deadline or self._closed:
-                    raise
-                log.debug("partition %d: the high-water mark is not available yet (%s); asking again in %.2f s",
-                          partition_id, exc.details(), delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-
-    async def _server_high_water_mark(self, endpoint: str, partition_id: int) -> int:
-        return await self._driver.get_high_water_mark(endpoint, partition_id, self.config.request_timeout_s)
-
     def client_high_water_mark(self, partition_id: int) -> int:
         """What this client has applied of the partition (-1: nothing; also before mounting)."""
         self._check_process()
@@ -287,37 +254,6 @@ class AsyncWaltzClient:
             raise WaltzTimeoutError(
                 f"partition {partition_id}: transaction {transaction_id} was not applied here within {timeout:g} s "
                 f"(applied up to {partition.client_high_water_mark})") from None
-
-    async def transaction_data(self, partition_id: int, transaction_id: int) -> bytes:
-        """A committed transaction's data, checksum verified, with bounded retries."""
-        self._check_process()
-        timeout = self.config.request_timeout_s
-        problem = "not tried"
-        for attempt in range(DATA_ATTEMPTS):
-            if self._closed:
-                raise WaltzClosedError(f"the client was closed while fetching transaction {transaction_id}")
-            if attempt:
-                await asyncio.sleep(0.01 * 3**attempt)
-            owner = self._topology.get(partition_id)
-            if owner is None or owner.endpoint is None:
-                problem = "no server owns the partition"
-                continue
-            request = server_pb2.TransactionDataRequest(
-                req_id=req_id_to_proto(self._rpc_req_id(partition_id)), transaction_id=transaction_id)
-            try:
-                response = await asyncio.wait_for(
-                    self._driver.get_transaction_data(owner.endpoint, request, timeout), timeout)
-            except Exception as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-                continue
-            if not response.success:
-                problem = response.error_message or "the server could not read it"
-            elif response.data_length != len(response.data) or crc32(response.data) != response.checksum:
-                problem = "checksum or length mismatch"
-            else:
-                return response.data
-        raise TransactionDataError(
-            f"partition {partition_id}, transaction {transaction_id}: {problem} ({DATA_ATTEMPTS} attempts)")
 
     async def close(self, *, flush: bool = True, timeout: float | None = None) -> None:
         """Wait for the transactions in flight to end (flush: at most timeout seconds, None: client.closeTimeout),
@@ -423,25 +359,6 @@ class AsyncWaltzClient:
         if not isinstance(pid, int) or not 0 <= pid < self._num_partitions:
             raise ValueError(f"partition id {pid!r} is not in 0..{self.num_partitions - 1}")
 
-    async def _endpoint(self, partition_id: int) -> str:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.mount_timeout_s
-        while True:
-            owner = self._topology.get(partition_id)
-            if owner is not None and owner.endpoint is not None:
-                return owner.endpoint
-            try:
-                async with asyncio.timeout(max(0.0, deadline - loop.time())):
-                    await self._topology_event.wait()
-            except TimeoutError:
-                raise WaltzTimeoutError(f"no server owns partition {partition_id}") from None
-
-    def _rpc_req_id(self, partition_id: int) -> ReqId:
-        partition = self._partitions.get(partition_id)
-        if partition is not None:
-            return partition.state.next_req_id()
-        return ReqId(self.client_id, 0, partition_id, 0)
-
     def _on_topology(self, topology: Topology) -> None:
         self._topology.clear()
         self._topology.update(topology)
@@ -465,42 +382,6 @@ class AsyncWaltzClient:
                 waiting = each.deliver(conn, None)
                 if waiting is not None:
                     await waiting
-
-    async def transaction_range(self, partition_id: int, first: int, last: int) -> dict[int, bytes]:
-        """Committed transactions first..last's data by id, checksums verified, in one ReadTransactions call
-        (no retries: Transaction.data() falls back to transaction_data, which has them)."""
-        owner = self._topology.get(partition_id)
-        if owner is None or owner.endpoint is None:
-            raise TransactionDataError(f"partition {partition_id}: no server owns the partition")
-        timeout = self.config.request_timeout_s
-        records = await asyncio.wait_for(
-            self._driver.read_transactions(owner.endpoint, partition_id, first, last, timeout), timeout)
-        data: dict[int, bytes] = {}
-        for record in records:
-            if record.data_length != len(record.data) or crc32(record.data) != record.checksum:
-                raise TransactionDataError(f"partition {partition_id}, transaction {record.transaction_id}: "
-                                           "checksum or length mismatch")
-            data[record.transaction_id] = record.data
-        return data
-
-    def _fetch_range_blocking(self, pid: int, first: int, last: int) -> dict[int, bytes]:
-        self._check_fetch_thread()
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(self.transaction_range(pid, first, last), self._loop).result()
-
-    def _fetch_blocking(self, pid: int, transaction_id: int) -> bytes:
-        self._check_fetch_thread()
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(self.transaction_data(pid, transaction_id), self._loop).result()
-
-    def _check_fetch_thread(self) -> None:
-        if threading.current_thread() is self._loop_thread or self._loop is None:
-            if not self.config.callback_thread:
-                raise WaltzError(
-                    "Transaction.data() cannot fetch another client's data with client.callbackThread false "
-                    "(callbacks run on the event loop, which the fetch needs): use AsyncWaltzClient.transaction_data "
-                    "outside the callbacks, or the callback thread")
-            raise WaltzError("Transaction.data() blocks: call it from apply_transaction, not on the event loop")
 
     async def _nudge_loop(self) -> None:
         threshold = self.config.long_wait_threshold_s
