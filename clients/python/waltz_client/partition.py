@@ -109,12 +109,9 @@ class ClientPartition(FeedApply, SlotWaits):
 
     def try_acquire_slot(self) -> bool:
         """Take a pending slot if one is free now, nobody waits ahead, and the partition is mounted and not failed."""
-        conn, slots = self.conn, self.slots  # can_append() and slots.take(), inline: once per submit
-        if (self.error is None and self.state.appends_allowed and conn is not None and not conn.closed
-                and not slots._waiting and len(self.monitor._entries) + slots.reserved < slots.capacity):
-            slots.reserved += 1
-            return True
-        return False
+        conn = self.conn  # can_append(), inline: once per submit
+        return (self.error is None and self.state.appends_allowed and conn is not None and not conn.closed
+                and self.slots.take(self.monitor.pending_count()))
 
     def hold_slot(self) -> None:
         """Take a slot whatever the capacity and the queue: for a retry, in the place its resolved entry just left."""
@@ -190,7 +187,7 @@ class ClientPartition(FeedApply, SlotWaits):
 
     def _notify(self) -> None:
         """Something changed (slots freed, mounted or not, failed): wake whoever it concerns."""
-        if self.slots._waiting:  # (len(), inline)
+        if self.slots:  # somebody waits for a slot
             self._grant()
         if self._mount_waiters:
             self._changed.set()

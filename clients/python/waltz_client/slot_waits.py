@@ -54,7 +54,7 @@ class SlotWaits:
         assert waiter is not None
         slots = self.slots
         slots.wait(waiter, loop.time())
-        if slots.free(len(self.monitor._entries)):
+        if slots.free(self.monitor.pending_count()):
             self._grant()  # (a queue whose waiters all gave up meanwhile, after a remount)
         self._arm_slot_timer()
         error: BaseException | None = None
@@ -94,7 +94,7 @@ class SlotWaits:
             return
         if not self.mounted:
             return
-        while granted := slots.grant(len(self.monitor._entries)):
+        while granted := slots.grant(self.monitor.pending_count()):
             lost = 0
             for waiter in granted:
                 if waiter.done():  # cancelled, its task not run yet: it leaves, the slot goes on
