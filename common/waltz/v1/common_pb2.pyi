@@ -168,3 +168,44 @@ class Record(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Record: _TypeAlias = Record  # noqa: Y015
+
+@_typing.final
+class RecordRun(_message.Message):
+    """ADDITION: consecutive records exactly as a storage node's data file holds them (docs/storage-format.md):
+    each is a 36-byte big-endian prefix (transaction id int64; client id, generation, partition id, seq num,
+    header, data length, data CRC-32, each int32), the data, then the CRC-32 of prefix and data (uint32,
+    big-endian). Bulk readers take these instead of Record messages: nothing is decoded or re-encoded on
+    the way, and the reader checks every record itself.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
+    ENDS_FIELD_NUMBER: _builtins.int
+    first_transaction_id: _builtins.int
+    """The transaction id of the first record; the others follow it without gaps."""
+    count: _builtins.int
+    """The number of records."""
+    records: _builtins.bytes
+    """The records, back to back."""
+    ends: _builtins.bytes
+    """Where each record ends in `records`: `count` little-endian uint32 (4 bytes each), increasing; the last
+    equals len(records). Record i spans [ends[i-1], ends[i]) (record 0 starts at 0).
+    """
+    def __init__(
+        self,
+        *,
+        first_transaction_id: _builtins.int = ...,
+        count: _builtins.int = ...,
+        records: _builtins.bytes = ...,
+        ends: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "ends", b"ends", "first_transaction_id", b"first_transaction_id", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordRun: _TypeAlias = RecordRun  # noqa: Y015

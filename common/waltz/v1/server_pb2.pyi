@@ -1031,6 +1031,7 @@ class ReadTransactionsRequest(_message.Message):
     FROM_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     TO_TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    RAW_FIELD_NUMBER: _builtins.int
     partition_id: _builtins.int
     """The partition ID (0 .. num_partitions-1); sent to its owner."""
     from_transaction_id: _builtins.int
@@ -1041,6 +1042,10 @@ class ReadTransactionsRequest(_message.Message):
     """
     batch_size: _builtins.int
     """Records per response message (0: the server's default; capped by server.readBatchSize)."""
+    raw: _builtins.bool
+    """Answer with `run` (the records as the storage nodes' data files hold them, passed through without
+    decoding) instead of `records`. A server that predates this field answers with `records`.
+    """
     def __init__(
         self,
         *,
@@ -1048,10 +1053,11 @@ class ReadTransactionsRequest(_message.Message):
         from_transaction_id: _builtins.int = ...,
         to_transaction_id: _builtins.int = ...,
         batch_size: _builtins.int = ...,
+        raw: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "from_transaction_id", b"from_transaction_id", "partition_id", b"partition_id", "to_transaction_id", b"to_transaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "from_transaction_id", b"from_transaction_id", "partition_id", b"partition_id", "raw", b"raw", "to_transaction_id", b"to_transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1065,18 +1071,26 @@ class ReadTransactionsResponse(_message.Message):
 
     PARTITION_ID_FIELD_NUMBER: _builtins.int
     RECORDS_FIELD_NUMBER: _builtins.int
+    RUN_FIELD_NUMBER: _builtins.int
     partition_id: _builtins.int
     @_builtins.property
-    def records(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Record]: ...
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Record]:
+        """The records (empty when the request asked for `raw`)."""
+
+    @_builtins.property
+    def run(self) -> _common_pb2.RecordRun:
+        """The records of a `raw` request: consecutive, following the previous response's."""
+
     def __init__(
         self,
         *,
         partition_id: _builtins.int = ...,
         records: _abc.Iterable[_common_pb2.Record] | None = ...,
+        run: _common_pb2.RecordRun | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition_id", b"partition_id", "records", b"records"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition_id", b"partition_id", "records", b"records", "run", b"run"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -760,6 +760,7 @@ class RecordListRequest(_message.Message):
     TRANSACTION_ID_FIELD_NUMBER: _builtins.int
     MAX_RECORDS_FIELD_NUMBER: _builtins.int
     OFFLINE_FIELD_NUMBER: _builtins.int
+    RAW_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
     """Session ID: the store session ID."""
     seq_num: _builtins.int
@@ -772,6 +773,10 @@ class RecordListRequest(_message.Message):
     """Max number of records: the maximum number of records to fetch."""
     offline: _builtins.bool
     """ADDITION: offline recovery request (see LastSessionInfoRequest.offline)."""
+    raw: _builtins.bool
+    """ADDITION: answer with `run` (the records as the data file holds them, each record's CRC-32, transaction id
+    and length checked by the node) instead of `records`.
+    """
     def __init__(
         self,
         *,
@@ -781,10 +786,11 @@ class RecordListRequest(_message.Message):
         transaction_id: _builtins.int = ...,
         max_records: _builtins.int = ...,
         offline: _builtins.bool = ...,
+        raw: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_records", b"max_records", "offline", b"offline", "partition_id", b"partition_id", "seq_num", b"seq_num", "session_id", b"session_id", "transaction_id", b"transaction_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_records", b"max_records", "offline", b"offline", "partition_id", b"partition_id", "raw", b"raw", "seq_num", b"seq_num", "session_id", b"session_id", "transaction_id", b"transaction_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -803,6 +809,7 @@ class RecordListResponse(_message.Message):
     PARTITION_ID_FIELD_NUMBER: _builtins.int
     RECORD_LIST_LENGTH_FIELD_NUMBER: _builtins.int
     RECORDS_FIELD_NUMBER: _builtins.int
+    RUN_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
     """Session ID: the store session ID."""
     seq_num: _builtins.int
@@ -813,7 +820,11 @@ class RecordListResponse(_message.Message):
     """Record List Length: the number of records."""
     @_builtins.property
     def records(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Record]:
-        """Record List: the list of transaction records."""
+        """Record List: the list of transaction records (empty when the request asked for `raw`)."""
+
+    @_builtins.property
+    def run(self) -> _common_pb2.RecordRun:
+        """ADDITION: the records of a `raw` request (record_list_length of them)."""
 
     def __init__(
         self,
@@ -823,10 +834,11 @@ class RecordListResponse(_message.Message):
         partition_id: _builtins.int = ...,
         record_list_length: _builtins.int = ...,
         records: _abc.Iterable[_common_pb2.Record] | None = ...,
+        run: _common_pb2.RecordRun | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition_id", b"partition_id", "record_list_length", b"record_list_length", "records", b"records", "seq_num", b"seq_num", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition_id", b"partition_id", "record_list_length", b"record_list_length", "records", b"records", "run", b"run", "seq_num", b"seq_num", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
