@@ -35,6 +35,7 @@ from typing import Any
 
 from bench.curves.common import table, verdict
 from bench.ingest_bench import Target, batch_to_parquet, bulk_append, in_memory_to_parquet, ingest, spark_session, timed
+from bench.ingest_floor import FloorSource, floor_to_parquet
 from bench.ingest_stream import ProcessCpu, continuous, stream_rows
 from bench.ingest_tables import Batch, Run, batches, fit_line, fit_table, rate_rows
 from waltz_common.testing.local_cluster import LocalCluster
@@ -45,6 +46,7 @@ PARTS = ("costs", "stream")  # after the steady state, which gives the ceiling
 CEILING = "Spark: in-memory DataFrame -> Parquet (ceiling)"
 INGEST = "waltz-ingest: stream availableNow -> Parquet"
 BATCH = "batch read (Arrow batches) -> Parquet"
+FLOOR = "Spark: Python data source, Arrow batches made for free -> Parquet (the path's floor)"
 TARGET_RATIO = 0.8
 
 
@@ -68,6 +70,7 @@ def steady(spark: Any, target: Target, cpu: ProcessCpu, rows: int, partitions: i
         CEILING: lambda n: in_memory_to_parquet(spark, rows, partitions, workdir / f"memory{n}"),
         INGEST: lambda n: ingest(spark, target, workdir / f"ingest{n}", []),
         BATCH: lambda n: batch_to_parquet(spark, target, "waltz", workdir / f"batch{n}"),
+        FLOOR: lambda n: timed(lambda: floor_to_parquet(spark, rows, partitions, str(workdir / f"floor{n}"))),
     }
     best: dict[str, Run] = {}
     for n in range(repeat):
@@ -80,8 +83,10 @@ def steady(spark: Any, target: Target, cpu: ProcessCpu, rows: int, partitions: i
     ceiling = best.pop(CEILING)
     ratio = ceiling.seconds / best[INGEST].seconds
     goal = f"issue 45's target, the streaming ingest >= {TARGET_RATIO:.2f}x the ceiling: {ratio:.2f}x, "
+    path = (f"the Python data source path itself reaches {ceiling.seconds / best[FLOOR].seconds:.2f}x the ceiling; "
+            f"the ingest {best[FLOOR].seconds / best[INGEST].seconds:.2f}x of that floor")
     return ceiling.seconds, "\n".join([rate_rows(rows, ceiling, list(best.values())), note,
-                                        goal + verdict(ratio >= TARGET_RATIO)])
+                                        goal + verdict(ratio >= TARGET_RATIO), path])
 
 
 def _query(spark: Any, target: Target, out: Path, extra: list[str]) -> tuple[Any, Any]:
@@ -156,6 +161,7 @@ def run(args: argparse.Namespace, workdir: Path) -> str:
         seconds = fill(cluster, args.rows, args.partitions)
         out.append(f"filled {args.rows:,} transactions in {seconds:.1f} s ({args.rows / seconds:,.0f}/s)")
         spark = spark_session()
+        spark.dataSource.register(FloorSource)
         try:
             in_memory_to_parquet(spark, 1000, args.partitions, workdir / "warmup")
             batch_to_parquet(spark, target, "waltz", workdir / "warmup-waltz")

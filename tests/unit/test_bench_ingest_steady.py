@@ -130,3 +130,19 @@ def test_process_cpu_splits_cluster_from_spark_and_counts_a_new_process_from_zer
     before = {1: (False, 10.0), 2: (True, 5.0), 3: (False, 1.0)}
     after = {1: (False, 12.0), 2: (True, 5.5), 4: (False, 0.25)}  # 3 ended (lost), 4 started
     assert CannedCpu([before, after]).measure(lambda: "done") == ("done", 2.25, 0.5)
+
+
+def test_floor_batches_are_the_ceilings_rows_in_order() -> None:
+    from bench.ingest_floor import FloorReader, batches
+    from waltz_spark.reading import ARROW_SCHEMA
+
+    got = list(batches(1, 20_000, size=8192))
+    assert [b.num_rows for b in got] == [8192, 8192, 3616]
+    assert all(b.schema == ARROW_SCHEMA for b in got)
+    table = pa.Table.from_batches(got)
+    assert table.column("transaction_id").to_pylist() == list(range(20_000))
+    assert set(table.column("partition").to_pylist()) == {1}
+    assert table.column("data")[5].as_py() == b'{"n": 5, "pad": "' + b"x" * 64 + b'"}'
+    reader = FloorReader(rows=10, tasks=3)
+    shares = [sum(b.num_rows for b in reader.read(p)) for p in reader.partitions()]
+    assert shares == [4, 3, 3]
