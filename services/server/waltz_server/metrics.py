@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from waltz_common import process_metrics
@@ -68,6 +68,25 @@ class BatchHistogram(Collector):
         yield HistogramMetricFamily(self._name, self._documentation, buckets=buckets, sum_value=total)
 
 
+class StoreCounters(Collector):
+    """waltz_server_store_backlog_waits_total{partition}: each owned partition's StoreStatus.backlog_waits, read at
+    each scrape (the store counts; the append path does not touch a metric for it)."""
+
+    def __init__(self) -> None:
+        self.statuses: dict[str, Callable[[], StoreStatus]] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "waltz_server_store_backlog_waits",
+            "Store batches that waited because a replica had storage.maxReplicaBacklogBytes sent and not acknowledged: "
+            "a replica that far behind the quorum holds the partition back",
+            labels=["partition"],
+        )
+        for partition, status in sorted(self.statuses.items()):
+            family.add_metric([partition], _status_field(status, "backlog_waits"))
+        yield family
+
+
 class ServerMetrics:
     """The server's metric families, registered in one registry (one per server: tests run several)."""
 
@@ -108,6 +127,8 @@ class ServerMetrics:
             "waltz_server_append_queue_size", "Appends queued and not yet resolved", ["partition"], registry=r
         )
         self.partitions = Gauge("waltz_server_partitions", "Partitions owned by this server", registry=r)
+        self.store_counters = StoreCounters()
+        r.register(self.store_counters)
         self.replicas = Gauge(
             "waltz_server_partition_replicas",
             "The partition's storage replicas by state: assigned, connected, and in the write set (holding "
@@ -198,6 +219,7 @@ class PartitionMetrics:
         self.session_id.set_function(partial(_status_field, status, "session_id"))
         for state, child in self.replicas.items():
             child.set_function(partial(_status_field, status, REPLICA_STATES[state]))
+        self._metrics.store_counters.statuses[self._label] = status
 
     def watch_appends(self, high_water_mark: Callable[[], int], queued: Callable[[], int]) -> None:
         """Read the high-water mark and the append queue's size at each scrape: they change with every append and
@@ -212,6 +234,7 @@ class PartitionMetrics:
     def remove(self) -> None:
         """Forget the partition's gauges (it moved to another server)."""
         m, p = self._metrics, self._label
+        m.store_counters.statuses.pop(p, None)
         for gauge in (m.high_water_mark, m.session_id, m.generation, m.feed_lag, m.append_queue_size):
             try:
                 gauge.remove(p)

@@ -79,6 +79,9 @@ class StoreStatus:
     """Replicas holding every committed transaction and taking every append (0 between sessions)."""
     write_set: tuple[str, ...] = ()
     """Those replicas' storage node connect strings."""
+    backlog_waits: int = 0
+    """Store batches that waited because a replica had storage.maxReplicaBacklogBytes unacknowledged (ever, on this
+    server): a replica that far behind the quorum holds the partition back."""
 
 
 class StorePartition(Protocol):

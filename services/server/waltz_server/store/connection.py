@@ -152,7 +152,7 @@ class _Stream:
         direct = self.direct
         if direct is None or self.outgoing.qsize() or not direct.write_now(data):
             # Unbounded: what is in flight on a connection is bounded by its callers (each request is awaited,
-            # and a store session holds at most MAX_OUTSTANDING_BATCHES appends per replica).
+            # and a store session holds at most storage.maxReplicaBacklogBytes of appends per replica).
             self.outgoing.put_nowait(data)
 
     def answered(self, response: storage_pb2.StorageResponse) -> None:

@@ -18,6 +18,10 @@ STORE_KEYS: tuple[Key, ...] = (
     Key("storage.replicaLagTimeout", COUNT, 5000,
         "milliseconds a replica may stay behind a batch a quorum acknowledged before the store session ends "
         "without it (it catches up in the next); bounds how long a hung replica holds appends back"),
+    Key("storage.maxReplicaBacklogBytes", COUNT, 33554432,
+        "bytes of store batches sent to one replica and not acknowledged yet beyond which the partition's next batch "
+        "waits for it (a replica further behind than a quorum, such as one far away, holds the partition back only "
+        "past this; 32 MiB is 8 batches of storage.maxBatchBytes' default); at least one batch always goes"),
     Key("storage.keepaliveTime", COUNT, 5000,
         "milliseconds without data on a storage connection before the server pings the node; a ping not answered "
         "within as long again ends the connection (a node gone without a reset is noticed while idle too)"),
@@ -41,6 +45,7 @@ class StoreSettings:
     request_timeout_s: float = 30.0
     catch_up_batch_size: int = 500
     replica_lag_timeout_s: float = 5.0
+    max_replica_backlog_bytes: int = 32 * 1024 * 1024
     keepalive_time_s: float = 5.0
     damage_check_interval_s: float = 10.0
     use_session_port: bool = True
@@ -53,12 +58,13 @@ class StoreSettings:
             or self.catch_up_batch_size < 1
             or self.request_timeout_s <= 0
             or self.replica_lag_timeout_s <= 0
+            or self.max_replica_backlog_bytes < 1
             or self.keepalive_time_s <= 0
             or self.damage_check_interval_s <= 0
         ):
             raise ValueError(
-                "storage.checkpointInterval, catchUpBatchSize, requestTimeoutSeconds, replicaLagTimeout and "
-                "keepaliveTime must be positive"
+                "storage.checkpointInterval, catchUpBatchSize, requestTimeoutSeconds, replicaLagTimeout, "
+                "maxReplicaBacklogBytes and keepaliveTime must be positive"
             )
 
     @staticmethod
@@ -70,6 +76,7 @@ class StoreSettings:
             request_timeout_s=config["storage.requestTimeoutSeconds"],
             catch_up_batch_size=config["storage.catchUpBatchSize"],
             replica_lag_timeout_s=config["storage.replicaLagTimeout"] / 1000.0,
+            max_replica_backlog_bytes=config["storage.maxReplicaBacklogBytes"],
             keepalive_time_s=config["storage.keepaliveTime"] / 1000.0,
             damage_check_interval_s=config["storage.damageCheckIntervalSeconds"],
             use_session_port=config["storage.useSessionPort"],

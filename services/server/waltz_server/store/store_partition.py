@@ -67,6 +67,7 @@ class ReplicatedStorePartition:
         self._high_water_mark = -1
         self._session: StoreSession | None = None
         self._last_session_id = -1
+        self._backlog_waits_before = 0  # batches that waited for a far-behind replica, in sessions that ended
         self._state = Signal()  # session opened or ended, generation or replicas changed, closed
         self._assignments: bytes | None = None
         self._groups: bytes | None = None
@@ -261,6 +262,7 @@ class ReplicatedStorePartition:
             reason = SessionFailed("store session ended")
         finally:
             self._high_water_mark = max(self._high_water_mark, session.high_water_mark)
+            self._backlog_waits_before += session.backlog_waits
             self._session = None
             self._state.notify()
         self._planned_restart = isinstance(reason, SessionRestart)
@@ -357,4 +359,5 @@ class ReplicatedStorePartition:
             replicas_total=len(replicas),
             replicas_in_write_set=len(write_set := self.write_set()),
             write_set=write_set,
+            backlog_waits=self._backlog_waits_before + (session.backlog_waits if session is not None else 0),
         )

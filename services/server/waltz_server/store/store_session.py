@@ -80,7 +80,8 @@ class StoreSession(ReplicaCatchUp):
         self._progress = Signal()  # a batch was acknowledged, or the session ended
         self._online: dict[str, ReplicaSession] = {}
         self._recovered: set[str] = set()
-        self._writes = WriteSet(self.quorum, self._progress)
+        self._writes = WriteSet(self.quorum, self._progress, settings.max_replica_backlog_bytes)
+        self.backlog_waits = 0  # batches that had to wait for a replica's backlog to shrink
         self._append_lock = asyncio.Lock()  # ids are handed out in the order begin_append was called
         self._checkpointing = False  # the checkpoint interval is reached: no new appends, then restart
         self._stop: asyncio.Future[SessionEnded] = asyncio.get_running_loop().create_future()
@@ -164,7 +165,7 @@ class StoreSession(ReplicaCatchUp):
         """End the session when a member stays behind a batch that a quorum acknowledged for longer than
         storage.replicaLagTimeout. A replica whose process or disk hangs keeps its connection up, so nothing
         else would end the session before the request timeout, and meanwhile it holds every append back once
-        it has MAX_OUTSTANDING_BATCHES unacknowledged. The next session recovers without it, and it catches
+        it has storage.maxReplicaBacklogBytes unacknowledged. The next session recovers without it, and it catches
         up from the others once it answers again."""
         lag = self._settings.replica_lag_timeout_s
         while True:
@@ -362,20 +363,23 @@ class StoreSession(ReplicaCatchUp):
     async def begin_append(self, records: Sequence[PendingRecord]) -> asyncio.Future[int]:
         """Send a batch to the write set behind the batches already sent; see StorePartition.begin_append.
 
-        Waits while a member has MAX_OUTSTANDING_BATCHES unacknowledged (a slow replica holds appends back).
+        Waits while a member has storage.maxReplicaBacklogBytes unacknowledged (a replica that far behind holds appends
+        back).
         StoreUnavailable (nothing was sent) when the session is not open for appends, or stops meanwhile.
         """
         if not records:
             raise ValueError("an append needs at least one record")
         self._check_appendable()
         async with self._append_lock:
+            if not self._writes.has_room():
+                self.backlog_waits += 1
             await self._wait_until(self._progress, lambda: not self.appendable or self._writes.has_room())
             self._check_appendable()
             return self._send(records)
 
     def append_now(self, records: Sequence[PendingRecord]) -> asyncio.Future[int] | None:
         """begin_append without waiting: None (nothing sent) when the session does not take appends, a member has
-        MAX_OUTSTANDING_BATCHES unacknowledged, or a begin_append is under way (batches go in call order)."""
+        its backlog bound unacknowledged, or a begin_append is under way (batches go in call order)."""
         if not records:
             raise ValueError("an append needs at least one record")
         if not self.appendable or self._append_lock.locked() or not self._writes.has_room():

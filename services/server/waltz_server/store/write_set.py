@@ -14,8 +14,11 @@ from waltz_server.store.connection import Answer, StorageError, StorageTimeout
 from waltz_server.store.events import Signal
 from waltz_server.store.replica_session import ReplicaSession
 
-MAX_OUTSTANDING_BATCHES = 8
-"""Batches queued for one replica beyond which appends wait (a slow replica holds the partition back)."""
+MAX_OUTSTANDING_BATCHES = 1024
+"""Batches queued for one replica beyond which appends wait, whatever their bytes (storage.maxReplicaBacklogBytes
+bounds those): a bound on the bookkeeping. Not 8, as it was: a replica a round trip behind the quorum (far away, or
+its fsync a moment slower) has that many small batches out all the time when appends come one by one, and the
+partition then committed at most 8 batches per round trip of its slowest replica."""
 
 
 @dataclass(eq=False)
@@ -39,6 +42,7 @@ class Member:
     def __init__(self, session: ReplicaSession, acked: int, on_ack: Callable[[Batch], None]) -> None:
         self.session = session
         self.acked = acked
+        self.backlog_bytes = 0  # of the batches sent to it and not acknowledged
         self.failed = False  # serve() ended: the session is ending, nothing more goes to this member
         self.error: BaseException | None = None  # why it ends (serve() raises it)
         self._on_ack = on_ack
@@ -65,6 +69,7 @@ class Member:
         if not self._sent:
             self._head_since = self._loop.time()
         self._sent.append((batch, answer))
+        self.backlog_bytes += len(batch.serialized)
         if self._timer is None:
             self._timer = self._loop.call_at(self._head_since + self.session.request_timeout_s, self._check_time)
         try:
@@ -83,6 +88,7 @@ class Member:
                 self._fail(exc)
                 return
             sent.popleft()
+            self.backlog_bytes -= len(batch.serialized)
             self.acked = batch.last
             counted = True
             self._on_ack(batch)
@@ -137,8 +143,9 @@ class WriteSet:
     acknowledgement.
     """
 
-    def __init__(self, quorum: int, progress: Signal) -> None:
+    def __init__(self, quorum: int, progress: Signal, max_backlog_bytes: int = 32 * 1024 * 1024) -> None:
         self.quorum = quorum
+        self.max_backlog_bytes = max_backlog_bytes
         self._progress = progress
         self.members: dict[str, Member] = {}
         self.inflight: deque[Batch] = deque()
@@ -164,7 +171,13 @@ class WriteSet:
         return future
 
     def has_room(self) -> bool:
-        return all(m.outstanding < MAX_OUTSTANDING_BATCHES for m in self.members.values())
+        """Every member can take another batch: fewer than MAX_OUTSTANDING_BATCHES out, and under the byte bound
+        (or nothing out, so that a batch larger than the bound still goes)."""
+        limit = self.max_backlog_bytes
+        return all(
+            not m.outstanding or (m.outstanding < MAX_OUTSTANDING_BATCHES and m.backlog_bytes < limit)
+            for m in self.members.values()
+        )
 
     def laggards(self, now: float, lag: float) -> list[str]:
         """Members that have not acknowledged a batch which a quorum acknowledged more than lag seconds before

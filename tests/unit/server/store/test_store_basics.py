@@ -31,6 +31,7 @@ def test_store_keys_defaults_are_the_settings_defaults() -> None:
         "storage.requestTimeoutSeconds",
         "storage.catchUpBatchSize",
         "storage.replicaLagTimeout",
+        "storage.maxReplicaBacklogBytes",
         "storage.keepaliveTime",
         "storage.damageCheckIntervalSeconds",
         "storage.useSessionPort",

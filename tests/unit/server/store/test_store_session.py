@@ -17,7 +17,6 @@ from waltz_server.store.metadata import SessionStart
 from waltz_server.store.session_end import SessionEnded, SessionFailed, SessionFenced, SessionRestart
 from waltz_server.store.settings import StoreSettings
 from waltz_server.store.store_session import StoreSession
-from waltz_server.store.write_set import MAX_OUTSTANDING_BATCHES
 from waltz_server.validation import req_id_message
 
 from .fakes import FakeConnections, FakeReplica
@@ -261,24 +260,58 @@ def test_the_checkpoint_interval_ends_the_session_as_a_planned_restart() -> None
     run(test)
 
 
-def test_a_slow_member_holds_appends_back_after_a_bounded_number_of_batches() -> None:
+def test_a_slow_member_holds_appends_back_past_its_backlog_bytes_not_a_count_of_batches() -> None:
     async def test() -> None:
-        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
+        # room for three one-record batches at the slow member (a request is a few dozen bytes beyond its data)
+        bound = dataclasses.replace(FAST, max_replica_backlog_bytes=3 * 60)
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()}, settings=bound)
         async with h.running():
             await until(lambda: len(h.session.members) == 3)
             h.replicas[C].hold_appends = True
-            for i in range(MAX_OUTSTANDING_BATCHES):
-                assert await h.session.append(pending(1, f"b{i}")) == i
+            sent = 0
+            while h.session._writes.has_room():
+                assert await h.session.append(pending(1, f"b{sent}")) == sent
+                sent += 1
+            assert 1 <= sent <= 4, sent  # bounded by bytes
             blocked = asyncio.create_task(h.session.append(pending(1, "late")))
             await asyncio.sleep(0.1)
-            assert not blocked.done() and len(h.log(A)) == MAX_OUTSTANDING_BATCHES
+            assert not blocked.done() and len(h.log(A)) == sent
             h.replicas[C].release()
-            assert await blocked == MAX_OUTSTANDING_BATCHES
+            assert await blocked == sent
             await h.session.drain()
             assert h.log(C) == h.log(A)
 
     run(test)
 
+
+def test_many_small_batches_go_to_a_member_behind_the_quorum() -> None:
+    """More than the 8 batches the window used to hold: a replica a round trip behind (far away) has that many
+    small batches out all the time when appends come one by one; the quorum of the others commits them."""
+
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()})
+        async with h.running():
+            await until(lambda: len(h.session.members) == 3)
+            h.replicas[C].hold_appends = True
+            for i in range(40):
+                assert await h.session.append(pending(1, f"b{i}")) == i
+            h.replicas[C].release()
+            await h.session.drain()
+            assert h.log(C) == h.log(A) and len(h.log(A)) == 40
+
+    run(test)
+
+
+def test_a_batch_larger_than_the_backlog_bound_still_goes() -> None:
+    async def test() -> None:
+        h = Harness({A: FakeReplica(), B: FakeReplica(), C: FakeReplica()},
+                    settings=dataclasses.replace(FAST, max_replica_backlog_bytes=1))
+        async with h.running():
+            await until(lambda: len(h.session.members) == 3)
+            assert await h.session.append(pending(3, "big")) == 0
+            assert await h.session.append(pending(2, "next")) == 3
+
+    run(test)
 
 
 def test_a_member_behind_the_quorum_for_the_lag_timeout_ends_the_session_without_it() -> None:
