@@ -68,21 +68,35 @@ async def both_ways(stub, first: int, last: int, batch: int) -> tuple[list, list
     return [r for m in messages for r in m], [r for response in responses for r in decoded(response)]
 
 
+async def fill(stub) -> None:
+    """COUNT transactions of data_of(i), committed (every one in the appender's feed)."""
+    writer = stub.Stream()
+    await mount_ready(writer, client_id=1)
+    for start in range(0, COUNT, 500):
+        batch = [append(1, i + 1, data=data_of(i), header=i % 7) for i in range(start, start + 500)]
+        await writer.write(server_pb2.ClientMessage(appends=server_pb2.AppendBatch(requests=batch)))
+    received: list = []
+    await read_until(writer, received, lambda r: len(fed(r)) == COUNT)
+    writer.cancel()
+
+
+def flip(path, offset: int) -> bytes:
+    """Flip a bit of the byte at offset in place (the storage node's open file sees it); the byte as it was."""
+    with path.open("r+b") as f:
+        f.seek(offset)
+        intact = f.read(1)
+        f.seek(offset)
+        f.write(bytes([intact[0] ^ 0x20]))
+    return intact
+
+
 def test_raw_reads_give_the_records_and_survive_a_rotten_replica(tmp_path):
     with LocalCluster(tmp_path, storage_nodes=3, servers=1, partitions=1) as cluster:
 
         async def scenario():
             async with grpc.aio.insecure_channel(cluster.servers[0].address) as channel:
                 stub = server_pb2_grpc.WaltzServerStub(channel)
-                writer = stub.Stream()
-                await mount_ready(writer, client_id=1)
-                for start in range(0, COUNT, 500):
-                    batch = [append(1, i + 1, data=data_of(i), header=i % 7) for i in range(start, start + 500)]
-                    await writer.write(server_pb2.ClientMessage(appends=server_pb2.AppendBatch(requests=batch)))
-                received: list = []
-                await read_until(writer, received, lambda r: len(fed(r)) == COUNT)
-                writer.cancel()
-
+                await fill(stub)
                 for first, last, batch in ((0, COUNT - 1, 0), (0, 999, 7), (5, 2100, 333), (1234, 1234, 1),
                                            (17, COUNT - 1, 1000), (89, 181, 2)):
                     plain, raw = await both_ways(stub, first, last, batch)
@@ -94,11 +108,7 @@ def test_raw_reads_give_the_records_and_survive_a_rotten_replica(tmp_path):
                 node = min(cluster.storage, key=lambda n: n.connect_string)
                 segment = node.directory / "0" / f"{0:019d}.seg"
                 (offset,) = struct.unpack(">q", (segment.with_suffix(".idx")).read_bytes()[128 + 8 * 1501 :][:8])
-                with segment.open("r+b") as f:
-                    f.seek(offset + RECORD_PREFIX_SIZE)
-                    intact = f.read(1)
-                    f.seek(offset + RECORD_PREFIX_SIZE)
-                    f.write(bytes([intact[0] ^ 0x20]))
+                intact = flip(segment, offset + RECORD_PREFIX_SIZE)
                 request = server_pb2.ReadTransactionsRequest(
                     partition_id=0, from_transaction_id=1400, to_transaction_id=1600, batch_size=50, raw=True
                 )
