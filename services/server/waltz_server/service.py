@@ -21,9 +21,10 @@ from waltz_server.discovery import ClusterView
 from waltz_server.identity import ClientIdentities, ClientIdentity
 from waltz_server.ownership import PartitionManager
 from waltz_server.partition import Partition
+from waltz_server.record_runs import run_to_proto
 from waltz_server.store.api import StoreUnavailable
 from waltz_server.store.events import first_to_end
-from waltz_server.transaction_data import RangeError, batch_size, read_range, transaction_data
+from waltz_server.transaction_data import RangeError, batch_size, read_range, read_runs, transaction_data
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +121,15 @@ class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
     ) -> AsyncIterator[server_pb2.ReadTransactionsResponse]:
         partition = await self._partition(request.partition_id, context)
         size = batch_size(request.batch_size, self._settings.read_batch_size)
+        first, last = request.from_transaction_id, request.to_transaction_id
         try:
-            async for records in read_range(partition, request.from_transaction_id, request.to_transaction_id, size):
+            if request.raw:
+                async for run in read_runs(partition, first, last, size):
+                    response = server_pb2.ReadTransactionsResponse(partition_id=partition.partition_id)
+                    run_to_proto(run, response.run)  # the data files' bytes, passed on as they are
+                    yield response
+                return
+            async for records in read_range(partition, first, last, size):
                 response = server_pb2.ReadTransactionsResponse(partition_id=partition.partition_id)
                 response.records.extend(records)  # the storage's messages, copied once in C
                 yield response

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence, Sized
+from typing import NamedTuple, TypeVar
 
 from waltz.v1 import common_pb2, server_pb2
 from waltz_server.partition import Partition
+from waltz_server.record_runs import Run, split_run
 from waltz_server.store.api import StoreUnavailable
 
 
@@ -67,7 +69,19 @@ while the server and the client handle these."""
 STORE_READ_BATCH = 2000
 """Records asked of the store at once (at least the message size): fewer, larger storage requests."""
 
-_Read = asyncio.Future[Sequence[common_pb2.Record]]
+P = TypeVar("P", bound=Sized)
+M = TypeVar("M")
+
+
+class _Plan(NamedTuple):
+    """A range's reads: [first, last] in messages of size records, the store read store_batch records at a time,
+    read_ahead reads ahead."""
+
+    first: int
+    last: int
+    size: int
+    read_ahead: int = READ_AHEAD
+    store_batch: int = STORE_READ_BATCH
 
 
 async def read_range(
@@ -79,33 +93,54 @@ async def read_range(
     store_batch: int = STORE_READ_BATCH,
 ) -> AsyncIterator[Sequence[common_pb2.Record]]:
     """The committed records [first, last], in order, in lists of at most size (the store's messages)."""
+    plan = _Plan(first, last, size, read_ahead, store_batch)
+    async for records in _planned_reads(partition, plan, partition.store.get_records, check_dense):
+        for start in range(0, len(records), size):
+            yield records[start : start + size]
+
+
+async def read_runs(partition: Partition, first: int, last: int, size: int, **plan: int) -> AsyncIterator[Run]:
+    """read_range's records as runs of at most size records (a raw read: the store's runs split, none decoded);
+    plan: read_range's read_ahead and store_batch."""
+    async for run in _planned_reads(partition, _Plan(first, last, size, **plan), partition.store.get_run, check_run):
+        for piece in split_run(run, size):
+            yield piece
+
+
+async def _planned_reads(
+    partition: Partition,
+    plan: _Plan,
+    fetch: Callable[[int, int], Awaitable[P]],
+    check: Callable[[P, int, int], None],
+) -> AsyncIterator[P]:
+    """The store's answers for [first, last] in order, each checked (check(answer, first id, most ids)), read
+    read_ahead answers ahead of the one at hand and store_batch (at least size) records at a time."""
+    first, last, size, read_ahead, store_batch = plan
     check_range(first, last, partition.high_water_mark, partition.partition_id)
-    store = partition.store
-    fetch = max(size, store_batch)
-    planned: deque[_Read] = deque()  # reads of consecutive runs from next_id on
+    count_of = max(size, store_batch)
+    planned: deque[asyncio.Future[P]] = deque()  # reads of consecutive runs from next_id on
     planned_to = next_id = first  # planned_to: the first id no planned read asks for
     try:
         while next_id <= last:
             while len(planned) <= read_ahead and planned_to <= last:
-                count = min(fetch, last - planned_to + 1)
-                planned.append(asyncio.ensure_future(store.get_records(planned_to, count)))
+                count = min(count_of, last - planned_to + 1)
+                planned.append(asyncio.ensure_future(fetch(planned_to, count)))
                 planned_to += count
-            records = await planned.popleft()
-            count = min(fetch, last - next_id + 1)
-            if not records:
+            answer = await planned.popleft()
+            count = min(count_of, last - next_id + 1)
+            if not answer:
                 raise StoreUnavailable(f"the store returned nothing from transaction {next_id}")
-            check_dense(records, next_id, count)
-            next_id += len(records)
-            if len(records) < count:  # a short answer: the reads planned after it start too far on
+            check(answer, next_id, count)
+            next_id += len(answer)
+            if len(answer) < count:  # a short answer: the reads planned after it start too far on
                 _cancel(planned)
                 planned_to = next_id
-            for start in range(0, len(records), size):
-                yield records[start : start + size]
+            yield answer
     finally:
         _cancel(planned)
 
 
-def _cancel(planned: deque[_Read]) -> None:
+def _cancel(planned: deque[asyncio.Future[M]]) -> None:
     while planned:
         read = planned.popleft()
         if read.done() and not read.cancelled():
@@ -119,4 +154,12 @@ def check_dense(records: Sequence[common_pb2.Record], first: int, count: int) ->
     if len(ids) > count or ids != list(range(first, first + len(ids))):
         raise StoreUnavailable(
             f"the store answered transactions {ids[0]}..{ids[-1]} ({len(ids)}) for {count} from {first}"
+        )
+
+
+def check_run(run: Run, first: int, count: int) -> None:
+    """check_dense for a run: it starts at first and holds at most count (its records follow one another)."""
+    if run.first != first or len(run) > count:
+        raise StoreUnavailable(
+            f"the store answered transactions {run.first}..{run.last} ({len(run)}) for {count} from {first}"
         )

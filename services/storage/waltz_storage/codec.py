@@ -6,8 +6,8 @@ import struct
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import add
+from itertools import islice, repeat
+from operator import add, sub
 from typing import NamedTuple
 
 from waltz_common.record_layout import RECORD_CRC as RECORD_CRC
@@ -328,6 +328,16 @@ RecordFields = tuple[int, int, int, int, int, int, bytes, int]
 data, data checksum (the read path builds its messages from these without a Record in between)."""
 
 
+def _span_view(buf: bytes, offsets: Sequence[int]) -> memoryview:
+    """buf, which should hold the file's bytes from offsets[0] to offsets[-1]; TornRecordError when it does not."""
+    if len(buf) != offsets[-1] - offsets[0]:
+        raise TornRecordError(
+            f"records at offset {offsets[0]}: {len(buf)} bytes present of the {offsets[-1] - offsets[0]} the index "
+            f"spans"
+        )
+    return memoryview(buf)
+
+
 def decode_records(buf: bytes, offsets: Sequence[int], first_transaction_id: int) -> list[RecordFields]:
     """Decode and fully validate consecutive records in one pass: buf holds the file's bytes from
     offsets[0] to offsets[-1], and record i lies between offsets[i] and offsets[i + 1] (the index).
@@ -337,11 +347,7 @@ def decode_records(buf: bytes, offsets: Sequence[int], first_transaction_id: int
     decode_record names (offsets in messages are file offsets).
     """
     base = offsets[0]
-    if len(buf) != offsets[-1] - base:
-        raise TornRecordError(
-            f"records at offset {base}: {len(buf)} bytes present of the {offsets[-1] - base} the index spans"
-        )
-    view = memoryview(buf)
+    view = _span_view(buf, offsets)
     unpack_prefix = RECORD_PREFIX.unpack_from
     unpack_crc = RECORD_CRC.unpack_from
     crc = crc32_unsigned
@@ -367,6 +373,55 @@ def decode_records(buf: bytes, offsets: Sequence[int], first_transaction_id: int
                 continue
         _fail_record(buf, start, end, txn, base)
     return out
+
+
+_RUN_PREFIX = struct.Struct(">q20xi4x")
+"""What a raw read checks of a record's prefix (RECORD_PREFIX): its transaction id and its data length."""
+assert _RUN_PREFIX.size == RECORD_PREFIX_SIZE
+
+
+def check_records(buf: bytes, offsets: Sequence[int], first_transaction_id: int) -> None:
+    """decode_records' checks without decoding (a raw read passes the bytes on as they are): buf holds the
+    file's bytes from offsets[0] to offsets[-1]; each record must carry the next transaction id from
+    first_transaction_id, fill its slot between offsets[i] and offsets[i + 1] exactly and end with the CRC32
+    of its prefix and data. Anything else raises the CorruptionError decode_records raises.
+
+    The data checksum is not computed: the record CRC covers the data, and every path that writes a record
+    checks the data against the checksum in its prefix first (batch.encode_appends and _encoded_offsets,
+    check_record for the checked path, Segment.repair), so a record whose CRC holds has data that matches it.
+    """
+    base = offsets[0]
+    view = _span_view(buf, offsets)
+    unpack_prefix = _RUN_PREFIX.unpack_from
+    unpack_crc = RECORD_CRC.unpack_from
+    crc = crc32_unsigned
+    txn = first_transaction_id
+    start = 0
+    for end in map(sub, islice(offsets, 1, None), repeat(base)):  # where each record ends in buf
+        if end - start >= RECORD_OVERHEAD:
+            t, length = unpack_prefix(buf, start)
+            if (
+                t == txn
+                and length + RECORD_OVERHEAD == end - start
+                and unpack_crc(buf, end - 4)[0] == crc(view[start : end - 4])
+            ):
+                txn += 1
+                start = end
+                continue
+        _fail_record(buf, start, end, txn, base)
+
+
+def join_spans(spans: Sequence[tuple[bytes, Sequence[int]]]) -> tuple[bytes, bytes]:
+    """Consecutive records read as spans of the data files (bytes, and the offsets of each record and of the
+    end, as Segment.record_span gives them) as one RecordRun's records and ends: the bytes back to back, and
+    where each record ends in them as little-endian uint32."""
+    ends: list[int] = []
+    at = 0  # where the span starts in the joined bytes
+    for buf, offsets in spans:
+        ends.extend(map(add, islice(offsets, 1, None), repeat(at - offsets[0])))
+        at += len(buf)
+    records = spans[0][0] if len(spans) == 1 else b"".join([buf for buf, _ in spans])
+    return records, struct.pack(f"<{len(ends)}I", *ends)
 
 
 HeaderFields = tuple[int, int, int, int, int, int]

@@ -289,6 +289,8 @@ class RequestExecutor:
         return response
 
     def _record_list(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
+        if m.raw:
+            return self._record_run(p, m)
         records = self.read_fields(p, m.transaction_id, m.max_records)
         response = storage_pb2.StorageResponse(
             record_list=storage_pb2.RecordListResponse(
@@ -296,4 +298,24 @@ class RequestExecutor:
             )
         )
         protocol.add_records(response.record_list.records, records)  # in place: no message copies
+        return response
+
+    def _record_run(self, p: StoragePartition, m: Any) -> storage_pb2.StorageResponse:
+        """The records read_fields would give, as the data files hold them: no message and no tuple per record."""
+        protocol.check_list_request(m.transaction_id, m.max_records)
+        count, records, ends = p.record_run(
+            m.transaction_id, min(m.max_records, self.limits.max_list_length), self.limits.max_batch_bytes
+        )
+        response = storage_pb2.StorageResponse()
+        answer = response.record_list
+        answer.session_id = m.session_id
+        answer.seq_num = m.seq_num
+        answer.partition_id = m.partition_id
+        answer.record_list_length = count
+        run = answer.run
+        run.SetInParent()  # present even when empty: a node that serves runs answers with one
+        run.first_transaction_id = m.transaction_id
+        run.count = count
+        run.records = records
+        run.ends = ends
         return response

@@ -24,6 +24,7 @@ from waltz_storage.codec import (
     PartitionInfoStruct,
     RecordFields,
     check_record,
+    join_spans,
 )
 from waltz_storage.control_file import ControlFile
 from waltz_storage.errors import (
@@ -49,8 +50,25 @@ DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
 DEFAULT_SEGMENT_CACHE_CAPACITY = 5
 
 T = TypeVar("T")
+ReadSpan = Callable[[Segment, int, int, int, bool], tuple[T, int, int]]
+"""Reads records of one segment: (segment, first id, at most how many, about how many bytes, at least one) to
+(what was read, how many records, how many bytes on disk)."""
 
 log = logging.getLogger(__name__)
+
+
+def _fields_of(
+    segment: Segment, txn: int, max_n: int, max_bytes: int, at_least_one: bool
+) -> tuple[list[RecordFields], int, int]:
+    fields, size = segment.record_fields(txn, max_n, max_bytes, at_least_one)
+    return fields, len(fields), size
+
+
+def _span_of(
+    segment: Segment, txn: int, max_n: int, max_bytes: int, at_least_one: bool
+) -> tuple[tuple[bytes, list[int]], int, int]:
+    buf, offsets = segment.record_span(txn, max_n, max_bytes, at_least_one)
+    return (buf, offsets), max(len(offsets) - 1, 0), len(buf)
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,29 +408,46 @@ class StoragePartition(DamageRepair):
             result.extend(got)
         return result
 
-    def record_fields(self, transaction_id: int, max_n: int, max_bytes: int) -> list[RecordFields]:
-        """Up to max_n consecutive records from transaction_id taking at most max_bytes on disk (but at least
-        one, whatever its size), as plain values, checksums verified; shorter or empty past the end."""
+    def _read_spans(self, transaction_id: int, max_n: int, max_bytes: int, read: ReadSpan[T]) -> list[T]:
+        """Up to max_n consecutive records from transaction_id taking at most max_bytes on disk (but at least one,
+        whatever its size), read from each segment they lie in by read(segment, txn, n, bytes, at_least_one) (the
+        part, how many records and how many bytes it holds); the parts, none past the end."""
         self._check_open()
-        result: list[RecordFields] = []
+        parts: list[T] = []
+        count = 0
         budget = max_bytes
-        while len(result) < max_n:
-            txn = transaction_id + len(result)
+        while count < max_n:
+            txn = transaction_id + count
             segment = self._segment_for(txn)
             if segment is None:
                 break
             try:
-                got, size = segment.record_fields(txn, max_n - len(result), budget, not result)
+                part, got, size = read(segment, txn, max_n - count, budget, not parts)
             except CorruptionError:
-                self._note_read_damage(txn, max_n - len(result))
+                self._note_read_damage(txn, max_n - count)
                 raise
             if not got:
                 break
-            result.extend(got)
+            parts.append(part)
+            count += got
             budget -= size
             if budget <= 0:
                 break
-        return result
+        return parts
+
+    def record_fields(self, transaction_id: int, max_n: int, max_bytes: int) -> list[RecordFields]:
+        """Up to max_n consecutive records from transaction_id taking at most max_bytes on disk (but at least
+        one, whatever its size), as plain values, checksums verified; shorter or empty past the end."""
+        parts = self._read_spans(transaction_id, max_n, max_bytes, _fields_of)
+        return parts[0] if len(parts) == 1 else [fields for part in parts for fields in part]
+
+    def record_run(self, transaction_id: int, max_n: int, max_bytes: int) -> tuple[int, bytes, bytes]:
+        """record_fields' records as a RecordRun (how many, their bytes as the data files hold them and their
+        ends, codec.join_spans), each checked (codec.check_records) but none decoded."""
+        spans = self._read_spans(transaction_id, max_n, max_bytes, _span_of)
+        if not spans:
+            return 0, b"", b""
+        return sum(len(offsets) - 1 for _, offsets in spans), *join_spans(spans)
 
     def records(self, transaction_id: int, max_n: int) -> list[Record]:
         """Up to max_n consecutive records from transaction_id; shorter or empty past the end."""

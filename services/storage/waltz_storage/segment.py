@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from waltz_common.types import Record, RecordHeader, ReqId
+from waltz_common.types import Record, RecordHeader, ReqId, crc32
 from waltz_storage.batch import EncodedBatch, encode_records
 from waltz_storage.codec import (
     FILE_HEADER_SIZE,
@@ -20,6 +20,7 @@ from waltz_storage.codec import (
     HeaderFields,
     RecordFields,
     SegmentFileHeader,
+    check_records,
     decode_headers,
     decode_index_entries,
     decode_record,
@@ -354,6 +355,11 @@ class Segment:
         txn = record.transaction_id
         if txn not in self.damaged:
             raise InvalidRequest(f"{self.data_path}: transaction {txn} is not damaged here; nothing was written")
+        if crc32(record.data) != record.checksum:  # raw reads rely on every written record's data matching it
+            raise InvalidRequest(
+                f"{self.data_path}: the copy of transaction {txn} has checksum {record.checksum}, not the CRC32 of "
+                f"its data ({crc32(record.data)}); nothing was written"
+            )
         raw = encode_record(record)
         start, end = self._bounds(txn, 1)
         data_fd, _ = self._fds()
@@ -423,6 +429,22 @@ class Segment:
         offsets.append(self._data_size)
         return offsets
 
+    def _span(self, txn: int, max_n: int, max_bytes: int, at_least_one: bool) -> tuple[bytes, list[int]]:
+        """The data file's bytes of up to max_n records from txn taking at most max_bytes (the first even past
+        max_bytes if at_least_one), in one index read and one data read, and their offsets and the offset just
+        past the last; (b"", []) for none."""
+        n = self._count(txn, max_n)
+        if n == 0:
+            return b"", []
+        offsets = self._bounds(txn, n)
+        fit = bisect.bisect_right(offsets, offsets[0] + max_bytes) - 1
+        if fit < n:
+            if fit == 0 and not at_least_one:
+                return b"", []
+            del offsets[max(fit, 1) + 1 :]
+        data_fd, _ = self._fds()
+        return pread_upto(data_fd, offsets[-1] - offsets[0], offsets[0]), offsets
+
     def record_fields(
         self, txn: int, max_n: int, max_bytes: int, at_least_one: bool = True
     ) -> tuple[list[RecordFields], int]:
@@ -430,22 +452,24 @@ class Segment:
         checksums verified, and the bytes they take; the first record even past max_bytes if at_least_one.
 
         One index read, one data read of the contiguous range, one decoding pass."""
-        n = self._count(txn, max_n)
-        if n == 0:
+        buf, offsets = self._span(txn, max_n, max_bytes, at_least_one)
+        if not offsets:
             return [], 0
-        offsets = self._bounds(txn, n)
-        fit = bisect.bisect_right(offsets, offsets[0] + max_bytes) - 1
-        if fit < n:
-            if fit == 0 and not at_least_one:
-                return [], 0
-            del offsets[max(fit, 1) + 1 :]
-        size = offsets[-1] - offsets[0]
-        data_fd, _ = self._fds()
-        buf = pread_upto(data_fd, size, offsets[0])
         try:
-            return decode_records(buf, offsets, txn), size
+            return decode_records(buf, offsets, txn), offsets[-1] - offsets[0]
         except CorruptionError as e:
             raise type(e)(f"{self.data_path}: {e}") from e
+
+    def record_span(self, txn: int, max_n: int, max_bytes: int, at_least_one: bool = True) -> tuple[bytes, list[int]]:
+        """record_fields' records as the data file holds them, checked (codec.check_records) but not decoded,
+        with their offsets and the offset just past the last; (b"", []) for none."""
+        buf, offsets = self._span(txn, max_n, max_bytes, at_least_one)
+        if offsets:
+            try:
+                check_records(buf, offsets, txn)
+            except CorruptionError as e:
+                raise type(e)(f"{self.data_path}: {e}") from e
+        return buf, offsets
 
     def records(self, txn: int, max_n: int) -> list[Record]:
         """Up to max_n records from txn (fewer at the end of the segment), checksums verified."""

@@ -10,6 +10,7 @@ from waltz.v1 import common_pb2
 from waltz_common.types import Record
 from waltz_common.wire import header_to_proto
 from waltz_server.identity import ClientIdentity
+from waltz_server.record_runs import Run, run_from_records
 from waltz_server.store.api import AppendFailed, PendingRecord, StoreStatus, StoreUnavailable
 from waltz_server.validation import req_id_of
 from waltz_storage.protocol import record_to_proto
@@ -160,6 +161,9 @@ class FakeStore:
     async def get_records(self, transaction_id: int, max_records: int) -> list[common_pb2.Record]:
         self.record_reads += 1
         return [record_to_proto(r) for r in self.records[transaction_id : transaction_id + max_records]]
+
+    async def get_run(self, transaction_id: int, max_records: int) -> Run:
+        return run_from_records(transaction_id, await self.get_records(transaction_id, max_records))
 
     async def get_headers(self, transaction_id: int, max_records: int) -> list[common_pb2.RecordHeader]:
         self.header_reads.append((transaction_id, max_records))

@@ -8,6 +8,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from waltz.v1 import server_pb2
 from waltz_common.types import crc32
+from waltz_server.store.wire import encode_pending
 
 from .grpc_harness import served
 from .harness import run
@@ -75,6 +76,12 @@ def test_read_transactions_streams_the_range_in_batches():
             ids = [rec.transaction_id for r in responses for rec in r.records]
             assert ids == list(range(3, 21))
             assert responses[0].records[0].data == b"d4"
+            request.raw = True  # the same records as runs of the data files' bytes
+            runs = [r.run async for r in s.stub.ReadTransactions(request)]
+            assert [(r.first_transaction_id, r.count) for r in runs] == [(3, 5), (8, 5), (13, 5), (18, 3)]
+            records = [rec for r in responses for rec in r.records]
+            for i, got in enumerate(runs):
+                assert got.records == encode_pending(got.first_transaction_id, records[5 * i : 5 * i + got.count])
             beyond = server_pb2.ReadTransactionsRequest(partition_id=0, from_transaction_id=0, to_transaction_id=30)
             code, details = await status_of(_drain(s.stub.ReadTransactions(beyond)))
             assert code == grpc.StatusCode.NOT_FOUND and "high-water mark 24" in details

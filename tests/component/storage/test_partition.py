@@ -1,12 +1,13 @@
 """StoragePartition on real files: append rules, segment rolls, truncation, low-water mark and flags."""
 
 import json
+import struct
 
 import pytest
 
 from tests.component.storage.helpers import make_record, make_records, open_manager, snapshot
 from waltz_common.types import Record, ReqId, crc32
-from waltz_storage.codec import FILE_HEADER_SIZE, RECORD_OVERHEAD
+from waltz_storage.codec import FILE_HEADER_SIZE, RECORD_OVERHEAD, encode_record
 from waltz_storage.errors import (
     BatchTooLarge,
     ChecksumError,
@@ -122,6 +123,10 @@ def test_record_fields_cap_by_count_and_bytes_across_segments(tmp_path, start, m
             partition.append([make_record(txn, 60)])
         got = partition.record_fields(start, max_n, max_bytes)
         assert got == as_fields(make_records(start, expected, 60))
+        count, records, ends = partition.record_run(start, max_n, max_bytes)  # the same records, not decoded
+        blobs = [encode_record(r) for r in make_records(start, expected, 60)]
+        assert (count, records) == (expected, b"".join(blobs))
+        assert ends == struct.pack(f"<{expected}I", *[record_size * (i + 1) for i in range(expected)])
 
 
 @pytest.mark.parametrize("size", [60, 5000])  # one read of the range, or one per record's prefix
@@ -148,6 +153,7 @@ def test_a_damaged_record_fails_the_read_loudly(tmp_path):
         for read in (
             lambda: partition.records(0, 10),
             lambda: partition.record_fields(2, 5, 10_000),
+            lambda: partition.record_run(2, 5, 10_000),
             lambda: partition.record(4),
         ):
             with pytest.raises(ChecksumError, match=f"{data_file}: record at offset .*: record checksum"):

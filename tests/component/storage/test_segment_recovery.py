@@ -148,6 +148,10 @@ def test_a_damaged_record_is_repaired_only_with_a_copy_of_itself(tmp_path):
         other = Record(0, own.req_id, own.header, b"x" * SIZE, crc32(b"x" * SIZE))  # same size, other data
         with pytest.raises(InvalidRequest, match="does not match"):
             partition.repair([other])
+        # Its own prefix (and so its data checksum) with other data: its record CRC would be made to hold.
+        forged = Record(0, own.req_id, own.header, b"x" * SIZE, own.checksum)
+        with pytest.raises(InvalidRequest, match="not the CRC32 of its data"):
+            partition.repair([forged])
         with pytest.raises(InvalidRequest, match="not damaged"):
             partition.repair([make_record(1, SIZE)])
         assert partition.repair([make_record(0, SIZE), make_record(2, SIZE)]) == 2

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 import uuid
 from collections.abc import Iterator
+from itertools import accumulate
 from pathlib import Path
 
 import pytest
@@ -466,6 +468,13 @@ def test_record_list_responses_are_capped_in_bytes(node):
             assert 0 < msg.record_list_length < 60
             assert sum(len(r.data) + 40 for r in msg.records) <= 20_000
             assert list(msg.records) == records(0, msg.record_list_length, size=900)
+            _kind, raw = await c.ask("record_list", transaction_id=0, max_records=60, raw=True)
+            run = raw.run  # the same records, as the data file holds them
+            assert raw.record_list_length == run.count == msg.record_list_length and not raw.records
+            assert run.first_transaction_id == 0 and run.records == encode_pending(0, list(msg.records))
+            assert run.ends == struct.pack(f"<{run.count}I", *accumulate(len(r.data) + 40 for r in msg.records))
+            _kind, empty = await c.ask("record_list", transaction_id=60, max_records=5, raw=True)
+            assert empty.HasField("run") and (empty.run.first_transaction_id, empty.run.count) == (60, 0)
 
     node.call(scenario())
 
@@ -481,8 +490,13 @@ def test_a_damaged_record_is_answered_corrupted_never_served(node, tmp_path):
             data_file.write_bytes(bytes(damaged))
             kind, msg = await c.ask("record_list", transaction_id=0, max_records=5)
             assert kind == "record_list" and list(msg.records) == records(0, 5, size=50)
-            for ask in ("record_list", "record"):
-                fields = {"transaction_id": 5} if ask == "record" else {"transaction_id": 2, "max_records": 10}
+            _, raw = await c.ask("record_list", transaction_id=0, max_records=5, raw=True)
+            assert raw.run.records == encode_pending(0, records(0, 5, size=50))
+            for ask, fields in (
+                ("record", {"transaction_id": 5}),
+                ("record_list", {"transaction_id": 2, "max_records": 10}),
+                ("record_list", {"transaction_id": 2, "max_records": 10, "raw": True}),
+            ):
                 answer = await c.ask(ask, **fields)
                 assert_failure(answer, Code.CORRUPTED, "record checksum")
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import re
 from types import SimpleNamespace
 
 import pytest
 
 from waltz.v1 import common_pb2
+from waltz_server.record_runs import Run, run_from_records
 from waltz_server.store.api import StoreUnavailable
-from waltz_server.transaction_data import RangeError, read_range
+from waltz_server.transaction_data import RangeError, read_range, read_runs
 
 
 class Store:
@@ -23,6 +26,7 @@ class Store:
         self.gate = asyncio.Event()
         self.gate.set()
         self.cancelled = 0
+        self.skew = 0  # runs answered start this far from the id asked
 
     async def get_records(self, first: int, count: int) -> list[common_pb2.Record]:
         self.asked.append((first, count))
@@ -35,6 +39,10 @@ class Store:
             raise StoreUnavailable(f"no read from {first}")
         last = min(first + min(count, self.cap), self.high_water_mark + 1)
         return [common_pb2.Record(transaction_id=t) for t in range(first, last)]
+
+    async def get_run(self, first: int, count: int) -> Run:
+        got = run_from_records(first, await self.get_records(first, count))
+        return dataclasses.replace(got, first=got.first + self.skew)
 
 
 async def until(predicate, turns: int = 100) -> None:
@@ -134,5 +142,38 @@ def test_ranges_are_checked_before_any_read() -> None:
         with pytest.raises(RangeError, match="bad range"):
             await ids(store, 5, 4, 5)
         assert store.asked == []
+
+    asyncio.run(scenario())
+
+
+async def run_ids(store: Store, first: int, last: int, size: int, store_batch: int = 1) -> list[list[int]]:
+    return [
+        list(range(run.first, run.last + 1))
+        async for run in read_runs(partition(store), first, last, size, read_ahead=2, store_batch=store_batch)  # type: ignore[arg-type]
+    ]
+
+
+def test_runs_are_read_ahead_and_split_as_records_are_and_hold_the_same_records() -> None:
+    async def scenario() -> None:
+        for cap, store_batch, first, last, size in ((1000, 10, 5, 16, 4), (3, 1, 0, 11, 5), (1000, 2, 0, 7, 5)):
+            store = Store(99, cap=cap)
+            expected = await ids(store, first, last, size, store_batch)
+            asked = list(store.asked)
+            store.asked.clear()
+            assert await run_ids(store, first, last, size, store_batch) == expected
+            assert store.asked == asked
+        store = Store(99)
+        async for run in read_runs(partition(store), 3, 9, 4, store_batch=10):  # type: ignore[arg-type]
+            assert run.ends[-1] == len(run.records) == 40 * len(run)  # each piece's ends start from its own bytes
+
+    asyncio.run(scenario())
+
+
+def test_a_run_that_does_not_start_where_asked_is_refused() -> None:
+    async def scenario() -> None:
+        store = Store(99)
+        store.skew = 1
+        with pytest.raises(StoreUnavailable, match=re.escape("answered transactions 6..15 (10) for 10 from 5")):
+            await run_ids(store, 5, 20, 4, store_batch=10)
 
     asyncio.run(scenario())

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from waltz.v1 import common_pb2
 from waltz_common.types import Record
+
+if TYPE_CHECKING:  # record_runs encodes with store.wire, which imports this module
+    from waltz_server.record_runs import Run
 
 
 class PendingRecord(Protocol):
@@ -145,6 +148,11 @@ class StorePartition(Protocol):
     async def get_records(self, transaction_id: int, max_records: int) -> Sequence[common_pb2.Record]:
         """Consecutive committed records from transaction_id (fewer at the high-water mark), as the storage's
         Record messages: bulk readers pass them on without converting each one."""
+        ...
+
+    async def get_run(self, transaction_id: int, max_records: int) -> Run:
+        """get_records' records as one run, as the storage nodes' data files hold them (a raw read): passed on
+        without decoding any."""
         ...
 
     async def get_headers(self, transaction_id: int, max_records: int) -> Sequence[common_pb2.RecordHeader]:

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from waltz.v1 import common_pb2, storage_pb2
-from waltz_server.store.connection import Answer, StorageConnection, StorageConnectionLost
+from waltz_server.record_runs import Run, run_from_proto, run_from_records
+from waltz_server.store.connection import Answer, StorageConnection, StorageConnectionLost, StorageError
 from waltz_server.store.wire import append_request
 
 
@@ -119,7 +120,7 @@ class ReplicaSession:
         """How long an answer may take (storage.requestTimeoutSeconds)."""
         return self.connection.request_timeout_s
 
-    async def records(self, transaction_id: int, max_records: int) -> list[common_pb2.Record]:
+    async def _record_list(self, transaction_id: int, max_records: int, raw: bool) -> storage_pb2.RecordListResponse:
         r = await self._call(
             storage_pb2.StorageRequest(
                 record_list=storage_pb2.RecordListRequest(
@@ -127,10 +128,31 @@ class ReplicaSession:
                     max_records=max_records,
                     session_id=self.session_id,
                     partition_id=self.partition_id,
+                    raw=raw,
                 )
             )
         )
-        return list(r.record_list.records)
+        return r.record_list
+
+    async def records(self, transaction_id: int, max_records: int) -> list[common_pb2.Record]:
+        return list((await self._record_list(transaction_id, max_records, False)).records)
+
+    async def record_run(self, transaction_id: int, max_records: int) -> Run:
+        """The records as a run (a raw read): the node's RecordRun, or one built from its Record messages when it
+        predates raw reads. StorageError when the answer does not add up (the next replica is asked then)."""
+        answer = await self._record_list(transaction_id, max_records, True)
+        try:
+            if not answer.HasField("run"):
+                return run_from_records(transaction_id, answer.records)
+            run = run_from_proto(answer.run)
+        except ValueError as e:
+            raise StorageError(f"{self.replica}: a raw read answered {e}") from None
+        if run.first != transaction_id or len(run) > max_records:
+            raise StorageError(
+                f"{self.replica}: a raw read answered {len(run)} records from {run.first} for {max_records} from "
+                f"{transaction_id}"
+            )
+        return run
 
     async def headers(self, transaction_id: int, max_records: int) -> list[common_pb2.RecordHeader]:
         r = await self._call(

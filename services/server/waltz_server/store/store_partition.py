@@ -15,6 +15,7 @@ from kazoo.recipe.watchers import DataWatch
 from waltz.v1 import common_pb2
 from waltz_common.types import Record
 from waltz_common.zk import ZkPaths
+from waltz_server.record_runs import Run
 from waltz_server.recovery import ReplicaState
 from waltz_server.store.api import PendingRecord, StoreStatus, StoreUnavailable
 from waltz_server.store.connections import StorageConnections
@@ -325,6 +326,9 @@ class ReplicatedStorePartition:
 
     async def get_records(self, transaction_id: int, max_records: int) -> Sequence[common_pb2.Record]:
         return await self._usable_session().records(transaction_id, max_records)
+
+    async def get_run(self, transaction_id: int, max_records: int) -> Run:
+        return await self._usable_session().record_run(transaction_id, max_records)
 
     async def get_headers(self, transaction_id: int, max_records: int) -> Sequence[common_pb2.RecordHeader]:
         return await self._usable_session().headers(transaction_id, max_records)

@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Sized
 from typing import TypeVar
 
 from waltz.v1 import common_pb2
 from waltz_server.fence_judgement import FenceJudgement, LeftOut, damage_restart
 from waltz_server.pending_batch import storage_append_request
+from waltz_server.record_runs import Run, empty_run, merge_runs, slice_run
 from waltz_server.recovery import RecoveryManager, ReplicaFacts, ReplicaState
 from waltz_server.store.api import AppendFailed, PendingRecord, StoreUnavailable
 from waltz_server.store.connection import (
@@ -42,8 +43,21 @@ log = logging.getLogger(__name__)
 WriteStates = Callable[[Mapping[str, ReplicaState]], Awaitable[None]]
 StillCurrent = Callable[[], Awaitable[bool]]
 """Whether ZooKeeper still holds this store session as the partition's newest (no other owner took over)."""
+P = TypeVar("P", bound=Sized)
+R = TypeVar("R")
 T = TypeVar("T")
-Fetch = Callable[[ReplicaSession, int, int], Awaitable[list[T]]]
+Fetch = Callable[[ReplicaSession, int, int], Awaitable[P]]
+"""Reads at most so many items from an id off one replica: a part, shorter when the node answers in parts."""
+Join = Callable[[int, list[P], int], R]
+"""The parts read from an id as the answer, of that many items (the parts may hold more)."""
+
+
+def _join_lists(first: int, parts: list[list[T]], count: int) -> list[T]:
+    return parts[0][:count] if len(parts) == 1 else [item for part in parts for item in part][:count]
+
+
+def _join_runs(first: int, parts: list[Run], count: int) -> Run:
+    return slice_run(merge_runs(parts), 0, count) if parts else empty_run(first)
 
 
 class StoreSession(ReplicaCatchUp):
@@ -420,39 +434,46 @@ class StoreSession(ReplicaCatchUp):
         preferred = self._preferred_reader
         return sorted(self._writes.members.items(), key=lambda kv: (kv[1].acked < last, kv[0] != preferred, kv[0]))
 
-    async def _read(self, first: int, max_records: int, fetch: Fetch[T]) -> list[T]:
-        """Consecutive committed items from first (at most max_records), from the first member that has them.
+    async def _read(self, first: int, max_records: int, fetch: Fetch[P], join: Join[P, R]) -> R:
+        """Consecutive committed items from first (at most max_records), from the first member that has them all,
+        fetched in parts and joined.
 
         A storage node answers long lists in parts, so a short, non-empty answer is followed up."""
         self._check_usable()
         count = min(max_records, self.high_water_mark - first + 1)
         if count <= 0 or first < 0:
-            return []
+            return join(first, [], 0)
         errors = []
         for replica, member in self._readers(first + count - 1):
-            found: list[T] = []
+            parts: list[P] = []
+            found = 0
             try:
-                while len(found) < count:
-                    part = await fetch(member.session, first + len(found), count - len(found))
+                while found < count:
+                    part = await fetch(member.session, first + found, count - found)
                     if not part:
                         break
-                    found.extend(part)
+                    parts.append(part)
+                    found += len(part)
             except StorageError as e:
                 if isinstance(e, StorageRpcError) and e.code == Code.CORRUPTED:
                     self._damage_seen.set()
                 errors.append(str(e))
                 continue
-            if len(found) >= count:
+            if found >= count:
                 self._preferred_reader = replica
-                return found[:count]
-            errors.append(f"{replica}: {len(found)} of {count} from {first}")
+                return join(first, parts, count)
+            errors.append(f"{replica}: {found} of {count} from {first}")
         raise StoreUnavailable(f"partition {self.partition_id}: no replica could serve {first}..: {'; '.join(errors)}")
 
     async def records(self, first: int, max_records: int) -> list[common_pb2.Record]:
-        return await self._read(first, max_records, ReplicaSession.records)
+        return await self._read(first, max_records, ReplicaSession.records, _join_lists)
 
     async def headers(self, first: int, max_records: int) -> list[common_pb2.RecordHeader]:
-        return await self._read(first, max_records, ReplicaSession.headers)
+        return await self._read(first, max_records, ReplicaSession.headers, _join_lists)
+
+    async def record_run(self, first: int, max_records: int) -> Run:
+        """records() as one run (a raw read): the parts merged, nothing decoded."""
+        return await self._read(first, max_records, ReplicaSession.record_run, _join_runs)
 
     # ----------------------------------------------------------------------------------- status
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from itertools import accumulate
 from typing import Any, cast
 
 from waltz.v1 import common_pb2, storage_pb2
 from waltz_common.types import crc32
-from waltz_common.wire import record_to_proto
+from waltz_common.wire import record_from_proto, record_to_proto
 from waltz_server.store.connection import (
     Answer,
     Code,
@@ -17,6 +18,7 @@ from waltz_server.store.connection import (
 )
 from waltz_server.store.connections import StorageConnections
 from waltz_server.store.wire import request_body
+from waltz_storage.codec import encode_record, join_spans
 from waltz_storage.protocol import records_from_append
 
 
@@ -44,6 +46,9 @@ class FakeReplica:
         self.released = asyncio.Event()
         self.fail_reads = False
         self.max_list = 10_000  # a storage node answers long lists in parts
+        self.corrupt_reads = False  # reads are answered CORRUPTED, as a node whose data file rotted answers them
+        self.damaged: list[int] = []  # what it reports damaged (max_transaction_id)
+        self.ignores_raw = False  # answers raw reads with records, as a node that predates them does
 
     @property
     def max_transaction_id(self) -> int:
@@ -61,7 +66,9 @@ class FakeReplica:
         if kind in ("max_transaction_id", "truncate"):
             if kind == "truncate":
                 del self.records[msg.transaction_id + 1 :]
-            answer = storage_pb2.MaxTransactionIdResponse(transaction_id=self.max_transaction_id)
+            answer = storage_pb2.MaxTransactionIdResponse(
+                transaction_id=self.max_transaction_id, damaged_transaction_ids=self.damaged
+            )
             return storage_pb2.StorageResponse(max_transaction_id=answer)
         if kind == "set_low_water_mark":
             if self.max_transaction_id > msg.low_water_mark:
@@ -81,7 +88,11 @@ class FakeReplica:
             return storage_pb2.StorageResponse(success=storage_pb2.SuccessResponse())
         if self.fail_reads:
             raise StorageRpcError(Code.IO_ERROR, "read failed")
+        if self.corrupt_reads:
+            raise StorageRpcError(Code.CORRUPTED, "record at offset 128: record checksum 1 does not match computed 2")
         found = self.records[msg.transaction_id : msg.transaction_id + min(msg.max_records, self.max_list)]
+        if kind == "record_list" and msg.raw and not self.ignores_raw:
+            return storage_pb2.StorageResponse(record_list=raw_answer(msg.transaction_id, found))
         if kind == "record_list":
             return storage_pb2.StorageResponse(record_list=storage_pb2.RecordListResponse(records=found))
         headers = [common_pb2.RecordHeader(transaction_id=r.transaction_id, req_id=r.req_id) for r in found]
@@ -92,6 +103,15 @@ class FakeReplica:
     def release(self) -> None:
         self.hold_appends = False
         self.released.set()
+
+
+def raw_answer(first: int, records: list[common_pb2.Record]) -> storage_pb2.RecordListResponse:
+    """The answer a storage node gives a raw read of records (its own encoder and join_spans)."""
+    blobs = [encode_record(record_from_proto(r)) for r in records]
+    offsets = list(accumulate((len(b) for b in blobs), initial=0))
+    data, ends = join_spans([(b"".join(blobs), offsets)])
+    run = common_pb2.RecordRun(first_transaction_id=first, count=len(records), records=data, ends=ends)
+    return storage_pb2.RecordListResponse(record_list_length=len(records), run=run)
 
 
 class FakeConnection:
