@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -11,7 +12,8 @@ import grpc
 
 from waltz.v1 import common_pb2, metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_common import zk as zkmeta
-from waltz_common.types import crc32
+from waltz_common.record_layout import RECORD_CRC, RECORD_PREFIX
+from waltz_common.types import crc32, crc32_unsigned
 
 
 def record(partition: int, txn: int, data: bytes, header: int = 0, client_id: int = 7) -> common_pb2.Record:
@@ -22,6 +24,38 @@ def record(partition: int, txn: int, data: bytes, header: int = 0, client_id: in
         data_length=len(data),
         data=data,
         checksum=crc32(data),
+    )
+
+
+def encode(record: common_pb2.Record) -> bytes:
+    """The record as a storage node's data file holds it (waltz_common.record_layout)."""
+    q = record.req_id
+    data = record.data
+    body = RECORD_PREFIX.pack(
+        record.transaction_id,
+        q.client_id,
+        q.generation,
+        q.partition_id,
+        q.seq_num,
+        record.header,
+        record.data_length,
+        record.checksum,
+    )
+    body += data
+    return body + RECORD_CRC.pack(crc32_unsigned(body))
+
+
+def run_of(encoded: Sequence[bytes], first: int) -> common_pb2.RecordRun:
+    """A RecordRun of encoded records (encode()) that are transactions first.., its ends as they travel."""
+    ends, end = [], 0
+    for piece in encoded:
+        end += len(piece)
+        ends.append(end)
+    return common_pb2.RecordRun(
+        first_transaction_id=first,
+        count=len(encoded),
+        records=b"".join(encoded),
+        ends=struct.pack(f"<{len(ends)}I", *ends),
     )
 
 
