@@ -157,7 +157,10 @@ class TupleReader(WaltzBatchReader):
     def read(self, partition: Any) -> Iterator[Any]:
         task = partition.value
         next_id = task.first
-        for records in fetch(task.address, task.partition, task.first, task.last, task.batch_size, task.timeout_s):
+        for records in fetch(
+            task.address, task.partition, task.first, task.last, task.batch_size, task.timeout_s, raw=False
+        ):
+            assert not isinstance(records, common_pb2.RecordRun)  # not raw: the tuples come from Records
             check(task.partition, next_id, records)
             next_id += len(records)
             for r in records:
