@@ -1,6 +1,6 @@
 """Spark ingestion rows/s from a real local cluster into Parquet, next to baselines in the same run.
 
-    .venv/bin/python -m bench.ingest_bench [--rows N] [--partitions P] [--dir DIR] [--reads-only]
+    .venv/bin/python -m bench.ingest_bench [--rows N] [--partitions P] [--dir DIR] [--reads-only | --conversions-only]
 
 Starts a LocalCluster (ZooKeeper, 3 storage nodes, 1 server) and fills P partitions with N
 transactions of about 100 B of JSON through raw client streams (large AppendBatches). Measures:
@@ -13,7 +13,8 @@ transactions of about 100 B of JSON through raw client streams (large AppendBatc
   in-memory fake server (the Spark side alone); batch reads yielding Arrow batches vs tuples;
 - the Python worker's conversion of records, Arrow builder vs tuples through Spark's converter.
 The ingest rows are the best of two runs, the batch reads of three. Prints a table; asserts nothing.
---reads-only stops after the raw reads (no Spark): the quick figure for work on the read path.
+--reads-only stops after the raw reads (no Spark): the quick figure for work on the read path;
+--conversions-only measures the worker rows alone (no cluster, a few seconds).
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.types import crc32
 from waltz_spark.cluster import ClusterDirectory
 from waltz_spark.reading import BatchBuilder, ReadTask, check, fetch, read_task
+from waltz_spark.runs import RunBuilder
 from waltz_spark.source import WaltzBatchReader, WaltzDataSource
-from waltz_spark.testing import FakeWaltzServer, local_spark, record, register
+from waltz_spark.testing import FakeWaltzServer, encode, local_spark, record, register, run_of
 from waltz_storage.codec import check_records
 
 REPO = Path(__file__).resolve().parents[1]
@@ -178,7 +180,10 @@ class TupleReader(WaltzBatchReader):
     def read(self, partition: Any) -> Iterator[Any]:
         task = partition.value
         next_id = task.first
-        for records in fetch(task.address, task.partition, task.first, task.last, task.batch_size, task.timeout_s):
+        for records in fetch(
+            task.address, task.partition, task.first, task.last, task.batch_size, task.timeout_s, raw=False
+        ):
+            assert not isinstance(records, common_pb2.RecordRun)  # not raw: the tuples come from Records
             check(task.partition, next_id, records)
             next_id += len(records)
             for r in records:
@@ -248,17 +253,20 @@ def best_batches(spark: Any, target: Target, out: Path) -> tuple[float, float]:
 
 
 def conversions(rows: int) -> list[tuple[str, float]]:
-    """Seconds for the Python worker's share: records to Arrow, by the source's builder and by Spark from tuples."""
+    """Seconds for the Python worker's share: records to Arrow, by the source's builders (from Records, from the
+    same records as raw runs of 500, what ReadTransactions sends) and by Spark from tuples."""
     from pyspark.sql.worker.plan_data_source_read import records_to_arrow_batches
 
     from waltz_spark.source import SCHEMA
 
     chunks = [[record(0, i + j, payload(0, i + j)) for j in range(500)] for i in range(0, rows, 500)]
+    runs = [run_of([encode(r) for r in chunk], chunk[0].transaction_id) for chunk in chunks]
 
-    def arrow() -> None:
-        builder, next_id = BatchBuilder(0), 0
-        for chunk in chunks:
-            next_id = builder.add(next_id, chunk)
+    def arrow(builder: Any, messages: list[Any]) -> None:
+        """As read_stream does with a BatchBuilder (messages of Records) or a RunBuilder (RecordRuns)."""
+        next_id = 0
+        for message in messages:
+            next_id = builder.add(next_id, message)
             if builder.rows >= 8192:
                 builder.take()
         builder.take()
@@ -277,7 +285,14 @@ def conversions(rows: int) -> list[tuple[str, float]]:
             pass
 
     return [
-        ("worker: records -> Arrow by the source's builder", min(timed(arrow) for _ in range(3))),
+        (
+            "worker: records -> Arrow by the source's builder",
+            min(timed(lambda: arrow(BatchBuilder(0), chunks)) for _ in range(3)),
+        ),
+        (
+            "worker: the same as raw runs -> Arrow by RunBuilder",
+            min(timed(lambda: arrow(RunBuilder(0), runs)) for _ in range(3)),
+        ),
         ("worker: records -> tuples -> Arrow by Spark", min(timed(via_spark) for _ in range(3))),
     ]
 
@@ -377,9 +392,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--partitions", type=int, default=2, help="Waltz partitions (default 2)")
     parser.add_argument("--dir", help="work directory (default: a temporary one, removed after)")
     parser.add_argument("--reads-only", action="store_true", help="stop after the raw reads (no Spark)")
+    parser.add_argument(
+        "--conversions-only", action="store_true", help="only the worker rows (no cluster), on min(rows, 100000)"
+    )
     args = parser.parse_args(argv)
-    workdir = Path(args.dir or tempfile.mkdtemp(prefix="ingest-bench-"))
     rows = args.rows // args.partitions * args.partitions
+    if args.conversions_only:
+        rows = min(rows, 100_000)
+        print(report(rows, args.partitions, conversions(rows), []))
+        return
+    workdir = Path(args.dir or tempfile.mkdtemp(prefix="ingest-bench-"))
     try:
         results, notes = measure(workdir, rows, args.partitions, args.reads_only)
     finally:

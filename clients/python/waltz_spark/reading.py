@@ -19,29 +19,15 @@ from waltz_common.types import crc32_unsigned
 from waltz_common.zk_security import ZkSecurity
 from waltz_spark.cluster import CHANNEL_OPTIONS, ClusterDirectory, PartitionUnavailable, describe, is_retryable
 from waltz_spark.planning import split_range
+from waltz_spark.rows import ARROW_BATCH_ROWS as ARROW_BATCH_ROWS
+from waltz_spark.rows import ARROW_SCHEMA as ARROW_SCHEMA
+from waltz_spark.rows import BrokenRange as BrokenRange
+from waltz_spark.rows import ChecksumMismatch as ChecksumMismatch
+from waltz_spark.rows import check
+from waltz_spark.runs import MAX_BATCH_DATA, RunBuilder
 
-ARROW_SCHEMA = pa.schema(
-    [
-        ("partition", pa.int32()),
-        ("transaction_id", pa.int64()),
-        ("header", pa.int32()),
-        ("client_id", pa.int32()),
-        ("generation", pa.int32()),
-        ("seq_num", pa.int32()),
-        ("data", pa.binary()),
-    ]
-)
-ARROW_BATCH_ROWS = 8192
 MIN_STREAM_RECORDS = 10_000
 """A task reads over several streams only when each gets at least this many records."""
-
-
-class ChecksumMismatch(RuntimeError):
-    """A record's data does not match its CRC-32: the log or the transfer is corrupt."""
-
-
-class BrokenRange(RuntimeError):
-    """The server sent records out of order, of the wrong partition or with a wrong length."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +109,8 @@ _DONE = object()
 def read_stream(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = None) -> Iterator[pa.RecordBatch]:
     """One ReadTransactions of the task's range; after a retryable failure resumes at the next id from the owner."""
     locate = locate or locate_owner
-    builder = BatchBuilder(task.partition)
+    builder = BatchBuilder(task.partition)  # a server that predates raw answers with Records
+    runs = RunBuilder(task.partition)
     next_id = task.first
     address = task.address or locate(task, "")  # no owner when planned: look again before the first try
     deadline = time.monotonic() + task.timeout_s
@@ -133,9 +120,18 @@ def read_stream(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = 
             for records in fetch(
                 address, task.partition, next_id, task.last, task.batch_size, task.timeout_s, task.tls
             ):
-                next_id = builder.add(next_id, records)
-                if builder.rows >= ARROW_BATCH_ROWS:
-                    yield builder.take()
+                if isinstance(records, common_pb2.RecordRun):
+                    if builder.rows:  # the rows stay in order across a resumption at another server
+                        yield builder.take()
+                    next_id = runs.add(next_id, records)
+                    if runs.rows >= ARROW_BATCH_ROWS or runs.data_bytes >= MAX_BATCH_DATA // 2:
+                        yield runs.take()
+                else:
+                    if runs.rows:
+                        yield runs.take()
+                    next_id = builder.add(next_id, records)
+                    if builder.rows >= ARROW_BATCH_ROWS:
+                        yield builder.take()
                 deadline = time.monotonic() + task.timeout_s
             if next_id <= task.last:
                 raise PartitionUnavailable(f"stream ended at transaction {next_id - 1}, before {task.last}")
@@ -150,6 +146,8 @@ def read_stream(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = 
             address = locate(task, address)
     if builder.rows:
         yield builder.take()
+    if runs.rows:
+        yield runs.take()
 
 
 def fetch(
@@ -160,16 +158,21 @@ def fetch(
     batch_size: int,
     timeout_s: float,
     tls_files: TlsFiles | None = None,
-) -> Iterator[Sequence[common_pb2.Record]]:
-    """The records of ReadTransactions(first..last), one server message at a time."""
+    raw: bool = True,
+) -> Iterator[common_pb2.RecordRun | Sequence[common_pb2.Record]]:
+    """The records of ReadTransactions(first..last), one server message at a time.
+
+    raw asks for RecordRuns (records as the data files hold them, parsed without a protobuf message each); a
+    server that predates raw answers with Records all the same, so each message gives whichever it holds.
+    """
     request = server_pb2.ReadTransactionsRequest(
-        partition_id=partition, from_transaction_id=first, to_transaction_id=last, batch_size=batch_size
+        partition_id=partition, from_transaction_id=first, to_transaction_id=last, batch_size=batch_size, raw=raw
     )
     # The whole range gets a deadline that grows with its size (at least 1000 records/s is assumed).
     deadline = timeout_s + (last - first + 1) / 1000.0
     stub = server_pb2_grpc.WaltzServerStub(channel(address, tls_files))
     for response in stub.ReadTransactions(request, timeout=deadline):
-        yield response.records
+        yield response.run if response.HasField("run") else response.records
 
 
 _channels: OrderedDict[tuple[str, TlsFiles | None, tuple[tuple[int, int], ...]], grpc.Channel] = OrderedDict()
@@ -191,30 +194,6 @@ def channel(address: str, tls_files: TlsFiles | None) -> grpc.Channel:
             _channels.popitem(last=False)[1].close()
     _channels.move_to_end(key)
     return found
-
-
-def check(partition: int, expected_first: int, records: Sequence[common_pb2.Record]) -> None:
-    """Ids dense from expected_first, lengths right, and the CRC-32 of every record's data as recorded."""
-    expected = expected_first
-    for record in records:
-        if record.transaction_id != expected:
-            raise BrokenRange(f"partition {partition}: expected transaction {expected}, got {record.transaction_id}")
-        data = record.data
-        if record.data_length != len(data):
-            raise BrokenRange(
-                f"partition {partition} transaction {expected}: data_length {record.data_length} "
-                f"but {len(data)} data bytes"
-            )
-        if (crc32_unsigned(data) - record.checksum) & 0xFFFFFFFF:
-            raise ChecksumMismatch(
-                f"checksum mismatch in partition {partition} transaction {expected}: data CRC-32 "
-                f"{crc32_unsigned(data):#010x}, record says {record.checksum & 0xFFFFFFFF:#010x}"
-            )
-        if record.req_id.partition_id != partition:
-            raise BrokenRange(
-                f"partition {partition} transaction {expected}: ReqId names partition {record.req_id.partition_id}"
-            )
-        expected += 1
 
 
 def locate_owner(task: ReadTask, previous: str) -> str:

@@ -1,9 +1,14 @@
-"""An in-memory WaltzServer on loopback (GetHighWaterMark, ReadTransactions) for tests and benchmarks."""
+"""An in-memory WaltzServer on loopback (GetHighWaterMark, ReadTransactions) for tests and benchmarks.
+
+It answers a raw ReadTransactions with RecordRuns (its records encoded as a data file holds them) unless
+serves_raw is off, as a server that predates raw would; then, and for a request that is not raw, with Records.
+"""
 
 from __future__ import annotations
 
+import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -11,7 +16,8 @@ import grpc
 
 from waltz.v1 import common_pb2, metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_common import zk as zkmeta
-from waltz_common.types import crc32
+from waltz_common.record_layout import RECORD_CRC, RECORD_PREFIX
+from waltz_common.types import crc32, crc32_unsigned
 
 
 def record(partition: int, txn: int, data: bytes, header: int = 0, client_id: int = 7) -> common_pb2.Record:
@@ -25,11 +31,46 @@ def record(partition: int, txn: int, data: bytes, header: int = 0, client_id: in
     )
 
 
+def encode(record: common_pb2.Record) -> bytes:
+    """The record as a storage node's data file holds it (waltz_common.record_layout)."""
+    q = record.req_id
+    data = record.data
+    body = RECORD_PREFIX.pack(
+        record.transaction_id,
+        q.client_id,
+        q.generation,
+        q.partition_id,
+        q.seq_num,
+        record.header,
+        record.data_length,
+        record.checksum,
+    )
+    body += data
+    return body + RECORD_CRC.pack(crc32_unsigned(body))
+
+
+def run_of(encoded: Sequence[bytes], first: int) -> common_pb2.RecordRun:
+    """A RecordRun of encoded records (encode()) that are transactions first.., its ends as they travel."""
+    ends, end = [], 0
+    for piece in encoded:
+        end += len(piece)
+        ends.append(end)
+    return common_pb2.RecordRun(
+        first_transaction_id=first,
+        count=len(encoded),
+        records=b"".join(encoded),
+        ends=struct.pack(f"<{len(ends)}I", *ends),
+    )
+
+
 class FakeWaltzServer(server_pb2_grpc.WaltzServerServicer):
     """In-memory committed logs per partition; can cut a stream once after n records and corrupt a record."""
 
     def __init__(self, partitions: int = 2, batch_size: int = 100) -> None:
         self.logs: dict[int, list[common_pb2.Record]] = {pid: [] for pid in range(partitions)}
+        self.encoded: dict[int, list[bytes]] = {pid: [] for pid in range(partitions)}
+        """each log's records encoded once, for raw reads"""
+        self.serves_raw = True
         self.batch_size = batch_size
         self.cut_after: int | None = None
         self.requests: list[server_pb2.ReadTransactionsRequest] = []
@@ -44,9 +85,12 @@ class FakeWaltzServer(server_pb2_grpc.WaltzServerServicer):
             for _ in range(count):
                 txn = len(log)
                 log.append(record(partition, txn, f"p{partition}-t{txn}-".encode().ljust(size, b"x"), header=txn % 7))
+                self.encoded[partition].append(encode(log[-1]))
 
     def corrupt(self, partition: int, txn: int) -> None:
+        """Flip a bit of the record's data checksum (in its raw form too, where its record CRC-32 stays right)."""
         self.logs[partition][txn].checksum ^= 1
+        self.encoded[partition][txn] = encode(self.logs[partition][txn])
 
     @property
     def address(self) -> str:
@@ -90,14 +134,19 @@ class FakeWaltzServer(server_pb2_grpc.WaltzServerServicer):
         if first < 0 or last >= len(log):
             context.abort(grpc.StatusCode.OUT_OF_RANGE, f"{first}..{last} is beyond high-water mark {len(log) - 1}")
         size = min(request.batch_size or self.batch_size, self.batch_size)
+        raw = request.raw and self.serves_raw
         sent = 0
         for start in range(first, last + 1, size):
-            chunk = log[start : min(start + size, last + 1)]
-            if self.cut_after is not None and sent + len(chunk) > self.cut_after:
+            end = min(start + size, last + 1)
+            if self.cut_after is not None and sent + end - start > self.cut_after:
                 self.cut_after = None
                 context.abort(grpc.StatusCode.UNAVAILABLE, "cut on purpose")
-            sent += len(chunk)
-            yield server_pb2.ReadTransactionsResponse(partition_id=request.partition_id, records=chunk)
+            sent += end - start
+            if raw:
+                run = run_of(self.encoded[request.partition_id][start:end], start)
+                yield server_pb2.ReadTransactionsResponse(partition_id=request.partition_id, run=run)
+            else:
+                yield server_pb2.ReadTransactionsResponse(partition_id=request.partition_id, records=log[start:end])
 
 
 def register(zk: Any, root: str, server: FakeWaltzServer, server_id: int = 0) -> None:

@@ -9,9 +9,11 @@ from waltz_spark.reading import ARROW_SCHEMA, BatchBuilder, BrokenRange, Checksu
 from waltz_spark.testing import FakeWaltzServer, record
 
 
-@pytest.fixture
-def server():
+@pytest.fixture(params=[True, False], ids=["raw", "records"])
+def server(request):
+    """Serving record runs to the reader's raw requests, or Records as a server that predates raw does."""
     with FakeWaltzServer(partitions=2, batch_size=100) as fake:
+        fake.serves_raw = request.param
         fake.append(0, 1000)
         fake.append(1, 10)
         yield fake
@@ -44,6 +46,16 @@ def test_reads_a_range_with_every_column(server):
     assert {r.batch_size for r in server.requests} == {50}
 
 
+def test_the_reader_asks_for_runs_and_reads_the_same_rows_from_records():
+    with FakeWaltzServer(partitions=1, batch_size=64) as fake:
+        fake.append(0, 300, size=40)
+        raw = rows(read_task(task(fake, 0, 5, 299)))
+        fake.serves_raw = False
+        assert rows(read_task(task(fake, 0, 5, 299))) == raw
+        assert [r.raw for r in fake.requests] == [True, True]
+        assert len(raw) == 295
+
+
 def test_batches_are_arrow_with_the_source_schema(server):
     batches = list(read_task(task(server, 0, 0, 999)))
     assert all(b.schema == ARROW_SCHEMA for b in batches)
@@ -62,6 +74,20 @@ def test_a_cut_stream_resumes_at_the_next_id_without_duplicates(server):
     assert [r["transaction_id"] for r in got] == list(range(1000))
     assert [r.from_transaction_id for r in server.requests] == [0, 200]
     assert looked_up == [server.address]
+
+
+def test_a_stream_resumed_at_a_server_that_predates_raw_reads_on_from_its_records():
+    with FakeWaltzServer(partitions=1, batch_size=100) as fake:
+        fake.append(0, 1000)
+        fake.cut_after = 250
+
+        def failover(t: ReadTask, previous: str) -> str:
+            fake.serves_raw = False
+            return fake.address
+
+        got = rows(read_task(task(fake, 0, 0, 999, timeout_s=10), failover))
+        assert [r["transaction_id"] for r in got] == list(range(1000))
+        assert not fake.serves_raw
 
 
 def test_a_task_planned_without_an_owner_looks_it_up_first(server):
