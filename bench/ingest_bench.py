@@ -4,9 +4,9 @@
 
 Starts a LocalCluster (ZooKeeper, 3 storage nodes, 1 server) and fills P partitions with N
 transactions of about 100 B of JSON through raw client streams (large AppendBatches). Measures:
-- raw ReadTransactions with the source's checks and Arrow building, no Spark (1 and 2 readers), next to
-  ReadTransactions raw=true (runs of the data files' bytes, each record's id, size and CRC checked, nothing
-  decoded), and the CPU seconds each process spends per 100k records on each read;
+- the source's reads (read_task: ReadTransactions, every record checked, Arrow batches), no Spark (1 and 2
+  readers): of Records (raw=false, the messages of a server before RecordRuns) and of RecordRuns (raw=true, the
+  data files' bytes passed through), and the CPU seconds each process spends per 100k records on each read;
 - with one `local[2]` Spark session: Spark writing N rows of the same shape from an in-memory
   DataFrame to Parquet (the ceiling); the ingest job's streaming query (availableNow) from the
   cluster to partitioned Parquet, raw and with the json_columns decoder; the same ingest from an
@@ -24,7 +24,6 @@ import json
 import os
 import queue
 import shutil
-import struct
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -46,7 +45,6 @@ from waltz_spark.reading import BatchBuilder, ReadTask, check, fetch, read_task
 from waltz_spark.runs import RunBuilder
 from waltz_spark.source import WaltzBatchReader, WaltzDataSource
 from waltz_spark.testing import FakeWaltzServer, encode, local_spark, record, register, run_of
-from waltz_storage.codec import check_records
 
 REPO = Path(__file__).resolve().parents[1]
 APPEND_BATCH = 1000
@@ -133,35 +131,18 @@ def timed(call: Callable[[], Any]) -> float:
 
 
 def raw_reads(target: Target, partitions: int, readers: int, runs: bool = False) -> float:
-    """Seconds to read every partition, readers at a time: with read_task (checks + Arrow), or with runs
-    (ReadTransactions raw=true, drain_runs)."""
+    """Seconds to read every partition, readers at a time, with read_task (checks + Arrow): RecordRuns when runs
+    (ReadTransactions raw=true, RunBuilder), else Records (BatchBuilder), as a server before raw answers."""
     with ClusterDirectory(target.zookeeper, target.root) as directory:
         hwms = directory.high_water_marks(range(partitions))
         owners = directory.owners()
-    tasks = [ReadTask(target.zookeeper, target.root, p, 0, hwms[p], owners[p]) for p in range(partitions)]
+    tasks = [ReadTask(target.zookeeper, target.root, p, 0, hwms[p], owners[p], raw=runs) for p in range(partitions)]
 
     def drain(task: ReadTask) -> int:
-        return drain_runs(task) if runs else sum(batch.num_rows for batch in read_task(task))
+        return sum(batch.num_rows for batch in read_task(task))
 
     with ThreadPoolExecutor(readers) as pool:
         return timed(lambda: list(pool.map(drain, tasks)))
-
-
-def drain_runs(task: ReadTask) -> int:
-    """The task's records read with ReadTransactions raw=true, each run checked as a storage node checks its data
-    file's records (codec.check_records: transaction ids, sizes, record CRCs), none decoded; how many."""
-    request = server_pb2.ReadTransactionsRequest(
-        partition_id=task.partition, from_transaction_id=task.first, to_transaction_id=task.last, raw=True
-    )
-    next_id = task.first
-    with grpc.insecure_channel(task.address) as channel:
-        for response in server_pb2_grpc.WaltzServerStub(channel).ReadTransactions(request, timeout=600):
-            run = response.run
-            if run.first_transaction_id != next_id or not run.count:
-                raise RuntimeError(f"partition {task.partition}: a run of {run.count} from {run.first_transaction_id}")
-            check_records(run.records, [0, *struct.unpack(f"<{run.count}I", run.ends)], next_id)
-            next_id += run.count
-    return next_id - task.first
 
 
 def cpu_per_100k(cluster: LocalCluster, rows: int, call: Callable[[], Any]) -> str:
@@ -312,13 +293,14 @@ def measure(
         with ThreadPoolExecutor(partitions) as pool:
             seconds = timed(lambda: list(pool.map(lambda p: bulk_append(cluster, p, per_partition), range(partitions))))
         notes.append(f"filled the cluster with {rows} transactions in {seconds:.1f} s ({rows / seconds:,.0f}/s)")
-        results.append(("raw ReadTransactions + checks + Arrow, 1 reader", raw_reads(real, partitions, 1)))
-        results.append(("ReadTransactions raw=true runs + checks, 1 reader", raw_reads(real, partitions, 1, True)))
+        results.append(("read_task, Records (raw=false): checks + Arrow, 1 reader", raw_reads(real, partitions, 1)))
+        results.append(("read_task, RecordRuns (raw=true): checks + Arrow, 1 reader",
+                        raw_reads(real, partitions, 1, True)))
         two: list[float] = []
         usage = cpu_per_100k(cluster, rows, lambda: two.append(raw_reads(real, partitions, 2)))
-        results.append(("raw ReadTransactions + checks + Arrow, 2 readers", two[0]))
+        results.append(("read_task, Records (raw=false): checks + Arrow, 2 readers", two[0]))
         usage_runs = cpu_per_100k(cluster, rows, lambda: two.append(raw_reads(real, partitions, 2, True)))
-        results.append(("ReadTransactions raw=true runs + checks, 2 readers", two[1]))
+        results.append(("read_task, RecordRuns (raw=true): checks + Arrow, 2 readers", two[1]))
         notes.append(f"CPU seconds per 100k records read (2 readers), records: {usage}")
         notes.append(f"CPU seconds per 100k records read (2 readers), raw=true runs: {usage_runs}")
         if reads_only:

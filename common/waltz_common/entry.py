@@ -25,7 +25,7 @@ SERVICE_MODULES = ("kazoo", "grpc_health", "grpc_reflection", "uvloop", "cryptog
 """Import names of the `server` extra's packages."""
 CLI_MODULES = (*SERVICE_MODULES, "tqdm")
 """Import names of the `cli` extra's packages (`waltz dev` and the storage tools run service code)."""
-SPARK_MODULES = ("pyspark", "pyarrow", "pandas", "kazoo")
+SPARK_MODULES = ("pyspark", "pyarrow", "pandas", "numpy", "kazoo")
 
 
 def missing_modules(modules: tuple[str, ...]) -> list[str]:

@@ -46,6 +46,8 @@ class ReadTask:
     zookeeper_security: ZkSecurity | None = None
     servers: tuple[str, ...] = ()
     streams: int = 1
+    raw: bool = True
+    """Ask for RecordRuns (False: Records, as from a server that predates them; the benchmarks compare both)."""
 
 
 def read_task(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = None) -> Iterator[pa.RecordBatch]:
@@ -118,7 +120,7 @@ def read_stream(task: ReadTask, locate: Callable[[ReadTask, str], str] | None = 
     while next_id <= task.last:
         try:
             for records in fetch(
-                address, task.partition, next_id, task.last, task.batch_size, task.timeout_s, task.tls
+                address, task.partition, next_id, task.last, task.batch_size, task.timeout_s, task.tls, task.raw
             ):
                 if isinstance(records, common_pb2.RecordRun):
                     if builder.rows:  # the rows stay in order across a resumption at another server
