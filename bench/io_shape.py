@@ -170,8 +170,8 @@ def handlers(rounds: Rounds) -> grpc.GenericRpcHandler:
                 while True:
                     while ready:
                         await context.write(ready.popleft())
-                    wake[0] = loop.create_future()
-                    await wake[0]
+                    waiter = wake[0] = loop.create_future()
+                    await waiter
 
             task = asyncio.create_task(writer())
             try:
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.server:
         event_loop.run(serve_shape(args.server))
     else:
-        variants = [(mode, 3, 1) for mode in MODES] + [("Pipelined", 3, 10), ("Lone", 1, 1)]
+        variants = [(mode, peers, 1) for peers in (3, 1) for mode in MODES] + [("Pipelined", 3, 10)]
         for name, result in measure(variants, args.dir, 1.0, 3.0).items():
             per = {who: f"{cpu / max(result['rounds'], 1) * 1e6:.1f}" for who, cpu in result["cpu"].items()}
             print(f"{name}: {result['rounds']} rounds, CPU us per round {per}")
