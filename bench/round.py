@@ -25,8 +25,9 @@ its files in /dev/shm, both revisions' ports), one fdatasync of a 512 B append i
 (where the clusters keep their data), and the I/O shapes of a lone append with no Waltz code (bench.io_shape):
 the server's (a grpc.aio stream server that writes a frame to each of 3 peers, or 1, over asyncio Protocols per
 message and replies at the majority's answer; 1 and 10 in flight, in one task or in a reader and a writer task)
-and a storage node's (a peer that pwrites and fdatasyncs each frame in the work directory before answering), each
-against the grpc.aio round's server CPU: the part of the issue's targets that no Python server or node with this
+and a storage node's (a peer that pwrites and fdatasyncs each frame in the work directory before answering; the
+server's CPU again with 3 of those, its rounds as slow as a storage node makes them), each against the grpc.aio
+round's server CPU: the part of the issue's targets that no Python server or node with this
 protocol can go under. Every figure printed is the median of the rounds. Asserts nothing.
 """
 
@@ -176,7 +177,7 @@ def floors(workdir: Path, port_file: Path, timing: Timing) -> dict[str, float]:
         session = None
     shape = {"load": "shape", "warmup": timing.warmup, "seconds": timing.seconds}
     network = worker({**shape, "variants": SHAPES, "directory": None}, None, None)["variants"]
-    storage = worker({**shape, "variants": [SHAPES[0]], "directory": str(workdir)}, None, None)["variants"]
+    storage = worker({**shape, "variants": SHAPES[:2], "directory": str(workdir)}, None, None)["variants"]
     return floor_values(echo, session, fdatasync_us(workdir, timing.fdatasyncs), shape_values(network, storage))
 
 

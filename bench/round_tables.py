@@ -76,23 +76,30 @@ def _per_round(result: Mapping[str, Any], who: str) -> float:
     return sum(spent) / len(spent) / max(int(result["rounds"]), 1) * 1e6
 
 
-def shape_values(shape: Mapping[str, Mapping[str, Any]], storage: Mapping[str, Mapping[str, Any]] | None
-                 ) -> dict[str, float]:
-    """The I/O shape floors (bench.io_shape.measure's results, variants named "MODE PEERS@INFLIGHT"): the shape
-    server's CPU per round of each variant and a peer's (3 peers, 1 in flight, one task); with the storage peers',
-    a peer's CPU per round, the round's wall time and the server's CPU."""
+def _server_rows(prefix: str, shape: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     values = {}
     for variant, result in shape.items():
         mode, form = variant.split()
         peers, inflight = form.split("@")
-        values[f"{SERVER_SHAPE}, {peers} peer{'' if peers == '1' else 's'}, {inflight} in flight, "
+        values[f"{prefix}, {peers} peer{'' if peers == '1' else 's'}, {inflight} in flight, "
                f"{SHAPE_MODES[mode]}: server CPU us"] = _per_round(result, "server")
+    return values
+
+
+def shape_values(shape: Mapping[str, Mapping[str, Any]], storage: Mapping[str, Mapping[str, Any]] | None
+                 ) -> dict[str, float]:
+    """The I/O shape floors (bench.io_shape.measure's results, variants named "MODE PEERS@INFLIGHT"): the shape
+    server's CPU per round of each variant and a peer's (3 peers, 1 in flight, one task); with storage peers, the
+    server's CPU per round of each variant (the round slower: the storage node's latency) and, of the first, a
+    peer's CPU per round and the round's wall time."""
+    values = _server_rows(SERVER_SHAPE, shape)
     if "Lone 3@1" in shape:
         values[f"{SERVER_SHAPE}, no disk: a peer's CPU us"] = _per_round(shape["Lone 3@1"], "peer")
-    for result in storage.values() if storage is not None else ():
-        values[f"{STORAGE_SHAPE}: a peer's CPU us"] = _per_round(result, "peer")
-        values[f"{STORAGE_SHAPE}: round wall us"] = result["seconds"] / max(int(result["rounds"]), 1) * 1e6
-        values[f"{STORAGE_SHAPE}: server CPU us"] = _per_round(result, "server")
+    if storage:
+        values.update(_server_rows(f"{SERVER_SHAPE} with storage peers", storage))
+        first = next(iter(storage.values()))
+        values[f"{STORAGE_SHAPE}: a peer's CPU us"] = _per_round(first, "peer")
+        values[f"{STORAGE_SHAPE}: round wall us"] = first["seconds"] / max(int(first["rounds"]), 1) * 1e6
     return values
 
 

@@ -113,17 +113,20 @@ def shape(rounds: int, server: float, peers: list[float], seconds: float = 1.0) 
 def test_the_shape_floors_give_the_servers_cpu_per_round_of_each_variant_and_a_peers() -> None:
     network = {"Lone 3@1": shape(1000, 0.15, [0.02, 0.03, 0.04]), "Pipelined 3@10": shape(2000, 0.2, [0.05] * 3),
                "Lone 1@1": shape(1000, 0.12, [0.03])}
-    values = shape_values(network, {"Lone 3@1": shape(500, 0.1, [0.04, 0.05, 0.06], seconds=2.0)})
+    values = shape_values(network, {"Lone 3@1": shape(500, 0.1, [0.04, 0.05, 0.06], seconds=2.0),
+                                    "Pipelined 3@1": shape(400, 0.1, [0.2] * 3)})
     assert {name: round(value, 6) for name, value in values.items()} == {
         "server I/O shape, 3 peers, 1 in flight, one task: server CPU us": 150,
         "server I/O shape, 3 peers, 10 in flight, reader + writer tasks: server CPU us": 100,
         "server I/O shape, 1 peer, 1 in flight, one task: server CPU us": 120,
         "server I/O shape, no disk: a peer's CPU us": 30,
-        "storage I/O shape, pwrite + fdatasync: a peer's CPU us": 100,
+        "server I/O shape with storage peers, 3 peers, 1 in flight, one task: server CPU us": 200,
+        "server I/O shape with storage peers, 3 peers, 1 in flight, reader + writer tasks: server CPU us": 250,
+        "storage I/O shape, pwrite + fdatasync: a peer's CPU us": 100,  # of the first variant's round
         "storage I/O shape, pwrite + fdatasync: round wall us": 4000,
-        "storage I/O shape, pwrite + fdatasync: server CPU us": 200,
     }
-    assert not [name for name in shape_values(network, None) if name.startswith("storage")]
+    assert shape_values(network, None) == {name: value for name, value in values.items()
+                                           if "storage" not in name}
     echo = {"rounds": 1000, "cpu": {"server": 0.1, "client": 0.1}}
     assert floor_values(echo, None, 700.0, values)["server I/O shape, no disk: a peer's CPU us"] == \
         values["server I/O shape, no disk: a peer's CPU us"]
@@ -136,8 +139,9 @@ def test_the_shape_ratios_are_over_the_grpc_rounds_server_cpu_and_leave_out_the_
     ratios = {name: round(value, 6) for name, value in shape_ratios(floors).items()}
     assert ratios == {"server I/O shape, 3 peers, 1 in flight, one task: server / grpc round's server": 2.5,
                       "server I/O shape, no disk: a peer's / grpc round's server": 0.3,
-                      "storage I/O shape, pwrite + fdatasync: a peer's / grpc round's server": 0.8,
-                      "storage I/O shape, pwrite + fdatasync: server / grpc round's server": 3.0}
+                      "server I/O shape with storage peers, 3 peers, 1 in flight, one task: server / grpc round's "
+                      "server": 3.0,
+                      "storage I/O shape, pwrite + fdatasync: a peer's / grpc round's server": 0.8}
 
 
 def test_with_the_floors_alone_the_ratios_table_gives_the_shapes_median_ratio_and_whether_it_is_under_the_target(
@@ -153,6 +157,8 @@ def test_with_the_floors_alone_the_ratios_table_gives_the_shapes_median_ratio_an
     assert lines["server I/O shape, 3 peers, 1 in flight, one task: server"][-6:] == \
         ["<=", "2", "1.8", "1.8", "floor", "under"]
     assert lines["storage I/O shape, pwrite + fdatasync: a peer's"][-6:] == ["<=", "1", "0.9", "0.9", "floor", "under"]
+    assert lines["server I/O shape with storage peers, 3 peers, 1 in flight, one task: server"][-6:] == \
+        ["<=", "2", "2", "2", "floor", "under"]
     assert lines["server I/O shape, 3 peers, 10 in flight, reader + writer tasks: server"][-3:] == \
         ["server", "5", "5"]  # no target at 10 in flight
     above = ratios_table({"baseline": [{}], "candidate": [{}]}, [floors(0.3, 0.05)])
