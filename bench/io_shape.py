@@ -18,6 +18,10 @@ The server has two ways of serving a stream (its method's name says which, and h
   (several in flight, as a server must allow).
 measure() starts the peers and the server, runs rounds of each variant through one stream in this process
 (N in flight: a message sent as each reply arrives) and returns each process's CPU seconds over the window.
+The same syscalls cost more CPU in a slower round (peers that only slept 0.2-0.5 ms before answering raised the
+shape server's CPU per round from 158-178 us to 204-285 us, and the client's with it): the processes fall idle
+and are woken more often. So bench.round measures the server with storage peers too, whose latency is the
+storage nodes'.
 """
 
 from __future__ import annotations
