@@ -7,7 +7,9 @@ imports the client of the side measured (the baseline's trees first on its PYTHO
   (N in flight);
 - "open": open loop from several client processes (bench.append_writers' fixed schedule);
 - "echo": the floor of one grpc.aio bidirectional-stream round (512 B each way, the echo server in a process of
-  its own, both on the services' event loop).
+  its own, both on the services' event loop);
+- "shape": the I/O shape of a lone append with no Waltz code (bench.io_shape): a grpc.aio stream server sending a
+  frame to each of 3 peers on plain TCP per message, the peers storage-like (pwrite + fdatasync) or not.
 Every load measures the CPU of the processes it is given (/proc/PID/stat through psutil: all threads) and its own
 over a window after a warm-up, and returns a JSON-able dict.
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from bench import io_shape
 from bench.append_writers import PARTITION, Job, run_clients
 from bench.baselines import ECHO_METHOD, RECORD_BYTES, MemorySampler, echo_process, percentile
 from bench.curves.common import CpuMeter, CpuWindow
@@ -146,7 +149,15 @@ async def _echo_client(address: str, pid: int, warmup: float, seconds: float) ->
     return {"rounds": rounds, "cpu": used}
 
 
-LOADS = {"python": python_in_flight, "raw": raw_in_flight, "open": open_loop, "echo": echo_rounds}
+def shape_rounds(spec: dict[str, Any]) -> dict[str, Any]:
+    """spec: variants ([mode, peers, in flight], as bench.io_shape.measure), directory (storage peers' files, or
+    None: peers without disk), warmup, seconds."""
+    variants = [(mode, int(peers), int(inflight)) for mode, peers, inflight in spec["variants"]]
+    return {"variants": io_shape.measure(variants, spec["directory"], spec["warmup"], spec["seconds"])}
+
+
+LOADS = {"python": python_in_flight, "raw": raw_in_flight, "open": open_loop, "echo": echo_rounds,
+         "shape": shape_rounds}
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 the baseline and to the floors, the tables) and its fdatasync floor."""
 
 from pathlib import Path
+from typing import Any
 
+from bench.io_shape import Frames, Rounds
 from bench.round import fdatasync_us
 from bench.round_tables import (
     ECHO_CLIENT,
@@ -16,6 +18,8 @@ from bench.round_tables import (
     medians,
     open_rows,
     ratios_table,
+    shape_ratios,
+    shape_values,
 )
 
 LONE = "Python client, 1 in flight"
@@ -83,7 +87,7 @@ def test_the_ratios_to_the_floors_use_the_stream_side_of_each_process_and_judge_
     assert ratios[f"{LONE}: client / grpc round's client"] == 1.5
     assert ratios["raw client, 1 in flight: server-0 / grpc round's server"] == 5
     assert not [name for name in ratios if "10 in flight" in name]
-    text = ratios_table({"baseline": [side], "candidate": [side]}, floors)
+    text = ratios_table({"baseline": [side], "candidate": [side]}, [floors])
     verdicts = {line.split(":")[1].split("/")[0].strip(): line.split()[-1] for line in text.splitlines()
                 if line.startswith(LONE)}
     assert verdicts == {"server-0": "met", "storage-0": "MISSED", "storage-1": "MISSED", "client": "met"}
@@ -99,3 +103,94 @@ def test_the_floors_table_gives_the_median_and_each_round() -> None:
 def test_the_fdatasync_floor_appends_in_the_directory_and_leaves_nothing(tmp_path: Path) -> None:
     assert fdatasync_us(tmp_path, 5) > 0
     assert list(tmp_path.iterdir()) == []
+
+
+def shape(rounds: int, server: float, peers: list[float], seconds: float = 1.0) -> dict[str, Any]:
+    return {"rounds": rounds, "seconds": seconds,
+            "cpu": {"server": server, "client": 9.0, **{f"peer-{i}": p for i, p in enumerate(peers)}}}
+
+
+def test_the_shape_floors_give_the_servers_cpu_per_round_of_each_variant_and_a_peers() -> None:
+    network = {"Lone 3@1": shape(1000, 0.15, [0.02, 0.03, 0.04]), "Pipelined 3@10": shape(2000, 0.2, [0.05] * 3),
+               "Lone 1@1": shape(1000, 0.12, [0.03])}
+    values = shape_values(network, {"Lone 3@1": shape(500, 0.1, [0.04, 0.05, 0.06], seconds=2.0),
+                                    "Pipelined 3@1": shape(400, 0.1, [0.2] * 3)})
+    assert {name: round(value, 6) for name, value in values.items()} == {
+        "server I/O shape, 3 peers, 1 in flight, one task: server CPU us": 150,
+        "server I/O shape, 3 peers, 10 in flight, reader + writer tasks: server CPU us": 100,
+        "server I/O shape, 1 peer, 1 in flight, one task: server CPU us": 120,
+        "server I/O shape, no disk: a peer's CPU us": 30,
+        "server I/O shape with storage peers, 3 peers, 1 in flight, one task: server CPU us": 200,
+        "server I/O shape with storage peers, 3 peers, 1 in flight, reader + writer tasks: server CPU us": 250,
+        "storage I/O shape, pwrite + fdatasync: a peer's CPU us": 100,  # of the first variant's round
+        "storage I/O shape, pwrite + fdatasync: round wall us": 4000,
+    }
+    assert shape_values(network, None) == {name: value for name, value in values.items()
+                                           if "storage" not in name}
+    echo = {"rounds": 1000, "cpu": {"server": 0.1, "client": 0.1}}
+    assert floor_values(echo, None, 700.0, values)["server I/O shape, no disk: a peer's CPU us"] == \
+        values["server I/O shape, no disk: a peer's CPU us"]
+
+
+def test_the_shape_ratios_are_over_the_grpc_rounds_server_cpu_and_leave_out_the_wall_time() -> None:
+    floors = {ECHO_SERVER: 100.0, ECHO_CLIENT: 120.0, FDATASYNC: 600.0,
+              **shape_values({"Lone 3@1": shape(1000, 0.25, [0.03] * 3)},
+                             {"Lone 3@1": shape(1000, 0.3, [0.08] * 3, seconds=3.0)})}
+    ratios = {name: round(value, 6) for name, value in shape_ratios(floors).items()}
+    assert ratios == {"server I/O shape, 3 peers, 1 in flight, one task: server / grpc round's server": 2.5,
+                      "server I/O shape, no disk: a peer's / grpc round's server": 0.3,
+                      "server I/O shape with storage peers, 3 peers, 1 in flight, one task: server / grpc round's "
+                      "server": 3.0,
+                      "storage I/O shape, pwrite + fdatasync: a peer's / grpc round's server": 0.8}
+
+
+def test_with_the_floors_alone_the_ratios_table_gives_the_shapes_median_ratio_and_whether_it_is_under_the_target(
+        ) -> None:
+    def floors(server: float, peer: float) -> dict[str, float]:
+        return {ECHO_SERVER: 100.0, ECHO_CLIENT: 100.0, FDATASYNC: 600.0,
+                **shape_values({"Lone 3@1": shape(1000, server, [0.02] * 3), "Pipelined 3@10": shape(1000, 0.5, [0])},
+                               {"Lone 3@1": shape(1000, 0.2, [peer] * 3)})}
+
+    text = ratios_table({"baseline": [{}, {}, {}], "candidate": [{}, {}, {}]},
+                        [floors(0.15, 0.05), floors(0.25, 0.09), floors(0.18, 0.2)])
+    lines = {line.split(" / ")[0]: line.split() for line in text.splitlines()[2:]}
+    assert lines["server I/O shape, 3 peers, 1 in flight, one task: server"][-6:] == \
+        ["<=", "2", "1.8", "1.8", "floor", "under"]
+    assert lines["storage I/O shape, pwrite + fdatasync: a peer's"][-6:] == ["<=", "1", "0.9", "0.9", "floor", "under"]
+    assert lines["server I/O shape with storage peers, 3 peers, 1 in flight, one task: server"][-6:] == \
+        ["<=", "2", "2", "2", "floor", "under"]
+    assert lines["server I/O shape, 3 peers, 10 in flight, reader + writer tasks: server"][-3:] == \
+        ["server", "5", "5"]  # no target at 10 in flight
+    above = ratios_table({"baseline": [{}], "candidate": [{}]}, [floors(0.3, 0.05)])
+    assert "floor ABOVE" in next(line for line in above.splitlines() if "one task" in line)
+    assert not [line for line in text.splitlines() if line.startswith("Python client")]
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(data)
+
+
+def test_a_shape_round_is_done_at_the_majoritys_answer_once_and_forgotten_after_the_last() -> None:
+    rounds = Rounds()
+    links = [Frames(rounds.answer) for _ in range(3)]
+    for link in links:
+        link.transport = Sent()  # type: ignore[assignment]
+    rounds.links = links
+    done: list[object] = []
+    rounds.start(b"m" * 544, 3, done.append)
+    rounds.start(b"n" * 544, 1, done.append)
+    assert [len(link.transport.frames) for link in links] == [2, 1, 1]  # type: ignore[union-attr]
+    frame = links[1].transport.frames[0]  # type: ignore[union-attr]
+    assert len(frame) == 4 + 573 and int.from_bytes(frame[:4], "big") == 573 and frame[12:556] == b"m" * 544
+    answer = (16).to_bytes(4, "big") + (0).to_bytes(8, "big") + bytes(8)
+    links[2].data_received(answer)
+    assert done == []
+    links[0].data_received(answer[:3])  # a frame in pieces, then two in one chunk
+    links[0].data_received(answer[3:] + (16).to_bytes(4, "big") + (1).to_bytes(8, "big") + bytes(8))
+    assert done == [None, None] and set(rounds.open) == {0}
+    links[1].data_received(answer)
+    assert done == [None, None] and rounds.open == {}
