@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
 from waltz_spark.reading import ARROW_BATCH_ROWS, ARROW_SCHEMA
 from waltz_spark.source import SCHEMA
@@ -63,6 +63,29 @@ class FloorReader(DataSourceReader):
         return batches(p, self.rows // self.tasks + (1 if p < self.rows % self.tasks else 0))
 
 
+class FloorStreamReader(DataSourceStreamReader):
+    """The same rows as one stream: offset {"rows": N} once, the tasks as FloorReader's (what an availableNow query
+    of waltz-ingest does over a filled log, with Spark's own costs per query and micro-batch and nothing else)."""
+
+    def __init__(self, rows: int, tasks: int) -> None:
+        self.rows, self.tasks = rows, tasks
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"rows": 0}
+
+    def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+        return {"rows": self.rows}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        return FloorReader(end["rows"] - start["rows"], self.tasks).partitions()
+
+    def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
+        return FloorReader(self.rows, self.tasks).read(partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        pass
+
+
 class FloorSource(DataSource):
     """Options: rows (in all), partitions (one task each)."""
 
@@ -76,8 +99,22 @@ class FloorSource(DataSource):
     def reader(self, schema: Any) -> FloorReader:
         return FloorReader(int(self.options["rows"]), int(self.options.get("partitions", "2")))
 
+    def streamReader(self, schema: Any) -> FloorStreamReader:
+        return FloorStreamReader(int(self.options["rows"]), int(self.options.get("partitions", "2")))
+
 
 def floor_to_parquet(spark: Any, rows: int, partitions: int, out: str) -> None:
     """The floor's rows through the Python data source into partitioned Parquet, as the batch reader writes them."""
     df = spark.read.format(NAME).option("rows", str(rows)).option("partitions", str(partitions)).load()
     df.write.partitionBy("partition").parquet(out)
+
+
+def floor_stream_to_parquet(spark: Any, rows: int, partitions: int, out: str) -> None:
+    """The floor's rows as an availableNow streaming query into partitioned Parquet (checkpoint beside out), as
+    waltz-ingest writes them: Spark's costs of a streaming query from its start to its end, and nothing of Waltz."""
+    feed = spark.readStream.format(NAME).option("rows", str(rows)).option("partitions", str(partitions)).load()
+    query = (
+        feed.writeStream.format("parquet").option("path", out).option("checkpointLocation", out + "-checkpoint")
+        .partitionBy("partition").trigger(availableNow=True).start()
+    )
+    query.awaitTermination()

@@ -146,3 +146,14 @@ def test_floor_batches_are_the_ceilings_rows_in_order() -> None:
     reader = FloorReader(rows=10, tasks=3)
     shares = [sum(b.num_rows for b in reader.read(p)) for p in reader.partitions()]
     assert shares == [4, 3, 3]
+
+
+def test_floor_stream_offers_every_row_once() -> None:
+    from bench.ingest_floor import FloorStreamReader
+
+    reader = FloorStreamReader(rows=10, tasks=3)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, None)
+    assert (start, end) == ({"rows": 0}, {"rows": 10})
+    rows = [sum(b.num_rows for b in reader.read(p)) for p in reader.partitions(start, end)]
+    assert rows == [4, 3, 3]
