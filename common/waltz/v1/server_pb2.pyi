@@ -1041,7 +1041,9 @@ class ReadTransactionsRequest(_message.Message):
     call fails with status NOT_FOUND; from_transaction_id below 0 or above this: INVALID_ARGUMENT).
     """
     batch_size: _builtins.int
-    """Records per response message (0: the server's default; capped by server.readBatchSize)."""
+    """Records per response message (0: the server's default; capped by server.readBatchSize). A message also
+    holds at most server.readBatchBytes of records (at least one record).
+    """
     raw: _builtins.bool
     """Answer with `run` (the records as the storage nodes' data files hold them, passed through without
     decoding) instead of `records`. A server that predates this field answers with `records`.

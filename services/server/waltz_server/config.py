@@ -64,7 +64,9 @@ SERVER_KEYS = (
         "inline_data_max_bytes), bytes; the last 5 x server.feedBatchSize transactions' are kept for them "
         "(built once per committed batch, only while a feed of the partition asks); 0: never"),
     Key("server.streamQueueSize", COUNT, 64, "messages queued for one client stream before feeds wait"),
-    Key("server.readBatchSize", COUNT, 500, "records per ReadTransactions message (upper bound)"),
+    Key("server.readBatchSize", COUNT, 5000, "records per ReadTransactions message (upper bound)"),
+    Key("server.readBatchBytes", COUNT, 1048576,
+        "bytes of records per ReadTransactions message (upper bound; a message carries at least one record)"),
     Key("server.shutdownGraceSeconds", SECONDS, 10.0, "how long in-flight calls may finish on SIGTERM"),
     *limit_keys("server", "server.port"),
     Key("server.peerDetection", boolean, True,
@@ -141,7 +143,8 @@ class PartitionSettings:
     max_batch_size: int = 500
     max_batch_bytes: int = 4194304
     max_batches_in_flight: int = 1
-    read_batch_size: int = 500
+    read_batch_size: int = 5000
+    read_batch_bytes: int = 1048576
     resend_window: int = 10000
     max_locks_per_append: int = DEFAULT_MAX_LOCKS_PER_APPEND
     feed_inline_max_bytes: int = 4096
@@ -164,6 +167,7 @@ class PartitionSettings:
             ("storage.maxBatchBytes", self.max_batch_bytes),
             ("storage.maxBatchesInFlight", self.max_batches_in_flight),
             ("server.readBatchSize", self.read_batch_size),
+            ("server.readBatchBytes", self.read_batch_bytes),
             ("server.resendWindow", self.resend_window),
             ("server.maxLocksPerAppend", self.max_locks_per_append),
         ]
@@ -183,6 +187,7 @@ class PartitionSettings:
             max_batch_bytes=c["storage.maxBatchBytes"],
             max_batches_in_flight=c["storage.maxBatchesInFlight"],
             read_batch_size=c["server.readBatchSize"],
+            read_batch_bytes=c["server.readBatchBytes"],
             resend_window=c["server.resendWindow"],
             max_locks_per_append=c["server.maxLocksPerAppend"],
             feed_inline_max_bytes=c["server.feedInlineDataMaxBytes"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from array import array
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
@@ -119,7 +120,20 @@ def slice_run(run: Run, start: int, stop: int) -> Run:
     return Run(run.first + start, run.records[base : run.ends[stop - 1]], ends)
 
 
-def split_run(run: Run, size: int) -> Iterator[Run]:
-    """run in consecutive runs of size records (the last may be shorter)."""
-    for start in range(0, len(run), size):
-        yield slice_run(run, start, start + size)
+def pieces(ends: Sequence[int], size: int, max_bytes: int | None = None) -> Iterator[tuple[int, int]]:
+    """(start, stop) positions that cut records ending at ends (increasing) into consecutive pieces of at most size
+    records and max_bytes bytes, each of at least one record."""
+    start = 0
+    while start < len(ends):
+        stop = start + size
+        if max_bytes is not None:
+            fit = bisect_right(ends, (ends[start - 1] if start else 0) + max_bytes, start)  # the records that fit
+            stop = min(stop, max(fit, start + 1))
+        yield start, stop
+        start = stop
+
+
+def split_run(run: Run, size: int, max_bytes: int | None = None) -> Iterator[Run]:
+    """run in consecutive runs of at most size records and max_bytes bytes, each of at least one record."""
+    for start, stop in pieces(run.ends, size, max_bytes):
+        yield slice_run(run, start, stop)

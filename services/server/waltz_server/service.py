@@ -124,12 +124,14 @@ class WaltzServerService(server_pb2_grpc.WaltzServerServicer):
         first, last = request.from_transaction_id, request.to_transaction_id
         try:
             if request.raw:
-                async for run in read_runs(partition, first, last, size):
+                async for run in read_runs(partition, first, last, size, self._settings.read_batch_bytes):
                     response = server_pb2.ReadTransactionsResponse(partition_id=partition.partition_id)
                     run_to_proto(run, response.run)  # the data files' bytes, passed on as they are
                     yield response
                 return
-            async for records in read_range(partition, first, last, size):
+            async for records in read_range(
+                partition, first, last, size, max_bytes=self._settings.read_batch_bytes
+            ):
                 response = server_pb2.ReadTransactionsResponse(partition_id=partition.partition_id)
                 response.records.extend(records)  # the storage's messages, copied once in C
                 yield response

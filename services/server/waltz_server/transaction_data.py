@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence, Sized
+from itertools import accumulate
 from typing import NamedTuple, TypeVar
 
 from waltz.v1 import common_pb2, server_pb2
+from waltz_common.record_layout import RECORD_OVERHEAD
 from waltz_server.partition import Partition
-from waltz_server.record_runs import Run, split_run
+from waltz_server.record_runs import Run, pieces, split_run
 from waltz_server.store.api import StoreUnavailable
 
 
@@ -91,19 +93,25 @@ async def read_range(
     size: int,
     read_ahead: int = READ_AHEAD,
     store_batch: int = STORE_READ_BATCH,
+    max_bytes: int | None = None,
 ) -> AsyncIterator[Sequence[common_pb2.Record]]:
-    """The committed records [first, last], in order, in lists of at most size (the store's messages)."""
+    """The committed records [first, last], in order, in lists of at most size records and max_bytes bytes (data and
+    each record's overhead in the data file; at least one record each) from the store's messages."""
     plan = _Plan(first, last, size, read_ahead, store_batch)
     async for records in _planned_reads(partition, plan, partition.store.get_records, check_dense):
-        for start in range(0, len(records), size):
-            yield records[start : start + size]
+        sizes = (len(r.data) + RECORD_OVERHEAD for r in records)
+        ends = list(accumulate(sizes)) if max_bytes is not None else range(1, len(records) + 1)
+        for start, stop in pieces(ends, size, max_bytes):
+            yield records[start:stop]
 
 
-async def read_runs(partition: Partition, first: int, last: int, size: int, **plan: int) -> AsyncIterator[Run]:
-    """read_range's records as runs of at most size records (a raw read: the store's runs split, none decoded);
-    plan: read_range's read_ahead and store_batch."""
+async def read_runs(
+    partition: Partition, first: int, last: int, size: int, max_bytes: int | None = None, **plan: int
+) -> AsyncIterator[Run]:
+    """read_range's records as runs of at most size records and max_bytes bytes (a raw read: the store's runs split,
+    none decoded); plan: read_range's read_ahead and store_batch."""
     async for run in _planned_reads(partition, _Plan(first, last, size, **plan), partition.store.get_run, check_run):
-        for piece in split_run(run, size):
+        for piece in split_run(run, size, max_bytes):
             yield piece
 
 

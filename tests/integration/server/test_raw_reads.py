@@ -18,7 +18,7 @@ from waltz_common.testing.local_cluster import LocalCluster
 from waltz_common.types import crc32, crc32_unsigned
 
 COUNT = 3000
-READ_BATCH = 500  # server.readBatchSize's default: batch sizes above it are capped
+READ_BATCH = 5000  # server.readBatchSize's default: batch sizes above it are capped
 
 
 def data_of(i: int) -> bytes:

@@ -177,3 +177,22 @@ def test_a_run_that_does_not_start_where_asked_is_refused() -> None:
             await run_ids(store, 5, 20, 4, store_batch=10)
 
     asyncio.run(scenario())
+
+
+def test_messages_are_bounded_by_bytes_as_well_as_records() -> None:
+    async def scenario() -> None:
+        store = Store(99)  # records without data: 40 bytes each in the data file
+        got = [
+            [r.transaction_id for r in batch]
+            async for batch in read_range(partition(store), 0, 20, 8, 2, 100, max_bytes=120)  # type: ignore[arg-type]
+        ]
+        assert got == [list(range(i, min(i + 3, 21))) for i in range(0, 21, 3)]  # 3 records fit in 120 bytes
+        runs = [
+            (run.first, len(run))
+            async for run in read_runs(partition(store), 0, 20, 8, 130, store_batch=100)  # type: ignore[arg-type]
+        ]
+        assert runs == [(i, min(3, 21 - i)) for i in range(0, 21, 3)]
+        single = [len(b) async for b in read_range(partition(store), 0, 4, 8, 2, 100, max_bytes=1)]  # type: ignore[arg-type]
+        assert single == [1] * 5  # a record larger than the bound goes alone
+
+    asyncio.run(scenario())

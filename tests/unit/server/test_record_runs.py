@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 import pytest
 from hypothesis import given
@@ -55,6 +55,19 @@ def test_a_split_run_is_the_run_in_order_in_pieces_of_size(data_sizes, size):
     assert [p.first for p in split] == list(range(10, 10 + len(whole), size))
     assert [b for p in split for b in pieces(p)] == pieces(whole)
     assert all(p.ends[-1] == len(p.records) for p in split)
+    if split:
+        assert merge_runs(split) == whole
+
+
+@given(sizes, st.integers(1, 7), st.integers(1, 300))
+def test_a_run_split_by_bytes_too_keeps_each_piece_within_both_bounds(data_sizes, size, max_bytes):
+    whole = run_from_records(10, records(10, data_sizes))
+    split = list(split_run(whole, size, max_bytes))
+    assert all(0 < len(p) <= size for p in split) and sum(map(len, split)) == len(whole)
+    assert all(len(p.records) <= max_bytes or len(p) == 1 for p in split)  # one record larger than the bound goes alone
+    assert [b for p in split for b in pieces(p)] == pieces(whole)
+    for p, after in pairwise(split):  # each piece as long as the bounds let it be
+        assert len(p) == size or len(p.records) + len(pieces(after)[0]) > max_bytes
     if split:
         assert merge_runs(split) == whole
 
