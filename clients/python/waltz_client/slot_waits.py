@@ -93,6 +93,9 @@ class SlotWaits:
                     waiter.set_result(self.error)
             return
         if not self.mounted:
+            # Not mounted any more: the waiters' deadline is client.mountTimeout from now on, which may be earlier
+            # than the timer armed while mounted (client.requestTimeout).
+            self._arm_slot_timer()
             return
         while granted := slots.grant(self.monitor.pending_count()):
             lost = 0
