@@ -238,13 +238,21 @@ class LoadProcesses:
                 proc.wait()
 
 
+async def read_checked(
+    cluster: LocalCluster, submissions: list[dict[str, Any]], label: str, read_timeout: float = 120.0
+) -> tuple[dict[int, list[Record]], LoadVerdict]:
+    """The log a fresh consumer reads, and the history checks of submissions against it (printed after label)."""
+    log = await read_everything({**cluster.client_config(), **CLIENT}, read_timeout)
+    verdict = check_load(submissions, log)
+    print(f"{label} {verdict.summary()}")
+    assert not verdict.problems, verdict.problems[:20]
+    return log, verdict
+
+
 async def check_load_run(
     cluster: LocalCluster, submissions: list[dict[str, Any]], name: str, read_timeout: float = 120.0
 ) -> LoadVerdict:
     """The history checks, then the replicas against the log a fresh consumer read."""
-    log = await read_everything({**cluster.client_config(), **CLIENT}, read_timeout)
-    verdict = check_load(submissions, log)
-    print(f"[exactly-once] {name}: {verdict.summary()}")
-    assert not verdict.problems, verdict.problems[:20]
+    log, verdict = await read_checked(cluster, submissions, f"[exactly-once] {name}:", read_timeout)
     await identical_replicas(cluster, log)
     return verdict

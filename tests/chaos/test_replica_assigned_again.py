@@ -12,15 +12,13 @@ from pathlib import Path
 import grpc
 
 from tests.chaos.cluster import (
-    CLIENT,
     assigned_replicas_hold_the_log,
     chaos_cluster,
     healthy_owners,
-    read_everything,
     run,
     until,
 )
-from tests.chaos.load_history import LoadProcesses, check_load
+from tests.chaos.load_history import LoadProcesses, read_checked
 from tests.chaos.test_storage_lifecycle import STEP, assignments, waltz
 from waltz.v1 import server_pb2, server_pb2_grpc
 from waltz_common.testing.local_cluster import LocalCluster
@@ -68,10 +66,7 @@ async def scenario(cluster: LocalCluster, workdir: Path) -> None:
         submissions = await load.stop()
     finally:
         load.kill()
-    log = await read_everything({**cluster.client_config(), **CLIENT})
-    verdict = check_load(submissions, log)
-    print(f"[assigned again] {verdict.summary()}")
-    assert not verdict.problems, verdict.problems[:20]
+    log, _ = await read_checked(cluster, submissions, "[assigned again]")
     held = await asyncio.to_thread(assignments, cluster)
     serving = {n.name: held.get(n.connect_string, []) for n in cluster.storage}
     await assigned_replicas_hold_the_log(cluster, log, serving)

@@ -19,16 +19,14 @@ import sys
 from pathlib import Path
 
 from tests.chaos.cluster import (
-    CLIENT,
     PARTITIONS,
     assigned_replicas_hold_the_log,
     chaos_cluster,
     healthy_owners,
-    read_everything,
     run,
     until,
 )
-from tests.chaos.load_history import LoadProcesses, check_load
+from tests.chaos.load_history import LoadProcesses, read_checked
 from waltz_common import cluster_admin
 from waltz_common import zk as zkmeta
 from waltz_common.testing.local_cluster import LocalCluster, StorageNode
@@ -136,10 +134,7 @@ async def scenario(cluster: LocalCluster, workdir: Path) -> None:
         submissions = await load.stop()
     finally:
         load.kill()
-    log = await read_everything({**cluster.client_config(), **CLIENT})
-    verdict = check_load(submissions, log)
-    print(f"[lifecycle] {verdict.summary()}")
-    assert not verdict.problems, verdict.problems[:20]
+    log, _ = await read_checked(cluster, submissions, "[lifecycle]")
     held = await asyncio.to_thread(assignments, cluster)
     serving = {n.name: held[n.connect_string] for n in cluster.storage if n.connect_string in held}
     assert sorted(len(pids) for pids in serving.values()) == [1, 4, 4, 4]  # slow: first and fourth swapped
