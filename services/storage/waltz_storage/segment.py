@@ -10,18 +10,14 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from waltz_common.types import Record, RecordHeader, ReqId, crc32
+from waltz_common.types import Record, crc32
 from waltz_storage.batch import EncodedBatch, encode_records
 from waltz_storage.codec import (
     FILE_HEADER_SIZE,
     FORMAT_VERSION,
     INDEX_ENTRY_SIZE,
     RECORD_PREFIX_SIZE,
-    HeaderFields,
-    RecordFields,
     SegmentFileHeader,
-    check_records,
-    decode_headers,
     decode_index_entries,
     decode_record,
     decode_record_prefix,
@@ -38,14 +34,12 @@ from waltz_storage.errors import (
     TornRecordError,
 )
 from waltz_storage.fileutil import pread_upto, pwrite_all, write_file_atomic
+from waltz_storage.segment_reads import SegmentReads
 
 CHECKPOINT_INTERVAL = 1000
 DATA_SUFFIX = ".seg"
 INDEX_SUFFIX = ".idx"
 _SCAN_CHUNK = 1 << 20
-_HEADER_SPAN_PER_RECORD = 4096
-"""Header reads take the whole range in one read while records average at most this many bytes, else one
-read per record's prefix."""
 RESYNC_LOOKAHEAD = 64
 """How many index entries past a record that fails its checks the start-up scan tries, looking for an intact
 successor (which proves the bad record lies inside written data: damage, not a torn tail)."""
@@ -100,7 +94,7 @@ def _check_record_at(reader: _ChunkReader, offset: int, txn: int) -> int:
     return offset + end
 
 
-class Segment:
+class Segment(SegmentReads):
     """A segment's open files; not thread-safe. Files are reopened on demand after close()."""
 
     def __init__(self, directory: Path, header: SegmentFileHeader, max_transaction_id: int, data_size: int):
@@ -428,82 +422,3 @@ class Segment:
         offsets = self._index_entries(txn, n)
         offsets.append(self._data_size)
         return offsets
-
-    def _span(self, txn: int, max_n: int, max_bytes: int, at_least_one: bool) -> tuple[bytes, list[int]]:
-        """The data file's bytes of up to max_n records from txn taking at most max_bytes (the first even past
-        max_bytes if at_least_one), in one index read and one data read, and their offsets and the offset just
-        past the last; (b"", []) for none."""
-        n = self._count(txn, max_n)
-        if n == 0:
-            return b"", []
-        offsets = self._bounds(txn, n)
-        fit = bisect.bisect_right(offsets, offsets[0] + max_bytes) - 1
-        if fit < n:
-            if fit == 0 and not at_least_one:
-                return b"", []
-            del offsets[max(fit, 1) + 1 :]
-        data_fd, _ = self._fds()
-        return pread_upto(data_fd, offsets[-1] - offsets[0], offsets[0]), offsets
-
-    def record_fields(
-        self, txn: int, max_n: int, max_bytes: int, at_least_one: bool = True
-    ) -> tuple[list[RecordFields], int]:
-        """Up to max_n records from txn taking at most max_bytes on disk (fewer at the end of the segment),
-        checksums verified, and the bytes they take; the first record even past max_bytes if at_least_one.
-
-        One index read, one data read of the contiguous range, one decoding pass."""
-        buf, offsets = self._span(txn, max_n, max_bytes, at_least_one)
-        if not offsets:
-            return [], 0
-        try:
-            return decode_records(buf, offsets, txn), offsets[-1] - offsets[0]
-        except CorruptionError as e:
-            raise type(e)(f"{self.data_path}: {e}") from e
-
-    def record_span(self, txn: int, max_n: int, max_bytes: int, at_least_one: bool = True) -> tuple[bytes, list[int]]:
-        """record_fields' records as the data file holds them, checked (codec.check_records) but not decoded,
-        with their offsets and the offset just past the last; (b"", []) for none."""
-        buf, offsets = self._span(txn, max_n, max_bytes, at_least_one)
-        if offsets:
-            try:
-                check_records(buf, offsets, txn)
-            except CorruptionError as e:
-                raise type(e)(f"{self.data_path}: {e}") from e
-        return buf, offsets
-
-    def records(self, txn: int, max_n: int) -> list[Record]:
-        """Up to max_n records from txn (fewer at the end of the segment), checksums verified."""
-        return [
-            Record(t, ReqId(client_id, generation, partition_id, seq_num), header, data, checksum)
-            for t, client_id, generation, partition_id, seq_num, header, data, checksum in self.record_fields(
-                txn, max_n, self._data_size
-            )[0]
-        ]
-
-    def header_fields(self, txn: int, max_n: int) -> list[HeaderFields]:
-        """Up to max_n record headers from txn, read without the data."""
-        n = self._count(txn, max_n)
-        if n == 0:
-            return []
-        offsets = self._bounds(txn, n)
-        data_fd, _ = self._fds()
-        base, span = offsets[0], offsets[-1] - offsets[0]
-        if span <= n * _HEADER_SPAN_PER_RECORD:
-            prefixes = pread_upto(data_fd, span, base)
-            positions = [offset - base for offset in offsets[:-1]]
-        else:
-            prefixes = b"".join([pread_upto(data_fd, RECORD_PREFIX_SIZE, offset) for offset in offsets[:-1]])
-            positions = list(range(0, n * RECORD_PREFIX_SIZE, RECORD_PREFIX_SIZE))
-            if len(prefixes) < n * RECORD_PREFIX_SIZE:  # the file ends inside a prefix: find which
-                positions = [min(p, len(prefixes)) for p in positions]
-        try:
-            return decode_headers(prefixes, positions, offsets, txn)
-        except CorruptionError as e:
-            raise type(e)(f"{self.data_path}: {e}") from e
-
-    def record_headers(self, txn: int, max_n: int) -> list[RecordHeader]:
-        """Up to max_n record headers from txn, read without the data."""
-        return [
-            RecordHeader(t, ReqId(client_id, generation, partition_id, seq_num), header)
-            for t, client_id, generation, partition_id, seq_num, header in self.header_fields(txn, max_n)
-        ]
