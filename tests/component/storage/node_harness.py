@@ -283,3 +283,11 @@ def run(coro: Awaitable[T], timeout: float = 120) -> T:
         return await asyncio.wait_for(coro, timeout)
 
     return asyncio.run(bounded())
+
+
+def assert_failure(answer, code, match: str = "") -> None:
+    kind, msg = answer
+    assert kind == "failure", f"expected a failure, got {kind}: {msg}"
+    assert msg.exception.code == code, msg.exception
+    assert match in msg.exception.message
+    assert msg.exception.stack_trace_length == len(msg.exception.stack_trace) == 0  # no frames to the caller
