@@ -16,8 +16,8 @@ import grpc
 
 from waltz.v1 import common_pb2, metadata_pb2, server_pb2, server_pb2_grpc
 from waltz_common import zk as zkmeta
-from waltz_common.record_layout import RECORD_CRC, RECORD_PREFIX
-from waltz_common.types import crc32, crc32_unsigned
+from waltz_common.record_layout import encode_record
+from waltz_common.types import crc32
 
 
 def record(partition: int, txn: int, data: bytes, header: int = 0, client_id: int = 7) -> common_pb2.Record:
@@ -32,21 +32,8 @@ def record(partition: int, txn: int, data: bytes, header: int = 0, client_id: in
 
 
 def encode(record: common_pb2.Record) -> bytes:
-    """The record as a storage node's data file holds it (waltz_common.record_layout)."""
-    q = record.req_id
-    data = record.data
-    body = RECORD_PREFIX.pack(
-        record.transaction_id,
-        q.client_id,
-        q.generation,
-        q.partition_id,
-        q.seq_num,
-        record.header,
-        record.data_length,
-        record.checksum,
-    )
-    body += data
-    return body + RECORD_CRC.pack(crc32_unsigned(body))
+    """The record as a storage node's data file holds it, with its data_length as given (a test's may be wrong)."""
+    return encode_record(record, record.data_length)
 
 
 def run_of(encoded: Sequence[bytes], first: int) -> common_pb2.RecordRun:

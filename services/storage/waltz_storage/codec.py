@@ -14,6 +14,7 @@ from waltz_common.record_layout import RECORD_CRC as RECORD_CRC
 from waltz_common.record_layout import RECORD_OVERHEAD as RECORD_OVERHEAD
 from waltz_common.record_layout import RECORD_PREFIX as RECORD_PREFIX
 from waltz_common.record_layout import RECORD_PREFIX_SIZE as RECORD_PREFIX_SIZE
+from waltz_common.record_layout import encode_record as encode_record
 from waltz_common.types import INT32_MAX, INT32_MIN, Record, RecordHeader, ReqId, crc32, crc32_unsigned
 from waltz_storage.errors import (
     ChecksumError,
@@ -263,23 +264,6 @@ class RecordPrefix(NamedTuple):
 
 def encoded_record_size(data_length: int) -> int:
     return RECORD_OVERHEAD + data_length
-
-
-def encode_record(record: Record) -> bytes:
-    """txn id, ReqId (4 x int32), header, data length, data CRC, data, CRC32 of everything before it."""
-    r = record.req_id
-    prefix = RECORD_PREFIX.pack(
-        record.transaction_id,
-        r.client_id,
-        r.generation,
-        r.partition_id,
-        r.seq_num,
-        record.header,
-        len(record.data),
-        record.checksum,
-    )
-    body = prefix + record.data
-    return body + _INT32.pack(crc32(body))
 
 
 def decode_record_prefix(buf: bytes, offset: int = 0, origin: int = 0) -> RecordPrefix:
